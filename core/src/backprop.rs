@@ -1,0 +1,412 @@
+//! Reverse-mode autograd. Each tensor made by an op keeps an [`Op`]: the inputs and what was done.
+//! `backward` sorts the graph from the loss, walks it in reverse, and asks each op for the
+//! gradients of its inputs, adding them up when a tensor is used more than once.
+
+use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
+use crate::{DType, Error, Result, Tensor, TensorId};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A backward function for ops defined outside core (collectives, custom layers): given the
+/// output's gradient, the gradient of each input (`None` where it has none).
+pub type BackwardFn = Arc<dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+/// How a tensor was made.
+#[derive(Clone)]
+pub enum Op {
+    Unary(Tensor, UnaryOp),
+    Binary(Tensor, Tensor, BinaryOp),
+    /// Keepdim reduction over the axes.
+    Reduce(Tensor, ReduceOp, Vec<usize>),
+    Matmul(Tensor, Tensor),
+    Reshape(Tensor),
+    Permute(Tensor, Vec<usize>),
+    Broadcast(Tensor),
+    /// Input, axis, start.
+    Narrow(Tensor, usize, usize),
+    Copy(Tensor),
+    Cast(Tensor),
+    ToDevice(Tensor),
+    Softmax(Tensor),
+    LogSoftmax(Tensor),
+    LayerNorm { x: Tensor, gamma: Tensor, beta: Tensor, eps: f32 },
+    /// Source, ids, axis.
+    IndexSelect(Tensor, Tensor, usize),
+    Gather(Tensor, Tensor, usize),
+    IndexAdd(Tensor, Tensor, usize),
+    ScatterAdd(Tensor, Tensor, usize),
+    Concat(Vec<Tensor>, usize),
+    /// Mask (no gradient), on_true, on_false.
+    Where(Tensor, Tensor, Tensor),
+    /// An op defined elsewhere, with its own backward.
+    Custom { name: &'static str, inputs: Vec<Tensor>, backward: BackwardFn },
+}
+
+impl Op {
+    /// The inputs, in order.
+    pub fn inputs(&self) -> Vec<&Tensor> {
+        use Op::*;
+        match self {
+            Unary(x, _) | Reduce(x, ..) | Reshape(x) | Permute(x, _) | Broadcast(x) | Narrow(x, ..) | Copy(x)
+            | Cast(x) | ToDevice(x) | Softmax(x) | LogSoftmax(x) => vec![x],
+            Binary(a, b, _) | Matmul(a, b) => vec![a, b],
+            IndexSelect(x, i, _) | Gather(x, i, _) | IndexAdd(x, i, _) | ScatterAdd(x, i, _) => vec![x, i],
+            LayerNorm { x, gamma, beta, .. } => vec![x, gamma, beta],
+            Concat(xs, _) => xs.iter().collect(),
+            Where(m, a, b) => vec![m, a, b],
+            Custom { inputs, .. } => inputs.iter().collect(),
+        }
+    }
+
+    /// A short name for traces and summaries, e.g. `matmul`, `unary/relu`.
+    pub fn kind(&self) -> String {
+        use Op::*;
+        match self {
+            Unary(_, op) => format!("unary/{}", op.name()),
+            Binary(_, _, op) => format!("binary/{}", op.name()),
+            Reduce(_, op, _) => format!("reduce/{}", op.name()),
+            Matmul(..) => "matmul".into(),
+            Reshape(_) => "reshape".into(),
+            Permute(..) => "permute".into(),
+            Broadcast(_) => "broadcast".into(),
+            Narrow(..) => "narrow".into(),
+            Copy(_) => "copy".into(),
+            Cast(_) => "cast".into(),
+            ToDevice(_) => "to_device".into(),
+            Softmax(_) => "softmax".into(),
+            LogSoftmax(_) => "log_softmax".into(),
+            LayerNorm { .. } => "layer_norm".into(),
+            IndexSelect(..) => "index_select".into(),
+            Gather(..) => "gather".into(),
+            IndexAdd(..) => "index_add".into(),
+            ScatterAdd(..) => "scatter_add".into(),
+            Concat(..) => "concat".into(),
+            Where(..) => "where".into(),
+            Custom { name, .. } => (*name).into(),
+        }
+    }
+}
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops on this thread record their backward.
+pub fn grad_enabled() -> bool {
+    GRAD_ENABLED.with(|g| g.get())
+}
+
+/// Run `f` without recording gradients (inference, optimizer updates).
+///
+/// ```
+/// # use weft_core::{no_grad, Device, Tensor, Var};
+/// let w = Var::new(Tensor::ones(&[2], &Device::Cpu)?)?;
+/// let y = no_grad(|| w.as_tensor().mul_scalar(3.0))?;
+/// assert!(!y.tracks_grad());
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
+    let prev = GRAD_ENABLED.with(|g| g.replace(false));
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(prev);
+    f()
+}
+
+/// Gradients keyed by tensor id.
+#[derive(Default, Clone, Debug)]
+pub struct GradStore(HashMap<TensorId, Tensor>);
+
+impl GradStore {
+    /// The gradient of `t`, if it received one.
+    pub fn get(&self, t: &Tensor) -> Option<&Tensor> {
+        self.0.get(&t.id())
+    }
+    /// The gradient of the tensor with this id.
+    pub fn get_id(&self, id: TensorId) -> Option<&Tensor> {
+        self.0.get(&id)
+    }
+    /// Remove and return the gradient of `t`.
+    pub fn remove(&mut self, t: &Tensor) -> Option<Tensor> {
+        self.0.remove(&t.id())
+    }
+    /// Set the gradient of `t`.
+    pub fn insert(&mut self, t: &Tensor, grad: Tensor) {
+        self.0.insert(t.id(), grad);
+    }
+    /// Number of gradients held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether no gradient is held.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn accumulate(&mut self, t: &Tensor, g: Tensor) -> Result<()> {
+        let g = match self.0.remove(&t.id()) {
+            Some(prev) => prev.add(&g)?,
+            None => g,
+        };
+        self.0.insert(t.id(), g);
+        Ok(())
+    }
+}
+
+/// Tensors reachable from `root` that take part in the gradient, parents after children reversed:
+/// the returned order lists every tensor after all tensors computed from it.
+fn sorted_nodes(root: &Tensor) -> Vec<Tensor> {
+    let mut order = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    // Iterative post-order DFS, so deep graphs (long RNN-like chains) cannot overflow the stack.
+    let mut stack: Vec<(Tensor, bool)> = vec![(root.clone(), false)];
+    while let Some((t, expanded)) = stack.pop() {
+        if expanded {
+            order.push(t);
+            continue;
+        }
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(op) = t.op() {
+            for i in op.inputs() {
+                if i.tracks_grad() && !seen.contains(&i.id()) {
+                    stack.push((i.clone(), false));
+                }
+            }
+        }
+    }
+    order.reverse();
+    order
+}
+
+impl Tensor {
+    /// Gradients of this scalar with respect to every tensor it depends on (vars included).
+    ///
+    /// ```
+    /// # use weft_core::{Device, Tensor, Var};
+    /// let w = Var::new(Tensor::from_vec(vec![3f32], &[1], &Device::Cpu)?)?;
+    /// let loss = w.as_tensor().square()?.sum_all()?; // w^2
+    /// let grads = loss.backward()?;
+    /// assert_eq!(grads.get(w.as_tensor()).unwrap().to_vec::<f32>()?, vec![6.0]);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn backward(&self) -> Result<GradStore> {
+        if self.numel() != 1 {
+            return Err(Error::invalid("backward", format!("needs a one-element loss, got shape {:?}", self.dims())));
+        }
+        let seed = Tensor::ones(self.dims(), self.device())?;
+        self.backward_with(seed)
+    }
+
+    /// Backward from this tensor with a given output gradient of its shape.
+    pub fn backward_with(&self, grad: Tensor) -> Result<GradStore> {
+        if grad.dims() != self.dims() {
+            return Err(Error::ShapeMismatch { op: "backward", lhs: self.dims().to_vec(), rhs: grad.dims().to_vec() });
+        }
+        no_grad(|| {
+            let mut store = GradStore::default();
+            store.insert(self, grad);
+            for node in sorted_nodes(self) {
+                let Some(op) = node.op() else { continue };
+                // Vars keep their gradient; intermediate gradients are dropped once used.
+                let g = match store.get(&node) {
+                    Some(g) => g.clone(),
+                    None => continue,
+                };
+                if !node.is_var() && node.id() != self.id() {
+                    store.remove(&node);
+                }
+                let grads = input_grads(op, &node, &g)?;
+                for (input, gi) in op.inputs().into_iter().zip(grads) {
+                    if let Some(gi) = gi
+                        && input.tracks_grad()
+                    {
+                        store.accumulate(input, gi)?;
+                    }
+                }
+            }
+            Ok(store)
+        })
+    }
+}
+
+/// Sum `g` (of a broadcast shape) back down to `shape`.
+pub(crate) fn reduce_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    if g.dims() == shape {
+        return Ok(g.clone());
+    }
+    let lead = g.rank() - shape.len();
+    let mut axes: Vec<isize> = (0..lead as isize).collect();
+    for (i, &d) in shape.iter().enumerate() {
+        if d == 1 && g.dims()[lead + i] != 1 {
+            axes.push((lead + i) as isize);
+        }
+    }
+    g.sum(&axes, true)?.reshape(shape)
+}
+
+/// Gradients of an op's inputs given the gradient `g` of its output `out`.
+fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+    use UnaryOp as U;
+    Ok(match op {
+        Op::Unary(x, u) => {
+            let d = match *u {
+                U::Identity => g.clone(),
+                U::Neg => g.neg()?,
+                U::Abs => g.mul(&x.sign()?)?,
+                U::Exp => g.mul(out)?,
+                U::Log => g.div(x)?,
+                U::Sqrt => g.div(out)?.mul_scalar(0.5)?,
+                U::Rsqrt => g.mul(&out.div(x)?)?.mul_scalar(-0.5)?,
+                U::Square => g.mul(x)?.mul_scalar(2.0)?,
+                U::Recip => g.mul(&out.square()?)?.neg()?,
+                U::Tanh => g.mul(&out.square()?.affine(-1.0, 1.0)?)?,
+                U::Sigmoid => g.mul(&out.mul(&out.affine(-1.0, 1.0)?)?)?,
+                U::Relu => g.mul(&x.unary(U::Step)?)?,
+                U::GeluTanh => {
+                    const C: f32 = 0.797_884_6;
+                    let x2 = x.square()?;
+                    let inner = x.mul(&x2.affine(0.044715, 1.0)?)?.mul_scalar(C)?;
+                    let t = inner.tanh()?;
+                    let left = t.affine(0.5, 0.5)?;
+                    let dinner = x2.affine(3.0 * 0.044715 * C, C)?;
+                    let right = x.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&dinner)?.mul_scalar(0.5)?;
+                    g.mul(&left.add(&right)?)?
+                }
+                U::GeluErf => {
+                    let cdf = x.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?;
+                    let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(0.398_942_3)?;
+                    g.mul(&cdf.add(&x.mul(&pdf)?)?)?
+                }
+                U::Silu => {
+                    let s = x.sigmoid()?;
+                    g.mul(&s.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?)?
+                }
+                U::Sin => g.mul(&x.cos()?)?,
+                U::Cos => g.mul(&x.sin()?)?.neg()?,
+                U::Step | U::Sign => return Ok(vec![None]),
+                U::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f32::consts::FRAC_2_SQRT_PI)?)?,
+                U::Affine { mul, .. } => g.mul_scalar(mul)?,
+                U::Powf(e) => g.mul(&x.powf(e - 1.0)?)?.mul_scalar(e)?,
+                U::Clamp { lo, hi } => {
+                    let inside = x.cmp_scalar(BinaryOp::Ge, lo)?.mul(&x.cmp_scalar(BinaryOp::Le, hi)?)?;
+                    g.mul(&inside)?
+                }
+            };
+            vec![Some(d)]
+        }
+        Op::Binary(a, b, op) => match op {
+            BinaryOp::Add => vec![Some(g.clone()), Some(g.clone())],
+            BinaryOp::Sub => vec![Some(g.clone()), Some(g.neg()?)],
+            BinaryOp::Mul => vec![Some(g.mul(b)?), Some(g.mul(a)?)],
+            BinaryOp::Div => vec![Some(g.div(b)?), Some(g.mul(out)?.div(b)?.neg()?)],
+            BinaryOp::Pow => {
+                let ga = g.mul(b)?.mul(&a.pow(&b.add_scalar(-1.0)?)?)?;
+                let gb = g.mul(out)?.mul(&a.log()?)?;
+                vec![Some(ga), Some(gb)]
+            }
+            BinaryOp::Maximum | BinaryOp::Minimum => {
+                // Ties send the gradient to the left operand.
+                let pick_a = if *op == BinaryOp::Maximum { a.ge(b)? } else { a.le(b)? };
+                vec![Some(g.mul(&pick_a)?), Some(g.mul(&pick_a.affine(-1.0, 1.0)?)?)]
+            }
+            _ => vec![None, None],
+        },
+        Op::Reduce(x, op, _) => {
+            let d = match op {
+                ReduceOp::Sum => g.broadcast_to(x.dims())?,
+                ReduceOp::Max | ReduceOp::Min => {
+                    // Split the gradient evenly between tied extremes, as PyTorch's amax does.
+                    let axes: Vec<isize> = reduced_axes(x, out);
+                    let hit = x.eq(&out.broadcast_to(x.dims())?)?;
+                    let count = hit.sum(&axes, true)?;
+                    hit.div(&count)?.mul(&g.broadcast_to(x.dims())?)?
+                }
+                ReduceOp::ArgMax => return Ok(vec![None]),
+            };
+            vec![Some(d)]
+        }
+        Op::Matmul(a, b) => vec![Some(g.matmul(&b.t()?)?), Some(a.t()?.matmul(g)?)],
+        Op::Reshape(x) | Op::Copy(x) => vec![Some(g.reshape(x.dims())?)],
+        Op::Permute(_, dims) => {
+            let mut inv = vec![0; dims.len()];
+            for (i, &d) in dims.iter().enumerate() {
+                inv[d] = i;
+            }
+            vec![Some(g.permute(&inv)?)]
+        }
+        Op::Broadcast(x) => vec![Some(reduce_to(g, x.dims())?)],
+        Op::Narrow(x, axis, start) => {
+            let (size, len) = (x.dims()[*axis], g.dims()[*axis]);
+            let zeros = |n: usize| -> Result<Tensor> {
+                let mut s = x.dims().to_vec();
+                s[*axis] = n;
+                Tensor::zeros(&s, g.device())
+            };
+            let mut parts = Vec::with_capacity(3);
+            if *start > 0 {
+                parts.push(zeros(*start)?);
+            }
+            parts.push(g.clone());
+            if size > start + len {
+                parts.push(zeros(size - start - len)?);
+            }
+            vec![Some(Tensor::concat(&parts, *axis as isize)?)]
+        }
+        // Only f32 sources take a gradient: integers have none, and f16 is a storage type here.
+        Op::Cast(x) => vec![if x.dtype() == DType::F32 { Some(g.to_dtype(DType::F32)?) } else { None }],
+        Op::ToDevice(x) => vec![Some(g.to_device(x.device())?)],
+        Op::Softmax(_) => {
+            let s = g.mul(out)?.sum(&[-1], true)?;
+            vec![Some(out.mul(&g.sub(&s)?)?)]
+        }
+        Op::LogSoftmax(_) => {
+            let s = g.sum(&[-1], true)?;
+            vec![Some(g.sub(&out.exp()?.mul(&s)?)?)]
+        }
+        Op::LayerNorm { x, gamma, eps, .. } => {
+            let n = *x.dims().last().unwrap_or(&1) as f32;
+            let mean = x.mean(&[-1], true)?;
+            let xc = x.sub(&mean)?;
+            let rstd = xc.square()?.mean(&[-1], true)?.add_scalar(*eps)?.rsqrt()?;
+            let xhat = xc.mul(&rstd)?;
+            let rows: Vec<isize> = (0..x.rank() as isize - 1).collect();
+            let dgamma = g.mul(&xhat)?.sum(&rows, false)?;
+            let dbeta = g.sum(&rows, false)?;
+            let dxhat = g.mul(gamma)?;
+            let m1 = dxhat.sum(&[-1], true)?.mul_scalar(1.0 / n)?;
+            let m2 = dxhat.mul(&xhat)?.sum(&[-1], true)?.mul_scalar(1.0 / n)?;
+            let dx = dxhat.sub(&m1)?.sub(&xhat.mul(&m2)?)?.mul(&rstd)?;
+            vec![Some(dx), Some(dgamma), Some(dbeta)]
+        }
+        Op::IndexSelect(x, ids, axis) => vec![Some(g.index_add(x.dims(), *axis, ids)?), None],
+        Op::Gather(x, ids, axis) => vec![Some(g.scatter_add(x.dims(), *axis, ids)?), None],
+        Op::IndexAdd(_, ids, axis) => vec![Some(g.index_select(ids, *axis as isize)?), None],
+        Op::ScatterAdd(_, ids, axis) => vec![Some(g.gather(*axis as isize, ids)?), None],
+        Op::Concat(xs, axis) => {
+            let mut start = 0;
+            let mut out = Vec::with_capacity(xs.len());
+            for x in xs {
+                let len = x.dims()[*axis];
+                out.push(Some(g.narrow(*axis as isize, start, len)?));
+                start += len;
+            }
+            out
+        }
+        Op::Where(m, _, _) => {
+            let zero = Tensor::scalar(0.0, g.device())?;
+            vec![None, Some(Tensor::where_cond(m, g, &zero)?), Some(Tensor::where_cond(m, &zero, g)?)]
+        }
+        Op::Custom { backward, .. } => backward(g)?,
+    })
+}
+
+fn reduced_axes(x: &Tensor, out: &Tensor) -> Vec<isize> {
+    (0..x.rank()).filter(|&a| x.dims()[a] != out.dims()[a]).map(|a| a as isize).collect()
+}

@@ -1,0 +1,55 @@
+//! Batched matmul on the Cpu through the `gemm` crate (packed, SIMD, multithreaded), which takes
+//! arbitrary row and column strides, so transposed views are read in place.
+
+use super::{CpuStorage, f32_storage};
+use crate::{Layout, Result};
+
+/// `a @ b` for layouts `[batch.., m, k]` and `[batch.., k, n]` with one batch shape (strides may be 0).
+pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<CpuStorage> {
+    let (x, y) = (a.f32s("matmul")?, b.f32s("matmul")?);
+    let r = la.rank();
+    let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
+    let batch = Layout::contiguous(&la.shape()[..r - 2]);
+    let nb = batch.numel();
+    let mut out = vec![0f32; nb * m * n];
+    let (ars, acs) = (la.strides()[r - 2] as isize, la.strides()[r - 1] as isize);
+    let (brs, bcs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
+    // Offsets of each batch's matrix in a and b.
+    let boff = |l: &Layout| -> Vec<usize> {
+        Layout::new(l.shape()[..r - 2].into(), l.strides()[..r - 2].into(), l.offset()).offsets().collect()
+    };
+    let (aoffs, boffs) = (boff(la), boff(lb));
+    if m * n * k == 0 {
+        return Ok(f32_storage(out));
+    }
+    let threads = if m * n * k >= 1 << 18 { rayon::current_num_threads() } else { 1 };
+    for i in 0..nb {
+        let dst = &mut out[i * m * n..(i + 1) * m * n];
+        // SAFETY: every pointer plus its strides stays inside its slice: the layouts were checked
+        // against the storage when the tensors were made, and dst is exactly m*n row-major.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                x.as_ptr().add(aoffs[i]),
+                acs,
+                ars,
+                y.as_ptr().add(boffs[i]),
+                bcs,
+                brs,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
+            );
+        }
+    }
+    Ok(f32_storage(out))
+}

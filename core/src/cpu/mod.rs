@@ -1,0 +1,122 @@
+//! The Cpu reference backend: every primitive op written plainly (rayon for the big loops).
+//! It is the oracle the GPU kernels are tested against, and the fallback device.
+
+mod elementwise;
+mod index;
+mod matmul;
+mod norm;
+mod reduce;
+
+pub use elementwise::{binary, cast, copy_into, rand_uniform, unary, where_cond};
+pub use index::{gather, index_add, index_select, scatter_add};
+pub use matmul::matmul;
+pub use norm::{layer_norm, softmax};
+pub use reduce::reduce;
+
+use crate::{DType, Error, Layout, Result};
+use half::f16;
+use std::sync::Arc;
+
+/// Host memory of one tensor. Cheap to clone (the data is shared).
+#[derive(Debug, Clone)]
+pub enum CpuStorage {
+    F32(Arc<Vec<f32>>),
+    F16(Arc<Vec<f16>>),
+    U32(Arc<Vec<u32>>),
+    I32(Arc<Vec<i32>>),
+}
+
+impl CpuStorage {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuStorage::F32(_) => DType::F32,
+            CpuStorage::F16(_) => DType::F16,
+            CpuStorage::U32(_) => DType::U32,
+            CpuStorage::I32(_) => DType::I32,
+        }
+    }
+
+    /// The f32 data, or a dtype error naming `op`.
+    pub fn f32s(&self, op: &'static str) -> Result<&[f32]> {
+        match self {
+            CpuStorage::F32(v) => Ok(v),
+            s => Err(Error::DType { op, expected: "f32", got: s.dtype() }),
+        }
+    }
+
+    /// Index data as u32 (i32 indices must be non-negative), or a dtype error naming `op`.
+    pub fn indices(&self, op: &'static str, layout: &Layout) -> Result<Vec<u32>> {
+        match self {
+            CpuStorage::U32(v) => Ok(layout.offsets().map(|o| v[o]).collect()),
+            CpuStorage::I32(v) => layout
+                .offsets()
+                .map(|o| {
+                    u32::try_from(v[o]).map_err(|_| Error::invalid(op, format!("negative index {}", v[o])))
+                })
+                .collect(),
+            s => Err(Error::DType { op, expected: "u32 or i32", got: s.dtype() }),
+        }
+    }
+
+    /// Build from a contiguous host vector of any supported element type.
+    pub fn from_vec<T: crate::WithDType>(data: Vec<T>) -> Self {
+        // Safe casts: T's DTYPE tells which variant the bytes belong to.
+        let bytes: Vec<u8> = bytemuck::cast_slice(&data).to_vec();
+        match T::DTYPE {
+            DType::F32 => CpuStorage::F32(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
+            DType::F16 => CpuStorage::F16(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
+            DType::U32 => CpuStorage::U32(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
+            DType::I32 => CpuStorage::I32(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
+        }
+    }
+
+    /// The raw bytes of the whole storage.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            CpuStorage::F32(v) => bytemuck::cast_slice(v),
+            CpuStorage::F16(v) => bytemuck::cast_slice(v),
+            CpuStorage::U32(v) => bytemuck::cast_slice(v),
+            CpuStorage::I32(v) => bytemuck::cast_slice(v),
+        }
+    }
+
+    /// Build from raw bytes of a given dtype.
+    pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Self {
+        match dtype {
+            DType::F32 => CpuStorage::F32(Arc::new(bytemuck::pod_collect_to_vec(bytes))),
+            DType::F16 => CpuStorage::F16(Arc::new(bytemuck::pod_collect_to_vec(bytes))),
+            DType::U32 => CpuStorage::U32(Arc::new(bytemuck::pod_collect_to_vec(bytes))),
+            DType::I32 => CpuStorage::I32(Arc::new(bytemuck::pod_collect_to_vec(bytes))),
+        }
+    }
+
+    /// The elements of `layout`, gathered into a contiguous vector of raw bytes.
+    pub fn gather_bytes(&self, layout: &Layout) -> Vec<u8> {
+        let size = self.dtype().size_in_bytes();
+        let all = self.bytes();
+        if layout.is_contiguous() {
+            let start = layout.offset() * size;
+            return all[start..start + layout.numel() * size].to_vec();
+        }
+        let mut out = Vec::with_capacity(layout.numel() * size);
+        for o in layout.offsets() {
+            out.extend_from_slice(&all[o * size..(o + 1) * size]);
+        }
+        out
+    }
+}
+
+/// The f32 elements of a layout in row-major order, borrowing when already contiguous.
+pub(crate) fn strided<'a>(data: &'a [f32], layout: &Layout) -> std::borrow::Cow<'a, [f32]> {
+    if layout.is_contiguous() {
+        std::borrow::Cow::Borrowed(&data[layout.offset()..layout.offset() + layout.numel()])
+    } else {
+        std::borrow::Cow::Owned(layout.offsets().map(|o| data[o]).collect())
+    }
+}
+
+/// Wrap an f32 result.
+pub(crate) fn f32_storage(v: Vec<f32>) -> CpuStorage {
+    CpuStorage::F32(Arc::new(v))
+}

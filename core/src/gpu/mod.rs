@@ -1,0 +1,110 @@
+//! The wgpu backend: adapters, open devices, and the launchers that turn a primitive op into a
+//! dispatch of a WGSL kernel from weft-shaders.
+
+mod context;
+mod elementwise;
+mod index;
+mod matmul;
+mod pool;
+mod rows;
+
+pub use context::GpuContext;
+pub use elementwise::{binary, cast, copy_into, fill, rand_uniform, unary, where_cond};
+pub use index::{gather, index_add, index_select, scatter_add};
+pub use matmul::matmul;
+pub use pool::{MemoryStats, PooledBuffer};
+pub use rows::{layer_norm, reduce, softmax};
+
+use crate::{DType, Error, Layout, Result};
+use std::sync::{Arc, OnceLock};
+
+/// A tensor's memory on a GPU: a pooled buffer and the device it belongs to.
+#[derive(Clone)]
+pub struct GpuStorage {
+    pub(crate) buf: Arc<PooledBuffer>,
+    pub(crate) ctx: Arc<GpuContext>,
+}
+
+impl std::fmt::Debug for GpuStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuStorage({}, {:?})", self.ctx.describe(), self.buf)
+    }
+}
+
+impl GpuStorage {
+    /// Upload host bytes.
+    pub fn from_bytes(ctx: &Arc<GpuContext>, bytes: &[u8]) -> Result<Self> {
+        Ok(GpuStorage { buf: ctx.upload(bytes)?, ctx: ctx.clone() })
+    }
+
+    /// A new uninitialised buffer for `n` elements of `dtype`.
+    pub(crate) fn alloc(ctx: &Arc<GpuContext>, n: usize, dtype: DType) -> Result<Self> {
+        Ok(GpuStorage { buf: ctx.alloc((n * dtype.size_in_bytes()) as u64)?, ctx: ctx.clone() })
+    }
+
+    /// Read the elements of a layout back to the host as raw bytes (contiguous, row-major).
+    pub fn read_bytes(&self, layout: &Layout, dtype: DType) -> Result<Vec<u8>> {
+        let size = dtype.size_in_bytes() as u64;
+        if layout.is_contiguous() {
+            return self.ctx.read(&self.buf, layout.offset() as u64 * size, layout.numel() as u64 * size);
+        }
+        if dtype == DType::F16 {
+            // The copy kernel moves 32-bit words; read the whole span and pick on the host.
+            let all = self.ctx.read(&self.buf, 0, layout.extent() as u64 * size)?;
+            let mut out = Vec::with_capacity(layout.numel() * 2);
+            for o in layout.offsets() {
+                out.extend_from_slice(&all[o * 2..o * 2 + 2]);
+            }
+            return Ok(out);
+        }
+        let c = contiguous(self, layout)?;
+        self.ctx.read(&c.buf, 0, layout.numel() as u64 * size)
+    }
+}
+
+/// A contiguous copy of a (32-bit) strided layout.
+pub fn contiguous(s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
+    let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?;
+    copy_into(s, l, &out, &Layout::contiguous(l.shape()))?;
+    Ok(out)
+}
+
+/// Ranks up to this fit the kernels' `info` arrays.
+pub(crate) const MAX_RANK: usize = 8;
+
+/// Append `v` padded with `pad` to MAX_RANK entries.
+pub(crate) fn push_dims(info: &mut Vec<u32>, v: &[usize], pad: u32) {
+    info.extend(v.iter().map(|&x| x as u32));
+    info.extend(std::iter::repeat_n(pad, MAX_RANK - v.len()));
+}
+
+pub(crate) fn check_rank(op: &'static str, l: &Layout) -> Result<()> {
+    if l.rank() > MAX_RANK {
+        return Err(Error::invalid(op, format!("GPU kernels take at most {MAX_RANK} dimensions, got shape {:?}", l.shape())));
+    }
+    Ok(())
+}
+
+fn instance() -> &'static wgpu::Instance {
+    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
+    INSTANCE.get_or_init(|| wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle()))
+}
+
+/// Every adapter wgpu finds, in its order (the `N` of `gpu:N`).
+pub fn adapters() -> Vec<wgpu::Adapter> {
+    static ADAPTERS: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
+    ADAPTERS.get_or_init(|| pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()))).clone()
+}
+
+/// Open a new device on adapter `index` (each call opens another: a "virtual device").
+pub fn open(index: usize) -> Result<Arc<GpuContext>> {
+    let all = adapters();
+    let adapter = all.get(index).ok_or_else(|| {
+        Error::NoAdapter(if all.is_empty() {
+            "wgpu found no adapter at all".to_string()
+        } else {
+            format!("there is no adapter {index}; found {}", all.len())
+        })
+    })?;
+    Ok(Arc::new(GpuContext::open(adapter, index)?))
+}

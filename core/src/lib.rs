@@ -1,0 +1,40 @@
+//! weft-core: tensors on a GPU (WGSL kernels through wgpu), the Cpu reference backend, or Meta
+//! (shapes only); the primitive ops; reverse-mode autograd; tracing; and the collectives
+//! interface that tensor-parallel layers call.
+//!
+//! ```
+//! use weft_core::{Device, Tensor, Var};
+//! let dev = Device::Cpu; // or Device::default(), or Device::gpu(0)
+//! let w = Var::new(Tensor::randn(0.0, 0.1, &[3, 2], 0, &dev)?)?;
+//! let x = Tensor::ones(&[4, 3], &dev)?;
+//! let loss = x.matmul(&w)?.relu()?.sum_all()?;
+//! let grads = loss.backward()?;
+//! assert_eq!(grads.get(&w).unwrap().dims(), &[3, 2]);
+//! # Ok::<(), weft_core::Error>(())
+//! ```
+
+pub mod backprop;
+pub mod collectives;
+pub mod cpu;
+mod device;
+mod dtype;
+mod einsum;
+mod error;
+pub mod gpu;
+pub mod layout;
+pub mod ops;
+pub mod rng;
+pub mod storage;
+mod tensor;
+pub mod trace;
+mod var;
+
+pub use backprop::{no_grad, GradStore};
+pub use collectives::{Collectives, ReduceKind, SingleRank};
+pub use device::{devices, AdapterSummary, Device};
+pub use dtype::{DType, WithDType};
+pub use error::{Error, Result};
+pub use gpu::MemoryStats;
+pub use layout::Layout;
+pub use tensor::{Tensor, TensorId};
+pub use var::Var;

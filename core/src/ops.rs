@@ -1,0 +1,229 @@
+//! The primitive ops every backend implements. Everything else (mean, variance, cross-entropy, einsum,
+//! one_hot, dropout...) is composed from these, so a new backend only has to provide this list.
+
+/// Elementwise unary ops; the parameterised ones carry their scalars.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum UnaryOp {
+    /// Copy (used by `contiguous`).
+    Identity,
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Square,
+    Recip,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+    /// GELU with the error function (exact form).
+    GeluErf,
+    Silu,
+    Sin,
+    Cos,
+    /// 1 where x > 0, else 0 (relu's derivative).
+    Step,
+    /// Sign of x: -1, 0 or 1.
+    Sign,
+    /// The error function.
+    Erf,
+    /// `x * mul + add`.
+    Affine { mul: f32, add: f32 },
+    /// `x ^ e`.
+    Powf(f32),
+    /// `min(max(x, lo), hi)`.
+    Clamp { lo: f32, hi: f32 },
+}
+
+impl UnaryOp {
+    /// Kernel name, shared with the WGSL op table in weft-shaders.
+    pub fn name(self) -> &'static str {
+        use UnaryOp::*;
+        match self {
+            Identity => "identity",
+            Neg => "neg",
+            Abs => "abs",
+            Exp => "exp",
+            Log => "log",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Square => "square",
+            Recip => "recip",
+            Tanh => "tanh",
+            Sigmoid => "sigmoid",
+            Relu => "relu",
+            GeluTanh => "gelu_tanh",
+            GeluErf => "gelu_erf",
+            Silu => "silu",
+            Sin => "sin",
+            Cos => "cos",
+            Step => "step",
+            Sign => "sign",
+            Erf => "erf",
+            Affine { .. } => "affine",
+            Powf(_) => "powf",
+            Clamp { .. } => "clamp",
+        }
+    }
+
+    /// The two scalar parameters passed to the kernel (`p0`, `p1`).
+    pub fn params(self) -> [f32; 2] {
+        match self {
+            UnaryOp::Affine { mul, add } => [mul, add],
+            UnaryOp::Powf(e) => [e, 0.0],
+            UnaryOp::Clamp { lo, hi } => [lo, hi],
+            _ => [0.0, 0.0],
+        }
+    }
+
+    /// The op on one value: the Cpu reference.
+    pub fn apply(self, x: f32) -> f32 {
+        use UnaryOp::*;
+        match self {
+            Identity => x,
+            Neg => -x,
+            Abs => x.abs(),
+            Exp => x.exp(),
+            Log => x.ln(),
+            Sqrt => x.sqrt(),
+            Rsqrt => 1.0 / x.sqrt(),
+            Square => x * x,
+            Recip => 1.0 / x,
+            Tanh => x.tanh(),
+            Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Relu => x.max(0.0),
+            GeluTanh => 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh()),
+            GeluErf => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+            Silu => x / (1.0 + (-x).exp()),
+            Sin => x.sin(),
+            Cos => x.cos(),
+            Step => {
+                if x > 0.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Sign => {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                }
+            }
+            Erf => erf(x),
+            Affine { mul, add } => x * mul + add,
+            Powf(e) => x.powf(e),
+            Clamp { lo, hi } => x.max(lo).min(hi),
+        }
+    }
+}
+
+/// The error function, to 1.2e-7 absolute (Numerical Recipes' erfc Chebyshev fit). The WGSL
+/// kernels use the same formula, so Gpu and Cpu agree to rounding.
+pub fn erf(x: f32) -> f32 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.265_512_2
+        + t * (1.000_023_7
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_9 + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let r = 1.0 - t * poly.exp();
+    if x >= 0.0 { r } else { -r }
+}
+
+/// Elementwise binary ops (operands broadcast to one shape first). Comparisons give 1.0 or 0.0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl BinaryOp {
+    /// Kernel name, shared with the WGSL op table in weft-shaders.
+    pub fn name(self) -> &'static str {
+        use BinaryOp::*;
+        match self {
+            Add => "add",
+            Sub => "sub",
+            Mul => "mul",
+            Div => "div",
+            Pow => "pow",
+            Maximum => "maximum",
+            Minimum => "minimum",
+            Eq => "eq",
+            Ne => "ne",
+            Lt => "lt",
+            Le => "le",
+            Gt => "gt",
+            Ge => "ge",
+        }
+    }
+
+    /// The op on one pair: the Cpu reference.
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        use BinaryOp::*;
+        let c = |p: bool| if p { 1.0 } else { 0.0 };
+        match self {
+            Add => a + b,
+            Sub => a - b,
+            Mul => a * b,
+            Div => a / b,
+            Pow => a.powf(b),
+            Maximum => a.max(b),
+            Minimum => a.min(b),
+            Eq => c(a == b),
+            Ne => c(a != b),
+            Lt => c(a < b),
+            Le => c(a <= b),
+            Gt => c(a > b),
+            Ge => c(a >= b),
+        }
+    }
+
+    /// Comparisons have no gradient.
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+    }
+}
+
+/// Reductions over a set of axes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    /// Index of the largest value (first on ties), over one axis; u32 output.
+    ArgMax,
+}
+
+impl ReduceOp {
+    /// Kernel name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::ArgMax => "argmax",
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! A tensor's memory on its device, and the dispatch of each primitive op to the backend that
+//! owns it. This is the one place that matches on the backend; everything above works on `Tensor`.
+
+use crate::cpu::{self, CpuStorage};
+use crate::gpu::{self, GpuStorage};
+use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
+use crate::{DType, Error, Layout, Result};
+
+/// Memory of one tensor (shared by its views). Cheap to clone.
+#[derive(Debug, Clone)]
+pub enum Storage {
+    /// Host memory.
+    Cpu(CpuStorage),
+    /// A GPU buffer.
+    Gpu(GpuStorage),
+    /// No memory: Meta tensors only have shapes.
+    Meta,
+}
+
+fn mismatch(op: &'static str, a: &Storage, b: &Storage) -> Error {
+    let name = |s: &Storage| match s {
+        Storage::Cpu(_) => "cpu".to_string(),
+        Storage::Gpu(g) => g.ctx.describe(),
+        Storage::Meta => "meta".to_string(),
+    };
+    Error::DeviceMismatch { op, lhs: name(a), rhs: name(b) }
+}
+
+impl Storage {
+    /// Elementwise unary op.
+    pub fn unary(&self, op: UnaryOp, l: &Layout) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(cpu::unary(op, s, l)?),
+            Storage::Gpu(s) => Storage::Gpu(gpu::unary(op, s, l)?),
+            Storage::Meta => Storage::Meta,
+        })
+    }
+
+    /// Elementwise binary op on two layouts of one shape.
+    pub fn binary(&self, op: BinaryOp, la: &Layout, rhs: &Storage, lb: &Layout) -> Result<Storage> {
+        Ok(match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::binary(op, a, la, b, lb)?),
+            (Storage::Gpu(a), Storage::Gpu(b)) => Storage::Gpu(gpu::binary(op, a, la, b, lb)?),
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch(op.name(), self, rhs)),
+        })
+    }
+
+    /// `mask != 0 ? a : b`; `self` is the mask.
+    pub fn where_cond(&self, lm: &Layout, a: &Storage, la: &Layout, b: &Storage, lb: &Layout) -> Result<Storage> {
+        Ok(match (self, a, b) {
+            (Storage::Cpu(m), Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(cpu::where_cond(m, lm, x, la, y, lb)?),
+            (Storage::Gpu(m), Storage::Gpu(x), Storage::Gpu(y)) => Storage::Gpu(gpu::where_cond(m, lm, x, la, y, lb)?),
+            (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("where_cond", a, b)),
+        })
+    }
+
+    /// Reduce `axes`; the output keeps them as size 1.
+    pub fn reduce(&self, op: ReduceOp, l: &Layout, axes: &[usize]) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(cpu::reduce(op, s, l, axes)?),
+            Storage::Gpu(s) => Storage::Gpu(gpu::reduce(op, s, l, axes)?),
+            Storage::Meta => Storage::Meta,
+        })
+    }
+
+    /// Batched matmul of `[batch.., m, k]` and `[batch.., k, n]`.
+    pub fn matmul(&self, la: &Layout, rhs: &Storage, lb: &Layout) -> Result<Storage> {
+        Ok(match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::matmul(a, la, b, lb)?),
+            (Storage::Gpu(a), Storage::Gpu(b)) => Storage::Gpu(gpu::matmul(a, la, b, lb)?),
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("matmul", self, rhs)),
+        })
+    }
+
+    /// Softmax or log-softmax over the last axis.
+    pub fn softmax(&self, l: &Layout, log: bool) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(cpu::softmax(s, l, log)?),
+            Storage::Gpu(s) => Storage::Gpu(gpu::softmax(s, l, log)?),
+            Storage::Meta => Storage::Meta,
+        })
+    }
+
+    /// Layer norm over the last axis (gamma and beta contiguous vectors).
+    pub fn layer_norm(&self, l: &Layout, g: &Storage, lg: &Layout, b: &Storage, lb: &Layout, eps: f32) -> Result<Storage> {
+        Ok(match (self, g, b) {
+            (Storage::Cpu(x), Storage::Cpu(g), Storage::Cpu(b)) => Storage::Cpu(cpu::layer_norm(x, l, g, lg, b, lb, eps)?),
+            (Storage::Gpu(x), Storage::Gpu(g), Storage::Gpu(b)) => Storage::Gpu(gpu::layer_norm(x, l, g, b, eps)?),
+            (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("layer_norm", self, g)),
+        })
+    }
+
+    /// Entries `ids` of `axis` (`self` is the source).
+    pub fn index_select(&self, l: &Layout, ids: &Storage, li: &Layout, axis: usize) -> Result<Storage> {
+        Ok(match (self, ids) {
+            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::index_select(s, l, i, li, axis)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::index_select(s, l, i, li, axis)?),
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("index_select", self, ids)),
+        })
+    }
+
+    /// torch.gather along `axis` (`self` is the source).
+    pub fn gather(&self, l: &Layout, ids: &Storage, li: &Layout, axis: usize) -> Result<Storage> {
+        Ok(match (self, ids) {
+            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::gather(s, l, i, li, axis)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::gather(s, l, i, li, axis)?),
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("gather", self, ids)),
+        })
+    }
+
+    /// Zeros of `shape` plus `self`'s rows added at `ids` along `axis` (adjoint of index_select).
+    pub fn index_add(&self, ls: &Layout, shape: &[usize], axis: usize, ids: &Storage, li: &Layout) -> Result<Storage> {
+        Ok(match (self, ids) {
+            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::index_add(shape, axis, i, li, s, ls)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::index_add(shape, axis, i, li, s, ls)?),
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("index_add", self, ids)),
+        })
+    }
+
+    /// Zeros of `shape` plus `self`'s elements added where `ids` point (adjoint of gather).
+    pub fn scatter_add(&self, ls: &Layout, shape: &[usize], axis: usize, ids: &Storage, li: &Layout) -> Result<Storage> {
+        Ok(match (self, ids) {
+            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::scatter_add(shape, axis, i, li, s, ls)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::scatter_add(shape, axis, i, li, s, ls)?),
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("scatter_add", self, ids)),
+        })
+    }
+
+    /// Convert the elements of `l` from `from` to `to` (contiguous output).
+    pub fn cast(&self, l: &Layout, from: DType, to: DType) -> Result<Storage> {
+        Ok(match self {
+            Storage::Cpu(s) => Storage::Cpu(cpu::cast(s, l, to)?),
+            Storage::Gpu(s) => Storage::Gpu(gpu::cast(s, l, from, to)?),
+            Storage::Meta => Storage::Meta,
+        })
+    }
+
+    /// A contiguous copy of `l`.
+    pub fn contiguous(&self, l: &Layout, dtype: DType) -> Result<Storage> {
+        self.cast(l, dtype, dtype)
+    }
+
+    /// Write each part (storage, layout) into its slice of a new contiguous f32 tensor of `shape`,
+    /// the parts laid one after another along `axis`.
+    pub fn concat(parts: &[(Storage, Layout)], shape: &[usize], axis: usize) -> Result<Storage> {
+        let out_layout = Layout::contiguous(shape);
+        let numel = out_layout.numel();
+        match parts.first().map(|p| &p.0) {
+            None | Some(Storage::Meta) => Ok(Storage::Meta),
+            Some(Storage::Cpu(_)) => {
+                let mut out = vec![0f32; numel];
+                let mut start = 0;
+                for (s, l) in parts {
+                    let Storage::Cpu(s) = s else { return Err(mismatch("concat", &parts[0].0, s)) };
+                    let dst = out_layout.narrow(axis, start, l.shape()[axis])?;
+                    cpu::copy_into(s, l, &mut out, &dst)?;
+                    start += l.shape()[axis];
+                }
+                Ok(Storage::Cpu(CpuStorage::F32(std::sync::Arc::new(out))))
+            }
+            Some(Storage::Gpu(first)) => {
+                let out = GpuStorage::alloc(&first.ctx, numel, DType::F32)?;
+                let mut start = 0;
+                for (s, l) in parts {
+                    let Storage::Gpu(s) = s else { return Err(mismatch("concat", &parts[0].0, s)) };
+                    if s.ctx.ordinal != first.ctx.ordinal {
+                        return Err(mismatch("concat", &parts[0].0, &Storage::Gpu(s.clone())));
+                    }
+                    let dst = out_layout.narrow(axis, start, l.shape()[axis])?;
+                    gpu::copy_into(s, l, &out, &dst)?;
+                    start += l.shape()[axis];
+                }
+                Ok(Storage::Gpu(out))
+            }
+        }
+    }
+
+    /// The elements of `l` as contiguous host bytes.
+    pub fn read_bytes(&self, l: &Layout, dtype: DType) -> Result<Vec<u8>> {
+        match self {
+            Storage::Cpu(s) => Ok(s.gather_bytes(l)),
+            Storage::Gpu(s) => s.read_bytes(l, dtype),
+            Storage::Meta => Err(Error::MetaData { op: "to_vec" }),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Elementwise arithmetic: unary ops, binary ops with NumPy broadcasting, scalar forms,
+//! comparisons, `where_cond`, and dtype casts.
+
+use super::Tensor;
+use crate::backprop::Op;
+use crate::layout::broadcast_shape;
+use crate::ops::{BinaryOp, UnaryOp};
+use crate::{DType, Error, Result};
+
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $($(#[$doc])* pub fn $name(&self) -> Result<Tensor> { self.unary(UnaryOp::$op) })*
+        }
+    };
+}
+
+unary_methods! {
+    /// -x
+    neg => Neg,
+    /// |x|
+    abs => Abs,
+    /// e^x
+    exp => Exp,
+    /// Natural logarithm.
+    log => Log,
+    /// Square root.
+    sqrt => Sqrt,
+    /// 1 / sqrt(x)
+    rsqrt => Rsqrt,
+    /// x * x
+    square => Square,
+    /// 1 / x
+    recip => Recip,
+    /// Hyperbolic tangent.
+    tanh => Tanh,
+    /// 1 / (1 + e^-x)
+    sigmoid => Sigmoid,
+    /// max(x, 0)
+    relu => Relu,
+    /// GELU, tanh approximation (GPT-2's form).
+    gelu => GeluTanh,
+    /// GELU with the exact error function (Keras' `approximate=False`).
+    gelu_erf => GeluErf,
+    /// x * sigmoid(x)
+    silu => Silu,
+    /// Sine.
+    sin => Sin,
+    /// Cosine.
+    cos => Cos,
+    /// Sign: -1, 0 or 1.
+    sign => Sign,
+    /// The error function.
+    erf => Erf,
+}
+
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident),* $(,)?) => {
+        impl Tensor {
+            $($(#[$doc])* pub fn $name(&self, rhs: &Tensor) -> Result<Tensor> { self.binary(BinaryOp::$op, rhs) })*
+        }
+    };
+}
+
+binary_methods! {
+    /// a + b (broadcasting)
+    add => Add,
+    /// a - b (broadcasting)
+    sub => Sub,
+    /// a * b (broadcasting)
+    mul => Mul,
+    /// a / b (broadcasting)
+    div => Div,
+    /// a ^ b (broadcasting)
+    pow => Pow,
+    /// Elementwise maximum (broadcasting).
+    maximum => Maximum,
+    /// Elementwise minimum (broadcasting).
+    minimum => Minimum,
+    /// 1.0 where a == b, else 0.0
+    eq => Eq,
+    /// 1.0 where a != b, else 0.0
+    ne => Ne,
+    /// 1.0 where a < b, else 0.0
+    lt => Lt,
+    /// 1.0 where a <= b, else 0.0
+    le => Le,
+    /// 1.0 where a > b, else 0.0
+    gt => Gt,
+    /// 1.0 where a >= b, else 0.0
+    ge => Ge,
+}
+
+impl Tensor {
+    /// Apply a primitive unary op.
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        self.expect_f32(op.name())?;
+        let storage = self.storage().unary(op, self.layout())?;
+        Ok(Tensor::from_storage(storage, self.dims(), self.dtype(), self.device().clone(), Some(Op::Unary(self.clone(), op))))
+    }
+
+    /// Apply a primitive binary op, broadcasting both operands to a common shape.
+    pub fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Result<Tensor> {
+        self.same_device(rhs, op.name())?;
+        self.expect_f32(op.name())?;
+        rhs.expect_f32(op.name())?;
+        let shape = broadcast_shape(op.name(), self.dims(), rhs.dims())?;
+        let (a, b) = (self.broadcast_to(&shape)?, rhs.broadcast_to(&shape)?);
+        let storage = a.storage().binary(op, a.layout(), &b.storage(), b.layout())?;
+        Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(Op::Binary(a, b, op))))
+    }
+
+    /// x * mul + add, in one kernel.
+    pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
+        self.unary(UnaryOp::Affine { mul, add })
+    }
+    /// x + v
+    pub fn add_scalar(&self, v: f32) -> Result<Tensor> {
+        self.affine(1.0, v)
+    }
+    /// x - v
+    pub fn sub_scalar(&self, v: f32) -> Result<Tensor> {
+        self.affine(1.0, -v)
+    }
+    /// x * v
+    pub fn mul_scalar(&self, v: f32) -> Result<Tensor> {
+        self.affine(v, 0.0)
+    }
+    /// x / v
+    pub fn div_scalar(&self, v: f32) -> Result<Tensor> {
+        self.affine(1.0 / v, 0.0)
+    }
+    /// x ^ e
+    pub fn powf(&self, e: f32) -> Result<Tensor> {
+        self.unary(UnaryOp::Powf(e))
+    }
+    /// min(max(x, lo), hi)
+    pub fn clamp(&self, lo: f32, hi: f32) -> Result<Tensor> {
+        if lo > hi {
+            return Err(Error::invalid("clamp", format!("lower bound {lo} is above upper bound {hi}")));
+        }
+        self.unary(UnaryOp::Clamp { lo, hi })
+    }
+
+    /// Compare with a scalar: `op` is one of the comparison ops.
+    pub fn cmp_scalar(&self, op: BinaryOp, v: f32) -> Result<Tensor> {
+        self.binary(op, &Tensor::scalar(v, self.device())?)
+    }
+
+    /// `mask != 0 ? on_true : on_false`, all three broadcast to one shape.
+    pub fn where_cond(mask: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        mask.same_device(on_true, "where_cond")?;
+        mask.same_device(on_false, "where_cond")?;
+        for t in [mask, on_true, on_false] {
+            t.expect_f32("where_cond")?;
+        }
+        let s = broadcast_shape("where_cond", mask.dims(), on_true.dims())?;
+        let shape = broadcast_shape("where_cond", &s, on_false.dims())?;
+        let (m, a, b) = (mask.broadcast_to(&shape)?, on_true.broadcast_to(&shape)?, on_false.broadcast_to(&shape)?);
+        let storage = m.storage().where_cond(m.layout(), &a.storage(), a.layout(), &b.storage(), b.layout())?;
+        Ok(Tensor::from_storage(storage, &shape, DType::F32, mask.device().clone(), Some(Op::Where(m.detach(), a, b))))
+    }
+
+    /// Replace elements where `mask != 0` by `value` (e.g. -inf above the diagonal for a causal mask).
+    pub fn masked_fill(&self, mask: &Tensor, value: f32) -> Result<Tensor> {
+        Tensor::where_cond(mask, &Tensor::scalar(value, self.device())?, self)
+    }
+
+    /// Convert to another dtype (f32 <-> f16 rounds to nearest; float -> integer truncates).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let storage = self.storage().cast(self.layout(), self.dtype(), dtype)?;
+        Ok(Tensor::from_storage(storage, self.dims(), dtype, self.device().clone(), Some(Op::Cast(self.clone()))))
+    }
+}

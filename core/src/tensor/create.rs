@@ -1,0 +1,113 @@
+//! Creating tensors: from host data, constants, ranges and seeded random values.
+
+use super::Tensor;
+use crate::cpu::CpuStorage;
+use crate::gpu::{self, GpuStorage};
+use crate::storage::Storage;
+use crate::{DType, Device, Error, Result, WithDType};
+
+/// Storage on `device` holding contiguous host bytes of `dtype`.
+pub(crate) fn storage_from_bytes(dtype: DType, bytes: &[u8], device: &Device) -> Result<Storage> {
+    Ok(match device {
+        Device::Cpu => Storage::Cpu(CpuStorage::from_bytes(dtype, bytes)),
+        Device::Gpu(ctx) => {
+            if dtype == DType::F16 && !device.supports_f16() {
+                return Err(Error::invalid("from_vec", format!("{} lacks shader-f16, so it cannot hold f16 tensors", ctx.describe())));
+            }
+            Storage::Gpu(GpuStorage::from_bytes(ctx, bytes)?)
+        }
+        Device::Meta => Storage::Meta,
+    })
+}
+
+impl Tensor {
+    /// A tensor of `shape` from row-major host data.
+    pub fn from_vec<T: WithDType>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
+        Tensor::from_slice(&data, shape, device)
+    }
+
+    /// A tensor of `shape` from a row-major host slice.
+    pub fn from_slice<T: WithDType>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        if data.len() != n {
+            return Err(Error::invalid("from_vec", format!("{} values cannot fill shape {shape:?} ({n} elements)", data.len())));
+        }
+        let storage = storage_from_bytes(T::DTYPE, bytemuck::cast_slice(data), device)?;
+        Ok(Tensor::from_storage(storage, shape, T::DTYPE, device.clone(), None))
+    }
+
+    /// A 0-dimensional f32 tensor.
+    pub fn scalar(v: f32, device: &Device) -> Result<Tensor> {
+        Tensor::full(v, &[], device)
+    }
+
+    /// A tensor of `shape` with every element `v` (f32). On a GPU this is a fill kernel, not an upload.
+    pub fn full(v: f32, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(CpuStorage::F32(std::sync::Arc::new(vec![v; n]))),
+            Device::Gpu(ctx) => Storage::Gpu(gpu::fill(ctx, n, v.to_bits())?),
+            Device::Meta => Storage::Meta,
+        };
+        Ok(Tensor::from_storage(storage, shape, DType::F32, device.clone(), None))
+    }
+
+    /// Zeros (f32).
+    pub fn zeros(shape: &[usize], device: &Device) -> Result<Tensor> {
+        Tensor::full(0.0, shape, device)
+    }
+
+    /// Ones (f32).
+    pub fn ones(shape: &[usize], device: &Device) -> Result<Tensor> {
+        Tensor::full(1.0, shape, device)
+    }
+
+    /// Zeros with this tensor's shape and device.
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Tensor::zeros(self.dims(), self.device())
+    }
+
+    /// Ones with this tensor's shape and device.
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Tensor::ones(self.dims(), self.device())
+    }
+
+    /// `start, start + step, ...` below `end` (f32).
+    pub fn arange(start: f32, end: f32, step: f32, device: &Device) -> Result<Tensor> {
+        if step == 0.0 || (end - start) / step < 0.0 {
+            return Err(Error::invalid("arange", format!("cannot step from {start} to {end} by {step}")));
+        }
+        let n = ((end - start) / step).ceil() as usize;
+        let v: Vec<f32> = (0..n).map(|i| start + i as f32 * step).collect();
+        Tensor::from_vec(v, &[n], device)
+    }
+
+    /// Uniform values in `[lo, hi)` from `seed`: the same values on every device.
+    pub fn rand(lo: f32, hi: f32, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+        let key = crate::rng::seed_key(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n as u32).map(|i| lo + (hi - lo) * crate::rng::uniform(key, i)).collect();
+        Tensor::from_vec(v, shape, device)
+    }
+
+    /// Normal values with `mean` and `std` from `seed`: the same values on every device.
+    pub fn randn(mean: f32, std: f32, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+        let key = crate::rng::seed_key(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n as u32).map(|i| mean + std * crate::rng::normal(key, i)).collect();
+        Tensor::from_vec(v, shape, device)
+    }
+
+    /// Uniform [0, 1) values generated on the device itself from the counter-based generator
+    /// (bit-identical across devices; used for dropout masks).
+    pub fn rand_on_device(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+        let n: usize = shape.iter().product();
+        let key = crate::rng::seed_key(seed);
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(crate::cpu::rand_uniform(n, key, 0)),
+            Device::Gpu(ctx) => Storage::Gpu(gpu::rand_uniform(ctx, n, key, 0)?),
+            Device::Meta => Storage::Meta,
+        };
+        Ok(Tensor::from_storage(storage, shape, DType::F32, device.clone(), None))
+    }
+}

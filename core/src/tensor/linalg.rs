@@ -1,0 +1,40 @@
+//! Matrix multiplication with NumPy's rules: batch axes broadcast, 1-D operands are promoted.
+
+use super::Tensor;
+use crate::backprop::Op;
+use crate::layout::broadcast_shape;
+use crate::{Error, Result};
+
+impl Tensor {
+    /// `self @ rhs`. Shapes `[.., m, k] @ [.., k, n] -> [.., m, n]`; batch axes broadcast; a 1-D
+    /// operand is a row (left) or column (right) vector, dropped from the result. Transposed views
+    /// are read in place on every backend.
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.same_device(rhs, "matmul")?;
+        self.expect_f32("matmul")?;
+        rhs.expect_f32("matmul")?;
+        let err = || Error::ShapeMismatch { op: "matmul", lhs: self.dims().to_vec(), rhs: rhs.dims().to_vec() };
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(err());
+        }
+        if self.rank() == 1 {
+            return self.unsqueeze(0)?.matmul(rhs)?.squeeze(-2);
+        }
+        if rhs.rank() == 1 {
+            return self.matmul(&rhs.unsqueeze(1)?)?.squeeze(-1);
+        }
+        let (ra, rb) = (self.rank(), rhs.rank());
+        let (m, k) = (self.dims()[ra - 2], self.dims()[ra - 1]);
+        let (k2, n) = (rhs.dims()[rb - 2], rhs.dims()[rb - 1]);
+        if k != k2 {
+            return Err(err());
+        }
+        let batch = broadcast_shape("matmul", &self.dims()[..ra - 2], &rhs.dims()[..rb - 2]).map_err(|_| err())?;
+        let shape_a: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
+        let shape_b: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
+        let (a, b) = (self.broadcast_to(&shape_a)?, rhs.broadcast_to(&shape_b)?);
+        let storage = a.storage().matmul(a.layout(), &b.storage(), b.layout())?;
+        let shape: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
+        Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(Op::Matmul(a, b))))
+    }
+}

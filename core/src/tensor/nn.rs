@@ -1,0 +1,109 @@
+//! The ops neural networks are made of: softmax, layer norm, dropout, one_hot, cross-entropy.
+
+use super::Tensor;
+use crate::backprop::Op;
+use crate::layout::resolve_axis;
+use crate::{DType, Error, Result};
+
+impl Tensor {
+    /// Move `axis` last (a view), apply a last-axis row op, and move it back.
+    fn along_axis(&self, axis: isize, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        let axis = resolve_axis("softmax", axis, self.rank())?;
+        let last = self.rank() - 1;
+        if axis == last {
+            return f(self);
+        }
+        f(&self.transpose(axis as isize, last as isize)?)?.transpose(axis as isize, last as isize)
+    }
+
+    fn softmax_last(&self, log: bool) -> Result<Tensor> {
+        self.expect_f32("softmax")?;
+        if self.rank() == 0 {
+            return Err(Error::invalid("softmax", "needs at least one axis"));
+        }
+        let storage = self.storage().softmax(self.layout(), log)?;
+        let op = if log { Op::LogSoftmax(self.clone()) } else { Op::Softmax(self.clone()) };
+        Ok(Tensor::from_storage(storage, self.dims(), DType::F32, self.device().clone(), Some(op)))
+    }
+
+    /// Softmax along `axis`, numerically stable.
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        self.along_axis(axis, |x| x.softmax_last(false))
+    }
+
+    /// Log-softmax along `axis`, numerically stable.
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        self.along_axis(axis, |x| x.softmax_last(true))
+    }
+
+    /// Layer normalisation over the last axis: `(x - mean) / sqrt(var + eps) * gamma + beta`,
+    /// with `gamma` and `beta` of shape `[last]`. One fused kernel forward.
+    pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+        self.expect_f32("layer_norm")?;
+        let n = *self.dims().last().ok_or_else(|| Error::invalid("layer_norm", "needs at least one axis"))?;
+        for p in [gamma, beta] {
+            self.same_device(p, "layer_norm")?;
+            p.expect_f32("layer_norm")?;
+            if p.dims() != [n] {
+                return Err(Error::ShapeMismatch { op: "layer_norm", lhs: self.dims().to_vec(), rhs: p.dims().to_vec() });
+            }
+        }
+        let (g, b) = (gamma.contiguous_from_zero()?, beta.contiguous_from_zero()?);
+        let storage = self.storage().layer_norm(self.layout(), &g.storage(), g.layout(), &b.storage(), b.layout(), eps)?;
+        Ok(Tensor::from_storage(
+            storage,
+            self.dims(),
+            DType::F32,
+            self.device().clone(),
+            Some(Op::LayerNorm { x: self.clone(), gamma: gamma.clone(), beta: beta.clone(), eps }),
+        ))
+    }
+
+    /// Contiguous and starting at element 0 of its storage (what kernels that index a vector directly need).
+    pub(crate) fn contiguous_from_zero(&self) -> Result<Tensor> {
+        if self.is_compact() {
+            return Ok(self.clone());
+        }
+        let storage = self.storage().contiguous(self.layout(), self.dtype())?;
+        Ok(Tensor::from_storage(storage, self.dims(), self.dtype(), self.device().clone(), Some(Op::Copy(self.clone()))))
+    }
+
+    /// One-hot rows: integer labels of any shape -> f32 `[..labels, classes]`.
+    pub fn one_hot(labels: &Tensor, classes: usize) -> Result<Tensor> {
+        if !matches!(labels.dtype(), DType::U32 | DType::I32) {
+            return Err(Error::DType { op: "one_hot", expected: "u32 or i32", got: labels.dtype() });
+        }
+        let l = labels.to_dtype(DType::F32)?.unsqueeze(-1)?;
+        let range = Tensor::arange(0.0, classes as f32, 1.0, labels.device())?;
+        l.eq(&range)
+    }
+
+    /// Inverted dropout: zero each element with probability `p` and scale the rest by 1/(1-p).
+    /// The mask comes from the counter-based generator, so one seed gives one mask on every device.
+    /// With `training == false` (or p == 0) the input is returned as is.
+    pub fn dropout(&self, p: f32, seed: u64, training: bool) -> Result<Tensor> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::invalid("dropout", format!("rate {p} must be in [0, 1)")));
+        }
+        if !training || p == 0.0 {
+            return Ok(self.clone());
+        }
+        let u = Tensor::rand_on_device(self.dims(), seed, self.device())?;
+        let keep = u.cmp_scalar(crate::ops::BinaryOp::Ge, p)?.mul_scalar(1.0 / (1.0 - p))?;
+        self.mul(&keep)
+    }
+
+    /// Mean cross-entropy of `[.., classes]` logits against integer labels of shape `[..]`,
+    /// computed from log-softmax (stable for large logits).
+    pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+        let r = logits.rank();
+        if r == 0 || labels.dims() != &logits.dims()[..r - 1] {
+            return Err(Error::ShapeMismatch { op: "cross_entropy", lhs: logits.dims().to_vec(), rhs: labels.dims().to_vec() });
+        }
+        let c = logits.dims()[r - 1];
+        let rows = logits.numel() / c.max(1);
+        let lsm = logits.reshape(&[rows, c])?.log_softmax(-1)?;
+        let picked = lsm.gather(1, &labels.reshape(&[rows, 1])?)?;
+        picked.mean_all()?.neg()
+    }
+}

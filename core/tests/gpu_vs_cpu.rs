@@ -1,0 +1,276 @@
+//! Every GPU kernel against the Cpu reference on random inputs of awkward shapes (sizes 1, 7, 129)
+//! and non-contiguous views (transposed, narrowed, broadcast).
+
+mod common;
+
+use common::{assert_close, gpu, vals};
+use proptest::prelude::*;
+use weft_core::ops::BinaryOp;
+use weft_core::{DType, Device, Result, Tensor};
+
+const ELEMENTWISE_TOL: f32 = 1e-5;
+const REDUCE_TOL: f32 = 1e-4;
+
+/// How the input is viewed before the op.
+#[derive(Debug, Clone, Copy)]
+enum View {
+    Contiguous,
+    Transposed,
+    Narrowed,
+    Broadcast,
+}
+
+fn shape_strategy() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(prop::sample::select(vec![1usize, 2, 7, 129]), 1..=3)
+        .prop_filter("keep tests small", |s| s.iter().product::<usize>() <= 129 * 7 * 2)
+}
+
+fn view_strategy() -> impl Strategy<Value = View> {
+    prop::sample::select(vec![View::Contiguous, View::Transposed, View::Narrowed, View::Broadcast])
+}
+
+/// Build `shape` data (seeded, in `[lo, hi)`) on a device and apply the view.
+fn make(shape: &[usize], view: View, seed: u64, lo: f32, hi: f32, dev: &Device) -> Result<Tensor> {
+    match view {
+        View::Contiguous => Tensor::rand(lo, hi, shape, seed, dev),
+        View::Transposed => {
+            let mut s = shape.to_vec();
+            s.reverse();
+            let t = Tensor::rand(lo, hi, &s, seed, dev)?;
+            let dims: Vec<usize> = (0..shape.len()).rev().collect();
+            t.permute(&dims)
+        }
+        View::Narrowed => {
+            let mut s = shape.to_vec();
+            s[0] += 3;
+            Tensor::rand(lo, hi, &s, seed, dev)?.narrow(0, 2, shape[0])
+        }
+        View::Broadcast => {
+            let mut s = shape.to_vec();
+            s[0] = 1;
+            Tensor::rand(lo, hi, &s, seed, dev)?.broadcast_to(shape)
+        }
+    }
+}
+
+fn check_unary(name: &str, f: fn(&Tensor) -> Result<Tensor>, shape: &[usize], view: View, seed: u64, lo: f32, hi: f32) {
+    let Some(g) = gpu() else { return };
+    let want = f(&make(shape, view, seed, lo, hi, &Device::Cpu).unwrap()).unwrap();
+    let got = f(&make(shape, view, seed, lo, hi, &g).unwrap()).unwrap();
+    assert_eq!(got.dims(), want.dims(), "{name}");
+    assert_close(&vals(&got), &vals(&want), ELEMENTWISE_TOL, &format!("{name} {shape:?} {view:?}"));
+}
+
+type UnaryCase = (&'static str, fn(&Tensor) -> Result<Tensor>, f32, f32);
+
+const UNARY: &[UnaryCase] = &[
+    ("neg", |x| x.neg(), -3.0, 3.0),
+    ("abs", |x| x.abs(), -3.0, 3.0),
+    ("exp", |x| x.exp(), -3.0, 3.0),
+    ("log", |x| x.log(), 0.1, 5.0),
+    ("sqrt", |x| x.sqrt(), 0.0, 5.0),
+    ("rsqrt", |x| x.rsqrt(), 0.1, 5.0),
+    ("square", |x| x.square(), -3.0, 3.0),
+    ("recip", |x| x.recip(), 0.5, 5.0),
+    ("tanh", |x| x.tanh(), -5.0, 5.0),
+    ("sigmoid", |x| x.sigmoid(), -5.0, 5.0),
+    ("relu", |x| x.relu(), -3.0, 3.0),
+    ("gelu", |x| x.gelu(), -4.0, 4.0),
+    ("gelu_erf", |x| x.gelu_erf(), -4.0, 4.0),
+    ("silu", |x| x.silu(), -4.0, 4.0),
+    ("sin", |x| x.sin(), -3.0, 3.0),
+    ("cos", |x| x.cos(), -3.0, 3.0),
+    ("sign", |x| x.sign(), -3.0, 3.0),
+    ("erf", |x| x.erf(), -3.0, 3.0),
+    ("affine", |x| x.affine(1.5, -0.25), -3.0, 3.0),
+    ("powf", |x| x.powf(2.5), 0.1, 3.0),
+    ("powf_int_negative_base", |x| x.powf(3.0), -2.0, 2.0),
+    ("clamp", |x| x.clamp(-0.5, 0.7), -3.0, 3.0),
+    ("contiguous", |x| x.contiguous(), -3.0, 3.0),
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, .. ProptestConfig::default() })]
+
+    #[test]
+    fn unary_ops_match_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000) {
+        for &(name, f, lo, hi) in UNARY {
+            check_unary(name, f, &shape, view, seed, lo, hi);
+        }
+    }
+
+    #[test]
+    fn binary_ops_broadcast_like_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000, bcast_axis in 0usize..3) {
+        let Some(g) = gpu() else { return Ok(()) };
+        // b has size 1 on one axis (or fewer axes), so it broadcasts against a.
+        let mut sb = shape.clone();
+        let ax = bcast_axis % sb.len();
+        sb[ax] = 1;
+        let sb = if bcast_axis == 2 { sb[1..].to_vec() } else { sb };
+        let sb = if sb.is_empty() { vec![1] } else { sb };
+        for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Maximum,
+                   BinaryOp::Minimum, BinaryOp::Eq, BinaryOp::Ne, BinaryOp::Lt, BinaryOp::Le, BinaryOp::Gt, BinaryOp::Ge] {
+            let (lo, hi) = if op == BinaryOp::Pow { (0.1, 2.0) } else { (-2.0, 2.0) };
+            let run = |dev: &Device| -> Result<Tensor> {
+                let a = make(&shape, view, seed, lo, hi, dev)?;
+                let b = Tensor::rand(0.5, 2.0, &sb, seed + 1, dev)?;
+                // Equal values somewhere, so eq/le/ge see ties.
+                let b = if matches!(op, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Le | BinaryOp::Ge) { b.affine(0.0, 1.0)? } else { b };
+                let a = if matches!(op, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Le | BinaryOp::Ge) { a.clamp(1.0, 1.5)? } else { a };
+                a.binary(op, &b)
+            };
+            let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+            assert_eq!(got.dims(), want.dims());
+            assert_close(&vals(&got), &vals(&want), ELEMENTWISE_TOL, &format!("{op:?} {shape:?} vs {sb:?} {view:?}"));
+        }
+    }
+
+    #[test]
+    fn reductions_match_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000, mask in 1u8..8) {
+        let Some(g) = gpu() else { return Ok(()) };
+        let axes: Vec<isize> = (0..shape.len()).filter(|a| mask & (1 << a) != 0).map(|a| a as isize).collect();
+        let axes = if axes.is_empty() { vec![0] } else { axes };
+        for keepdim in [true, false] {
+            for (name, f) in [
+                ("sum", (|x: &Tensor, a: &[isize], k: bool| x.sum(a, k)) as fn(&Tensor, &[isize], bool) -> Result<Tensor>),
+                ("mean", |x, a, k| x.mean(a, k)),
+                ("max", |x, a, k| x.max(a, k)),
+                ("min", |x, a, k| x.min(a, k)),
+                ("var", |x, a, k| x.var(a, k)),
+            ] {
+                let want = f(&make(&shape, view, seed, -2.0, 2.0, &Device::Cpu).unwrap(), &axes, keepdim).unwrap();
+                let got = f(&make(&shape, view, seed, -2.0, 2.0, &g).unwrap(), &axes, keepdim).unwrap();
+                assert_eq!(got.dims(), want.dims());
+                assert_close(&vals(&got), &vals(&want), REDUCE_TOL, &format!("{name} {shape:?} axes {axes:?} {view:?}"));
+            }
+        }
+        let ax = axes[0];
+        let want = make(&shape, view, seed, -2.0, 2.0, &Device::Cpu).unwrap().argmax(ax, false).unwrap();
+        let got = make(&shape, view, seed, -2.0, 2.0, &g).unwrap().argmax(ax, false).unwrap();
+        prop_assert_eq!(got.to_vec::<u32>().unwrap(), want.to_vec::<u32>().unwrap());
+    }
+
+    #[test]
+    fn softmax_and_layer_norm_match_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000, axis in 0usize..3) {
+        let Some(g) = gpu() else { return Ok(()) };
+        let ax = (axis % shape.len()) as isize;
+        let n = *shape.last().unwrap();
+        let run = |dev: &Device| -> Result<Vec<Tensor>> {
+            let x = make(&shape, view, seed, -20.0, 20.0, dev)?;
+            let gamma = Tensor::rand(0.5, 1.5, &[n], seed + 1, dev)?;
+            let beta = Tensor::rand(-0.5, 0.5, &[n], seed + 2, dev)?;
+            Ok(vec![x.softmax(ax)?, x.log_softmax(ax)?, x.layer_norm(&gamma, &beta, 1e-5)?])
+        };
+        let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+        for (name, (w, gt)) in ["softmax", "log_softmax", "layer_norm"].iter().zip(want.iter().zip(&got)) {
+            assert_close(&vals(gt), &vals(w), REDUCE_TOL, &format!("{name} {shape:?} axis {ax} {view:?}"));
+        }
+    }
+
+    #[test]
+    fn matmul_matches_cpu(m in prop::sample::select(vec![1usize, 7, 64, 129]), k in prop::sample::select(vec![1usize, 7, 33, 129]),
+                          n in prop::sample::select(vec![1usize, 7, 65, 129]), batch in prop::sample::select(vec![0usize, 1, 3]),
+                          ta in any::<bool>(), tb in any::<bool>(), bcast in any::<bool>(), seed in 0u64..1000) {
+        let Some(g) = gpu() else { return Ok(()) };
+        let run = |dev: &Device| -> Result<Tensor> {
+            let lead: Vec<usize> = if batch == 0 { vec![] } else { vec![batch] };
+            let shape_a: Vec<usize> = lead.iter().copied().chain(if ta { [k, m] } else { [m, k] }).collect();
+            let a = Tensor::rand(-1.0, 1.0, &shape_a, seed, dev)?;
+            let a = if ta { a.t()? } else { a };
+            // With `bcast`, b has no batch axis and is broadcast over a's batch.
+            let lead_b: Vec<usize> = if bcast { vec![] } else { lead.clone() };
+            let shape_b: Vec<usize> = lead_b.iter().copied().chain(if tb { [n, k] } else { [k, n] }).collect();
+            let b = Tensor::rand(-1.0, 1.0, &shape_b, seed + 7, dev)?;
+            let b = if tb { b.t()? } else { b };
+            a.matmul(&b)
+        };
+        let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+        prop_assert_eq!(got.dims(), want.dims());
+        assert_close(&vals(&got), &vals(&want), REDUCE_TOL, &format!("matmul m{m} k{k} n{n} batch{batch} ta{ta} tb{tb}"));
+    }
+
+    #[test]
+    fn einsum_matches_cpu(seed in 0u64..1000, a in prop::sample::select(vec![1usize, 2, 7]), b in prop::sample::select(vec![1usize, 3, 7]),
+                          c in prop::sample::select(vec![1usize, 5, 129]), d in prop::sample::select(vec![1usize, 4, 7])) {
+        let Some(g) = gpu() else { return Ok(()) };
+        let cases: Vec<(&str, Vec<Vec<usize>>)> = vec![
+            ("abc,cd->abd", vec![vec![a, b, c], vec![c, d]]),
+            ("abc,cde->abde", vec![vec![a, b, c], vec![c, d, 2]]),
+            ("abcd,cde->abe", vec![vec![a, b, c, d], vec![c, d, 3]]),
+            ("bqhd,bkhd->bhqk", vec![vec![a, b, 2, d], vec![a, c, 2, d]]),
+            ("ii->i", vec![vec![c, c]]),
+            ("ij->", vec![vec![a, c]]),
+            ("i,j->ij", vec![vec![a], vec![c]]),
+        ];
+        for (eq, shapes) in cases {
+            let run = |dev: &Device| -> Result<Tensor> {
+                let ts = shapes.iter().enumerate().map(|(i, s)| Tensor::rand(-1.0, 1.0, s, seed + i as u64, dev)).collect::<Result<Vec<_>>>()?;
+                let refs: Vec<&Tensor> = ts.iter().collect();
+                Tensor::einsum(eq, &refs)
+            };
+            let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+            assert_close(&vals(&got), &vals(&want), REDUCE_TOL, eq);
+        }
+    }
+
+    #[test]
+    fn indexing_and_joining_match_cpu(rows in prop::sample::select(vec![1usize, 7, 129]), dim in prop::sample::select(vec![1usize, 7, 33]),
+                                      n_ids in 1usize..40, seed in 0u64..1000) {
+        let Some(g) = gpu() else { return Ok(()) };
+        let ids: Vec<u32> = (0..n_ids).map(|i| ((i as u64 * 7919 + seed) % rows as u64) as u32).collect();
+        let labels: Vec<u32> = (0..rows).map(|i| ((i as u64 * 31 + seed) % dim as u64) as u32).collect();
+        let run = |dev: &Device| -> Result<Vec<Tensor>> {
+            let table = Tensor::rand(-1.0, 1.0, &[rows, dim], seed, dev)?;
+            let idx = Tensor::from_slice(&ids, &[n_ids], dev)?;
+            let lab = Tensor::from_slice(&labels, &[rows, 1], dev)?;
+            let sel = table.index_select(&idx, 0)?;
+            let sel_t = table.t()?.index_select(&idx, 1)?;
+            let gat = table.gather(1, &lab)?;
+            let back = sel.index_add(&[rows, dim], 0, &idx)?;
+            let scat = gat.scatter_add(&[rows, dim], 1, &lab)?;
+            let cat = Tensor::concat(&[table.clone(), table.t()?.t()?.affine(2.0, 0.0)?, sel.clone()], 0)?;
+            let stk = Tensor::stack(&[table.clone(), table.neg()?], 1)?;
+            let cond = Tensor::where_cond(&table.cmp_scalar(BinaryOp::Gt, 0.0)?, &table, &table.affine(0.0, -9.0)?)?;
+            let mask = table.masked_fill(&table.cmp_scalar(BinaryOp::Lt, -0.5)?, f32::NEG_INFINITY)?.clamp(-100.0, 100.0)?;
+            let hot = Tensor::one_hot(&Tensor::from_slice(&labels, &[rows], dev)?, dim)?;
+            let ce = Tensor::cross_entropy(&table, &Tensor::from_slice(&labels, &[rows], dev)?)?;
+            Ok(vec![sel, sel_t, gat, back, scat, cat, stk, cond, mask, hot, ce])
+        };
+        let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+        for (i, (w, gt)) in want.iter().zip(&got).enumerate() {
+            prop_assert_eq!(gt.dims(), w.dims());
+            assert_close(&vals(gt), &vals(w), REDUCE_TOL, &format!("indexing case {i}"));
+        }
+    }
+}
+
+#[test]
+fn dropout_masks_are_identical_on_every_backend() {
+    let Some(g) = gpu() else { return };
+    let run = |dev: &Device| vals(&Tensor::ones(&[129, 7], dev).unwrap().dropout(0.3, 1234, true).unwrap());
+    let (c, gp) = (run(&Device::Cpu), run(&g));
+    assert_eq!(c, gp, "same seed, same mask");
+    let kept = c.iter().filter(|&&v| v > 0.0).count() as f32 / c.len() as f32;
+    assert!((kept - 0.7).abs() < 0.05, "kept fraction {kept}");
+    assert!(c.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.7).abs() < 1e-6));
+}
+
+#[test]
+fn casts_round_trip_on_gpu() {
+    let Some(g) = gpu() else { return };
+    let data: Vec<f32> = vec![0.0, 1.5, -2.25, 7.0, 65504.0, 3.1];
+    for dev in [Device::Cpu, g.clone()] {
+        let t = Tensor::from_slice(&data, &[2, 3], &dev).unwrap();
+        let u = t.abs().unwrap().to_dtype(DType::U32).unwrap();
+        assert_eq!(u.to_vec::<u32>().unwrap(), vec![0, 1, 2, 7, 65504, 3]);
+        let i = t.t().unwrap().to_dtype(DType::I32).unwrap();
+        assert_eq!(i.to_vec::<i32>().unwrap(), vec![0, 7, 1, 65504, -2, 3]);
+        assert_eq!(u.to_dtype(DType::I32).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), vec![0., 1., 2., 7., 65504., 3.]);
+        if dev.supports_f16() {
+            let h = t.to_dtype(DType::F16).unwrap();
+            let back = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            let want: Vec<f32> = data.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+            assert_eq!(back, want, "{dev:?}");
+        }
+    }
+}

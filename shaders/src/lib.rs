@@ -1,0 +1,175 @@
+//! weft's WGSL compute shaders, one file per kernel family, and the few text substitutions that
+//! specialise them (the op expression of an elementwise kernel, the element types of a cast).
+//!
+//! Every kernel starts with [`COMMON`] (the `info` binding and the strided-index helper). A kernel
+//! is named by its family and variant; [`source`] returns the complete WGSL for a name, and
+//! [`all_kernels`] lists every name so a test can validate each one with naga.
+//!
+//! ```
+//! let wgsl = weft_shaders::source("unary/relu").unwrap();
+//! assert!(wgsl.contains("max(x, 0.0)"));
+//! ```
+
+/// The prelude of every kernel.
+pub const COMMON: &str = include_str!("../wgsl/common.wgsl");
+/// Elementwise unary template (`{{OP}}` of `x`, `p0`, `p1`).
+pub const UNARY: &str = include_str!("../wgsl/unary.wgsl");
+/// Elementwise binary template (`{{OP}}` of `a`, `b`).
+pub const BINARY: &str = include_str!("../wgsl/binary.wgsl");
+/// Ternary select.
+pub const WHERE: &str = include_str!("../wgsl/where.wgsl");
+/// Strided 32-bit copy.
+pub const COPY: &str = include_str!("../wgsl/copy.wgsl");
+/// Constant fill.
+pub const FILL: &str = include_str!("../wgsl/fill.wgsl");
+/// Dtype conversion template.
+pub const CAST: &str = include_str!("../wgsl/cast.wgsl");
+/// Counter-based uniform random numbers.
+pub const RAND: &str = include_str!("../wgsl/rand.wgsl");
+/// Reductions template.
+pub const REDUCE: &str = include_str!("../wgsl/reduce.wgsl");
+/// Softmax / log-softmax template.
+pub const SOFTMAX: &str = include_str!("../wgsl/softmax.wgsl");
+/// Layer norm.
+pub const LAYER_NORM: &str = include_str!("../wgsl/layer_norm.wgsl");
+/// Tiled batched matmul.
+pub const MATMUL: &str = include_str!("../wgsl/matmul.wgsl");
+/// index_select and gather.
+pub const INDEX: &str = include_str!("../wgsl/index.wgsl");
+/// index_add and scatter_add.
+pub const INDEX_ADD: &str = include_str!("../wgsl/index_add.wgsl");
+
+/// Unary ops: name and WGSL expression of `x` (and the parameters `p0`, `p1`).
+pub const UNARY_OPS: &[(&str, &str)] = &[
+    ("identity", "x"),
+    ("neg", "-x"),
+    ("abs", "abs(x)"),
+    ("exp", "exp(x)"),
+    ("log", "log(x)"),
+    ("sqrt", "sqrt(x)"),
+    ("rsqrt", "inverseSqrt(x)"),
+    ("square", "x * x"),
+    ("recip", "1.0 / x"),
+    ("tanh", "tanh_(x)"),
+    ("sigmoid", "1.0 / (1.0 + exp(-x))"),
+    ("relu", "max(x, 0.0)"),
+    ("gelu_tanh", "0.5 * x * (1.0 + tanh_(0.7978846 * (x + 0.044715 * x * x * x)))"),
+    ("gelu_erf", "0.5 * x * (1.0 + erf_(x * 0.70710677))"),
+    ("silu", "x / (1.0 + exp(-x))"),
+    ("sin", "sin(x)"),
+    ("cos", "cos(x)"),
+    ("step", "select(0.0, 1.0, x > 0.0)"),
+    ("sign", "sign(x)"),
+    ("erf", "erf_(x)"),
+    ("affine", "x * p0 + p1"),
+    ("powf", "pow_(x, p0)"),
+    ("clamp", "min(max(x, p0), p1)"),
+];
+
+/// Binary ops: name and WGSL expression of `a` and `b`.
+pub const BINARY_OPS: &[(&str, &str)] = &[
+    ("add", "a + b"),
+    ("sub", "a - b"),
+    ("mul", "a * b"),
+    ("div", "a / b"),
+    ("pow", "pow_(a, b)"),
+    ("maximum", "max(a, b)"),
+    ("minimum", "min(a, b)"),
+    ("eq", "select(0.0, 1.0, a == b)"),
+    ("ne", "select(0.0, 1.0, a != b)"),
+    ("lt", "select(0.0, 1.0, a < b)"),
+    ("le", "select(0.0, 1.0, a <= b)"),
+    ("gt", "select(0.0, 1.0, a > b)"),
+    ("ge", "select(0.0, 1.0, a >= b)"),
+];
+
+/// Reductions: name, initial value, combine body (of `acc`, `ai`, `v`, `vi`), output type, store expression.
+const REDUCE_OPS: &[(&str, &str, &str, &str, &str)] = &[
+    ("sum", "0.0", "return Pair(acc + v, 0u);", "f32", "v"),
+    ("max", "-3.4028235e38", "return Pair(max(acc, v), 0u);", "f32", "v"),
+    ("min", "3.4028235e38", "return Pair(min(acc, v), 0u);", "f32", "v"),
+    (
+        "argmax",
+        "-3.4028235e38",
+        "if (v > acc || (v == acc && vi < ai)) { return Pair(v, vi); } return Pair(acc, ai);",
+        "u32",
+        "i",
+    ),
+];
+
+/// Casts: name, input type, output type, conversion of `v`.
+const CASTS: &[(&str, &str, &str, &str)] = &[
+    ("f32_f16", "f32", "f16", "f16(v)"),
+    ("f16_f32", "f16", "f32", "f32(v)"),
+    ("f32_u32", "f32", "u32", "u32(max(v, 0.0))"),
+    ("f32_i32", "f32", "i32", "i32(v)"),
+    ("u32_f32", "u32", "f32", "f32(v)"),
+    ("i32_f32", "i32", "f32", "f32(v)"),
+    ("u32_i32", "u32", "i32", "bitcast<i32>(v)"),
+    ("i32_u32", "i32", "u32", "bitcast<u32>(v)"),
+];
+
+fn with_common(body: &str) -> String {
+    // `enable` directives must come before any declaration.
+    if let Some(rest) = body.strip_prefix("enable f16;\n") {
+        format!("enable f16;\n{COMMON}\n{rest}")
+    } else {
+        format!("{COMMON}\n{body}")
+    }
+}
+
+/// The complete WGSL of a kernel named `family/variant`, e.g. `unary/exp`, `binary/add`,
+/// `reduce/argmax`, `softmax/log`, `cast/f32_f16`, `matmul/tiled`; `None` for an unknown name.
+pub fn source(name: &str) -> Option<String> {
+    let (family, variant) = name.split_once('/').unwrap_or((name, ""));
+    let body = match family {
+        "unary" => {
+            let expr = UNARY_OPS.iter().find(|(n, _)| *n == variant)?.1;
+            UNARY.replace("{{OP}}", expr)
+        }
+        "binary" => {
+            let expr = BINARY_OPS.iter().find(|(n, _)| *n == variant)?.1;
+            BINARY.replace("{{OP}}", expr)
+        }
+        "reduce" => {
+            let (_, init, combine, out, store) = REDUCE_OPS.iter().find(|r| r.0 == variant)?;
+            REDUCE
+                .replace("{{INIT}}", init)
+                .replace("{{COMBINE}}", combine)
+                .replace("{{OUT}}", out)
+                .replace("{{STORE}}", store)
+        }
+        "softmax" => match variant {
+            "softmax" => SOFTMAX.replace("{{OUT}}", "exp(v - m) / s"),
+            "log" => SOFTMAX.replace("{{OUT}}", "v - m - log(s)"),
+            _ => return None,
+        },
+        "cast" => {
+            let (_, i, o, conv) = CASTS.iter().find(|c| c.0 == variant)?;
+            let body = CAST.replace("{{IN}}", i).replace("{{OUT}}", o).replace("{{CONV}}", conv);
+            if variant.contains("f16") { format!("enable f16;\n{body}") } else { body }
+        }
+        "where" if variant.is_empty() => WHERE.to_string(),
+        "copy" if variant.is_empty() => COPY.to_string(),
+        "fill" if variant.is_empty() => FILL.to_string(),
+        "rand" if variant.is_empty() => RAND.to_string(),
+        "layer_norm" if variant.is_empty() => LAYER_NORM.to_string(),
+        "matmul" if variant == "tiled" => MATMUL.to_string(),
+        "index" if variant.is_empty() => INDEX.to_string(),
+        "index_add" if variant.is_empty() => INDEX_ADD.to_string(),
+        _ => return None,
+    };
+    Some(with_common(&body))
+}
+
+/// Every kernel name [`source`] knows.
+pub fn all_kernels() -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    names.extend(UNARY_OPS.iter().map(|(n, _)| format!("unary/{n}")));
+    names.extend(BINARY_OPS.iter().map(|(n, _)| format!("binary/{n}")));
+    names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
+    names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
+    names.extend(["softmax/softmax", "softmax/log", "matmul/tiled"].map(String::from));
+    names.extend(["where", "copy", "fill", "rand", "layer_norm", "index", "index_add"].map(String::from));
+    names
+}

@@ -1,0 +1,55 @@
+//! Every WGSL kernel parses and validates with naga, the shader compiler inside wgpu.
+
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+#[test]
+fn every_kernel_validates_with_naga() {
+    let names = weft_shaders::all_kernels();
+    assert!(names.len() > 40, "expected every kernel variant, got {}", names.len());
+    let mut failures = Vec::new();
+    for name in &names {
+        let src = weft_shaders::source(name).expect("listed kernels have a source");
+        assert!(!src.contains("{{"), "{name}: a template placeholder was left unfilled");
+        let module = match naga::front::wgsl::parse_str(&src) {
+            Ok(m) => m,
+            Err(e) => {
+                failures.push(format!("{name}: parse: {}", e.emit_to_string(&src)));
+                continue;
+            }
+        };
+        let mut v = Validator::new(ValidationFlags::all(), Capabilities::all());
+        if let Err(e) = v.validate(&module) {
+            failures.push(format!("{name}: validate: {}", e.emit_to_string(&src)));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_file_opens_with_a_comment_on_its_algorithm() {
+    for (name, src) in [
+        ("common", weft_shaders::COMMON),
+        ("unary", weft_shaders::UNARY),
+        ("binary", weft_shaders::BINARY),
+        ("where", weft_shaders::WHERE),
+        ("copy", weft_shaders::COPY),
+        ("fill", weft_shaders::FILL),
+        ("cast", weft_shaders::CAST),
+        ("rand", weft_shaders::RAND),
+        ("reduce", weft_shaders::REDUCE),
+        ("softmax", weft_shaders::SOFTMAX),
+        ("layer_norm", weft_shaders::LAYER_NORM),
+        ("matmul", weft_shaders::MATMUL),
+        ("index", weft_shaders::INDEX),
+        ("index_add", weft_shaders::INDEX_ADD),
+    ] {
+        let head: Vec<&str> = src.lines().take_while(|l| l.starts_with("//")).collect();
+        assert!(head.len() >= 3, "{name}.wgsl must open with a comment on its algorithm");
+    }
+}
+
+#[test]
+fn unknown_kernels_are_none() {
+    assert!(weft_shaders::source("unary/nope").is_none());
+    assert!(weft_shaders::source("bogus").is_none());
+}

@@ -1,0 +1,27 @@
+// binary.wgsl: z = op(a, b) for two operands already broadcast to one shape (broadcast axes have
+// stride 0, so a bias row is read again for every output row without being copied).
+//
+// One invocation computes one output element from its two strided offsets; the host splices in
+// the expression `{{OP}}` of `a` and `b`.
+//
+// info: [numel, rank, a_offset, b_offset, shape[8], a_strides[8], b_strides[8]]
+
+@group(0) @binding(1) var<storage, read> a_buf: array<f32>;
+@group(0) @binding(2) var<storage, read> b_buf: array<f32>;
+@group(0) @binding(3) var<storage, read_write> z_buf: array<f32>;
+
+fn op(a: f32, b: f32) -> f32 {
+    return {{OP}};
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if (i >= info[0]) {
+        return;
+    }
+    let rank = info[1];
+    let oa = strided_offset(i, rank, 4u, 4u + MAX_RANK, info[2]);
+    let ob = strided_offset(i, rank, 4u, 4u + 2u * MAX_RANK, info[3]);
+    z_buf[i] = op(a_buf[oa], b_buf[ob]);
+}

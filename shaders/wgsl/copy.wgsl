@@ -1,0 +1,22 @@
+// copy.wgsl: copy a strided view into a strided destination, 32 bits at a time, whatever the
+// element type (f32, u32, i32). `contiguous()` uses it with a row-major destination; concat uses
+// it to write each input into its slice of the output.
+//
+// One invocation per element: both offsets come from the same row-major index.
+//
+// info: [numel, rank, src_offset, dst_offset, shape[8], src_strides[8], dst_strides[8]]
+
+@group(0) @binding(1) var<storage, read> src: array<u32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_id(gid, nwg);
+    if (i >= info[0]) {
+        return;
+    }
+    let rank = info[1];
+    let os = strided_offset(i, rank, 4u, 4u + MAX_RANK, info[2]);
+    let od = strided_offset(i, rank, 4u, 4u + 2u * MAX_RANK, info[3]);
+    dst[od] = src[os];
+}

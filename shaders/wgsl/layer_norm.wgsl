@@ -1,0 +1,65 @@
+// layer_norm.wgsl: y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis.
+//
+// One workgroup per row. The invocations stride over the row to sum x, combine the sums in
+// workgroup memory (a tree of halvings) to get the mean, then do the same for the squared
+// deviations to get the variance (two passes: more stable than E[x^2] - E[x]^2), and finally
+// write the normalised row. x is read through its strides; gamma and beta are contiguous.
+//
+// info: [n_rows, n, outer_rank, offset, last_stride, eps bits, outer_shape[8], outer_strides[8]]
+
+@group(0) @binding(1) var<storage, read> x_buf: array<f32>;
+@group(0) @binding(2) var<storage, read> gamma: array<f32>;
+@group(0) @binding(3) var<storage, read> beta: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y_buf: array<f32>;
+
+var<workgroup> part: array<f32, 256>;
+
+fn tree_sum(t: u32) -> f32 {
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (t < s) {
+            part[t] = part[t] + part[t + s];
+        }
+        workgroupBarrier();
+    }
+    let r = part[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    let t = lid.x;
+    let n = info[1];
+    let live = row < info[0];
+    var base = 0u;
+    if (live) {
+        base = strided_offset(row, info[2], 6u, 14u, info[3]);
+    }
+    let stride = info[4];
+    var s = 0.0;
+    if (live) {
+        for (var j = t; j < n; j = j + WG) {
+            s = s + x_buf[base + j * stride];
+        }
+    }
+    part[t] = s;
+    workgroupBarrier();
+    let mean = tree_sum(t) / f32(n);
+    var q = 0.0;
+    if (live) {
+        for (var j = t; j < n; j = j + WG) {
+            let d = x_buf[base + j * stride] - mean;
+            q = q + d * d;
+        }
+    }
+    part[t] = q;
+    workgroupBarrier();
+    let rstd = inverseSqrt(tree_sum(t) / f32(n) + param(5u));
+    if (live) {
+        for (var j = t; j < n; j = j + WG) {
+            y_buf[row * n + j] = (x_buf[base + j * stride] - mean) * rstd * gamma[j] + beta[j];
+        }
+    }
+}

@@ -1,0 +1,64 @@
+// softmax.wgsl: softmax or log-softmax over the last axis, numerically stable.
+//
+// One workgroup per row. The 256 invocations stride over the row three times: to find the row
+// maximum, to sum exp(x - max), and to write the result; between passes they combine their
+// partial max and sum in workgroup memory (a tree of halvings). Subtracting the maximum keeps
+// exp from overflowing. The row is read through its strides; the output is contiguous.
+// `{{OUT}}` is the result expression of `v` (the input), `m` (row max) and `s` (sum of exps).
+//
+// info: [n_rows, n, outer_rank, offset, last_stride, outer_shape[8], outer_strides[8]]
+
+@group(0) @binding(1) var<storage, read> x_buf: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y_buf: array<f32>;
+
+var<workgroup> part: array<f32, 256>;
+
+fn tree(t: u32, is_max: bool) -> f32 {
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (t < s) {
+            part[t] = select(part[t] + part[t + s], max(part[t], part[t + s]), is_max);
+        }
+        workgroupBarrier();
+    }
+    let r = part[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = wid.x + wid.y * nwg.x;
+    let t = lid.x;
+    let n = info[1];
+    let live = row < info[0];
+    var base = 0u;
+    if (live) {
+        base = strided_offset(row, info[2], 5u, 13u, info[3]);
+    }
+    let stride = info[4];
+    var m = -3.4028235e38;
+    if (live) {
+        for (var j = t; j < n; j = j + WG) {
+            m = max(m, x_buf[base + j * stride]);
+        }
+    }
+    part[t] = m;
+    workgroupBarrier();
+    m = tree(t, true);
+    var s = 0.0;
+    if (live) {
+        for (var j = t; j < n; j = j + WG) {
+            s = s + exp(x_buf[base + j * stride] - m);
+        }
+    }
+    part[t] = s;
+    workgroupBarrier();
+    s = tree(t, false);
+    if (live) {
+        for (var j = t; j < n; j = j + WG) {
+            let v = x_buf[base + j * stride];
+            y_buf[row * n + j] = {{OUT}};
+        }
+    }
+}
