@@ -12,12 +12,12 @@
 //! ```
 
 pub use weft_core as core;
-pub use weft_core::{devices, no_grad, trace, DType, Device, Error, Result, Tensor, Var};
+pub use weft_core::{DType, Device, Error, Result, Tensor, Var, devices, no_grad, trace};
 pub use weft_nn as nn;
 pub use weft_parallel as parallel;
 
 /// The names most programs use.
 pub mod prelude {
     pub use weft_core::collectives::{Collectives, ReduceKind};
-    pub use weft_core::{devices, no_grad, DType, Device, Error, GradStore, Result, Tensor, Var};
+    pub use weft_core::{DType, Device, Error, GradStore, Result, Tensor, Var, devices, no_grad};
 }

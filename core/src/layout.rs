@@ -34,13 +34,27 @@ pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Dim
     let rank = a.len().max(b.len());
     let mut out: Dims = SmallVec::from_elem(1, rank);
     for i in 0..rank {
-        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
-        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
-            _ => return Err(Error::ShapeMismatch { op, lhs: a.to_vec(), rhs: b.to_vec() }),
+            _ => {
+                return Err(Error::ShapeMismatch {
+                    op,
+                    lhs: a.to_vec(),
+                    rhs: b.to_vec(),
+                });
+            }
         };
     }
     Ok(out)
@@ -51,7 +65,10 @@ pub fn resolve_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize>
     let r = rank as isize;
     let a = if axis < 0 { axis + r } else { axis };
     if a < 0 || a >= r {
-        return Err(Error::invalid(op, format!("axis {axis} is out of range for rank {rank}")));
+        return Err(Error::invalid(
+            op,
+            format!("axis {axis} is out of range for rank {rank}"),
+        ));
     }
     Ok(a as usize)
 }
@@ -59,12 +76,20 @@ pub fn resolve_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize>
 impl Layout {
     /// A contiguous row-major layout at offset 0.
     pub fn contiguous(shape: &[usize]) -> Self {
-        Layout { shape: shape.into(), strides: contiguous_strides(shape), offset: 0 }
+        Layout {
+            shape: shape.into(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
     }
 
     /// A layout from its parts; the caller guarantees it stays inside the storage.
     pub fn new(shape: Dims, strides: Dims, offset: usize) -> Self {
-        Layout { shape, strides, offset }
+        Layout {
+            shape,
+            strides,
+            offset,
+        }
     }
 
     /// The shape.
@@ -104,7 +129,10 @@ impl Layout {
     pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {
         let r = self.rank();
         if a >= r || b >= r {
-            return Err(Error::invalid("transpose", format!("axes ({a}, {b}) out of range for shape {:?}", self.shape)));
+            return Err(Error::invalid(
+                "transpose",
+                format!("axes ({a}, {b}) out of range for shape {:?}", self.shape),
+            ));
         }
         let mut l = self.clone();
         l.shape.swap(a, b);
@@ -116,8 +144,18 @@ impl Layout {
     pub fn permute(&self, dims: &[usize]) -> Result<Self> {
         let r = self.rank();
         let mut seen = vec![false; r];
-        if dims.len() != r || dims.iter().any(|&d| d >= r || std::mem::replace(&mut seen[d], true)) {
-            return Err(Error::invalid("permute", format!("{dims:?} is not a permutation of the axes of shape {:?}", self.shape)));
+        if dims.len() != r
+            || dims
+                .iter()
+                .any(|&d| d >= r || std::mem::replace(&mut seen[d], true))
+        {
+            return Err(Error::invalid(
+                "permute",
+                format!(
+                    "{dims:?} is not a permutation of the axes of shape {:?}",
+                    self.shape
+                ),
+            ));
         }
         Ok(Layout {
             shape: dims.iter().map(|&d| self.shape[d]).collect(),
@@ -131,7 +169,11 @@ impl Layout {
         if axis >= self.rank() || start + len > self.shape[axis] {
             return Err(Error::invalid(
                 "narrow",
-                format!("range {start}..{} of axis {axis} is out of bounds for shape {:?}", start + len, self.shape),
+                format!(
+                    "range {start}..{} of axis {axis} is out of bounds for shape {:?}",
+                    start + len,
+                    self.shape
+                ),
             ));
         }
         let mut l = self.clone();
@@ -142,7 +184,11 @@ impl Layout {
 
     /// View with a broadcast shape: new leading axes and size-1 axes get stride 0.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Self> {
-        let err = || Error::ShapeMismatch { op: "broadcast_to", lhs: self.shape.to_vec(), rhs: shape.to_vec() };
+        let err = || Error::ShapeMismatch {
+            op: "broadcast_to",
+            lhs: self.shape.to_vec(),
+            rhs: shape.to_vec(),
+        };
         if shape.len() < self.rank() {
             return Err(err());
         }
@@ -158,7 +204,11 @@ impl Layout {
                 return Err(err());
             };
         }
-        Ok(Layout { shape: shape.into(), strides, offset: self.offset })
+        Ok(Layout {
+            shape: shape.into(),
+            strides,
+            offset: self.offset,
+        })
     }
 
     /// Reinterpret with a new shape of the same size, without moving data. `None` when the
@@ -170,11 +220,20 @@ impl Layout {
             return None;
         }
         if self.is_contiguous() || self.numel() == 0 {
-            return Some(Layout { shape: shape.into(), strides: contiguous_strides(shape), offset: self.offset });
+            return Some(Layout {
+                shape: shape.into(),
+                strides: contiguous_strides(shape),
+                offset: self.offset,
+            });
         }
         // Walk old and new axes (size-1 old axes dropped), matching groups of equal product.
-        let old: Vec<(usize, usize)> =
-            self.shape.iter().zip(&self.strides).filter(|(d, _)| **d != 1).map(|(&d, &s)| (d, s)).collect();
+        let old: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .filter(|(d, _)| **d != 1)
+            .map(|(&d, &s)| (d, s))
+            .collect();
         let mut strides: Dims = SmallVec::from_elem(1, shape.len());
         let (mut oi, mut ni) = (0, 0);
         while ni < shape.len() && oi < old.len() {
@@ -199,16 +258,27 @@ impl Layout {
             ni = nj;
             oi = oj;
         }
-        Some(Layout { shape: shape.into(), strides, offset: self.offset })
+        Some(Layout {
+            shape: shape.into(),
+            strides,
+            offset: self.offset,
+        })
     }
 
     /// Insert a size-1 axis at `axis`.
     pub fn unsqueeze(&self, axis: usize) -> Result<Self> {
         if axis > self.rank() {
-            return Err(Error::invalid("unsqueeze", format!("axis {axis} is out of range for shape {:?}", self.shape)));
+            return Err(Error::invalid(
+                "unsqueeze",
+                format!("axis {axis} is out of range for shape {:?}", self.shape),
+            ));
         }
         let mut l = self.clone();
-        let stride = if axis < self.rank() { self.strides[axis] * self.shape[axis] } else { 1 };
+        let stride = if axis < self.rank() {
+            self.strides[axis] * self.shape[axis]
+        } else {
+            1
+        };
         l.shape.insert(axis, 1);
         l.strides.insert(axis, stride);
         Ok(l)
@@ -217,7 +287,10 @@ impl Layout {
     /// Remove a size-1 axis.
     pub fn squeeze(&self, axis: usize) -> Result<Self> {
         if axis >= self.rank() || self.shape[axis] != 1 {
-            return Err(Error::invalid("squeeze", format!("axis {axis} of shape {:?} is not of size 1", self.shape)));
+            return Err(Error::invalid(
+                "squeeze",
+                format!("axis {axis} of shape {:?} is not of size 1", self.shape),
+            ));
         }
         let mut l = self.clone();
         l.shape.remove(axis);
@@ -227,7 +300,12 @@ impl Layout {
 
     /// Storage offsets of every element, in row-major order of the shape.
     pub fn offsets(&self) -> StridedOffsets<'_> {
-        StridedOffsets { layout: self, index: SmallVec::from_elem(0, self.rank()), next: Some(self.offset), left: self.numel() }
+        StridedOffsets {
+            layout: self,
+            index: SmallVec::from_elem(0, self.rank()),
+            next: Some(self.offset),
+            left: self.numel(),
+        }
     }
 
     /// The largest storage offset read, plus one (0 for an empty tensor).
@@ -235,7 +313,14 @@ impl Layout {
         if self.numel() == 0 {
             return 0;
         }
-        self.offset + self.shape.iter().zip(&self.strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + 1
+        self.offset
+            + self
+                .shape
+                .iter()
+                .zip(&self.strides)
+                .map(|(&d, &s)| (d - 1) * s)
+                .sum::<usize>()
+            + 1
     }
 }
 
@@ -287,10 +372,18 @@ mod tests {
 
     #[test]
     fn broadcast_and_narrow() {
-        let l = Layout::contiguous(&[3, 1]).broadcast_to(&[2, 3, 2]).unwrap();
-        assert_eq!(l.offsets().collect::<Vec<_>>(), vec![0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]);
+        let l = Layout::contiguous(&[3, 1])
+            .broadcast_to(&[2, 3, 2])
+            .unwrap();
+        assert_eq!(
+            l.offsets().collect::<Vec<_>>(),
+            vec![0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]
+        );
         let n = Layout::contiguous(&[4, 5]).narrow(1, 2, 2).unwrap();
-        assert_eq!(n.offsets().collect::<Vec<_>>(), vec![2, 3, 7, 8, 12, 13, 17, 18]);
+        assert_eq!(
+            n.offsets().collect::<Vec<_>>(),
+            vec![2, 3, 7, 8, 12, 13, 17, 18]
+        );
         assert!(Layout::contiguous(&[3, 2]).broadcast_to(&[3, 3]).is_err());
     }
 
@@ -299,18 +392,29 @@ mod tests {
         // [2, 3, 4] permuted to [3, 2, 4]: merging the last two axes is free, the first two is not.
         let p = Layout::contiguous(&[2, 3, 4]).permute(&[1, 0, 2]).unwrap();
         let merged = p.reshape(&[3, 8]);
-        assert!(merged.is_none(), "axes 0 and 1 of the permuted view are not adjacent in memory");
+        assert!(
+            merged.is_none(),
+            "axes 0 and 1 of the permuted view are not adjacent in memory"
+        );
         let q = Layout::contiguous(&[2, 3, 4]).permute(&[0, 2, 1]).unwrap(); // [2, 4, 3]
         let r = q.reshape(&[2, 12]);
         assert!(r.is_none());
         let t = Layout::contiguous(&[6, 4]).transpose(0, 1).unwrap(); // [4, 6], strides [1, 4]
         let s = t.reshape(&[4, 2, 3]).unwrap();
-        assert_eq!(s.offsets().collect::<Vec<_>>(), t.offsets().collect::<Vec<_>>());
+        assert_eq!(
+            s.offsets().collect::<Vec<_>>(),
+            t.offsets().collect::<Vec<_>>()
+        );
     }
 
     #[test]
     fn broadcast_shapes() {
-        assert_eq!(broadcast_shape("add", &[7, 1, 3], &[5, 1]).unwrap().to_vec(), vec![7, 5, 3]);
+        assert_eq!(
+            broadcast_shape("add", &[7, 1, 3], &[5, 1])
+                .unwrap()
+                .to_vec(),
+            vec![7, 5, 3]
+        );
         assert!(broadcast_shape("add", &[2, 3], &[4]).is_err());
     }
 }

@@ -29,9 +29,9 @@ mod tensor;
 pub mod trace;
 mod var;
 
-pub use backprop::{no_grad, GradStore};
+pub use backprop::{GradStore, no_grad};
 pub use collectives::{Collectives, ReduceKind, SingleRank};
-pub use device::{devices, AdapterSummary, Device};
+pub use device::{AdapterSummary, Device, devices};
 pub use dtype::{DType, WithDType};
 pub use error::{Error, Result};
 pub use gpu::MemoryStats;

@@ -31,11 +31,17 @@ pub enum UnaryOp {
     /// The error function.
     Erf,
     /// `x * mul + add`.
-    Affine { mul: f32, add: f32 },
+    Affine {
+        mul: f32,
+        add: f32,
+    },
     /// `x ^ e`.
     Powf(f32),
     /// `min(max(x, lo), hi)`.
-    Clamp { lo: f32, hi: f32 },
+    Clamp {
+        lo: f32,
+        hi: f32,
+    },
 }
 
 impl UnaryOp {
@@ -135,7 +141,8 @@ pub fn erf(x: f32) -> f32 {
                 + t * (0.096_784_18
                     + t * (-0.186_288_06
                         + t * (0.278_868_07
-                            + t * (-1.135_203_9 + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+                            + t * (-1.135_204
+                                + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
     let r = 1.0 - t * poly.exp();
     if x >= 0.0 { r } else { -r }
 }
@@ -202,7 +209,10 @@ impl BinaryOp {
 
     /// Comparisons have no gradient.
     pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+        matches!(
+            self,
+            BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge
+        )
     }
 }
 

@@ -23,7 +23,11 @@ fn mismatch(op: &'static str, a: &Storage, b: &Storage) -> Error {
         Storage::Gpu(g) => g.ctx.describe(),
         Storage::Meta => "meta".to_string(),
     };
-    Error::DeviceMismatch { op, lhs: name(a), rhs: name(b) }
+    Error::DeviceMismatch {
+        op,
+        lhs: name(a),
+        rhs: name(b),
+    }
 }
 
 impl Storage {
@@ -47,10 +51,21 @@ impl Storage {
     }
 
     /// `mask != 0 ? a : b`; `self` is the mask.
-    pub fn where_cond(&self, lm: &Layout, a: &Storage, la: &Layout, b: &Storage, lb: &Layout) -> Result<Storage> {
+    pub fn where_cond(
+        &self,
+        lm: &Layout,
+        a: &Storage,
+        la: &Layout,
+        b: &Storage,
+        lb: &Layout,
+    ) -> Result<Storage> {
         Ok(match (self, a, b) {
-            (Storage::Cpu(m), Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(cpu::where_cond(m, lm, x, la, y, lb)?),
-            (Storage::Gpu(m), Storage::Gpu(x), Storage::Gpu(y)) => Storage::Gpu(gpu::where_cond(m, lm, x, la, y, lb)?),
+            (Storage::Cpu(m), Storage::Cpu(x), Storage::Cpu(y)) => {
+                Storage::Cpu(cpu::where_cond(m, lm, x, la, y, lb)?)
+            }
+            (Storage::Gpu(m), Storage::Gpu(x), Storage::Gpu(y)) => {
+                Storage::Gpu(gpu::where_cond(m, lm, x, la, y, lb)?)
+            }
             (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("where_cond", a, b)),
         })
@@ -85,20 +100,42 @@ impl Storage {
     }
 
     /// Layer norm over the last axis (gamma and beta contiguous vectors).
-    pub fn layer_norm(&self, l: &Layout, g: &Storage, lg: &Layout, b: &Storage, lb: &Layout, eps: f32) -> Result<Storage> {
+    pub fn layer_norm(
+        &self,
+        l: &Layout,
+        g: &Storage,
+        lg: &Layout,
+        b: &Storage,
+        lb: &Layout,
+        eps: f32,
+    ) -> Result<Storage> {
         Ok(match (self, g, b) {
-            (Storage::Cpu(x), Storage::Cpu(g), Storage::Cpu(b)) => Storage::Cpu(cpu::layer_norm(x, l, g, lg, b, lb, eps)?),
-            (Storage::Gpu(x), Storage::Gpu(g), Storage::Gpu(b)) => Storage::Gpu(gpu::layer_norm(x, l, g, b, eps)?),
+            (Storage::Cpu(x), Storage::Cpu(g), Storage::Cpu(b)) => {
+                Storage::Cpu(cpu::layer_norm(x, l, g, lg, b, lb, eps)?)
+            }
+            (Storage::Gpu(x), Storage::Gpu(g), Storage::Gpu(b)) => {
+                Storage::Gpu(gpu::layer_norm(x, l, g, b, eps)?)
+            }
             (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("layer_norm", self, g)),
         })
     }
 
     /// Entries `ids` of `axis` (`self` is the source).
-    pub fn index_select(&self, l: &Layout, ids: &Storage, li: &Layout, axis: usize) -> Result<Storage> {
+    pub fn index_select(
+        &self,
+        l: &Layout,
+        ids: &Storage,
+        li: &Layout,
+        axis: usize,
+    ) -> Result<Storage> {
         Ok(match (self, ids) {
-            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::index_select(s, l, i, li, axis)?),
-            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::index_select(s, l, i, li, axis)?),
+            (Storage::Cpu(s), Storage::Cpu(i)) => {
+                Storage::Cpu(cpu::index_select(s, l, i, li, axis)?)
+            }
+            (Storage::Gpu(s), Storage::Gpu(i)) => {
+                Storage::Gpu(gpu::index_select(s, l, i, li, axis)?)
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("index_select", self, ids)),
         })
@@ -115,20 +152,42 @@ impl Storage {
     }
 
     /// Zeros of `shape` plus `self`'s rows added at `ids` along `axis` (adjoint of index_select).
-    pub fn index_add(&self, ls: &Layout, shape: &[usize], axis: usize, ids: &Storage, li: &Layout) -> Result<Storage> {
+    pub fn index_add(
+        &self,
+        ls: &Layout,
+        shape: &[usize],
+        axis: usize,
+        ids: &Storage,
+        li: &Layout,
+    ) -> Result<Storage> {
         Ok(match (self, ids) {
-            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::index_add(shape, axis, i, li, s, ls)?),
-            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::index_add(shape, axis, i, li, s, ls)?),
+            (Storage::Cpu(s), Storage::Cpu(i)) => {
+                Storage::Cpu(cpu::index_add(shape, axis, i, li, s, ls)?)
+            }
+            (Storage::Gpu(s), Storage::Gpu(i)) => {
+                Storage::Gpu(gpu::index_add(shape, axis, i, li, s, ls)?)
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("index_add", self, ids)),
         })
     }
 
     /// Zeros of `shape` plus `self`'s elements added where `ids` point (adjoint of gather).
-    pub fn scatter_add(&self, ls: &Layout, shape: &[usize], axis: usize, ids: &Storage, li: &Layout) -> Result<Storage> {
+    pub fn scatter_add(
+        &self,
+        ls: &Layout,
+        shape: &[usize],
+        axis: usize,
+        ids: &Storage,
+        li: &Layout,
+    ) -> Result<Storage> {
         Ok(match (self, ids) {
-            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::scatter_add(shape, axis, i, li, s, ls)?),
-            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::scatter_add(shape, axis, i, li, s, ls)?),
+            (Storage::Cpu(s), Storage::Cpu(i)) => {
+                Storage::Cpu(cpu::scatter_add(shape, axis, i, li, s, ls)?)
+            }
+            (Storage::Gpu(s), Storage::Gpu(i)) => {
+                Storage::Gpu(gpu::scatter_add(shape, axis, i, li, s, ls)?)
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("scatter_add", self, ids)),
         })
@@ -159,7 +218,9 @@ impl Storage {
                 let mut out = vec![0f32; numel];
                 let mut start = 0;
                 for (s, l) in parts {
-                    let Storage::Cpu(s) = s else { return Err(mismatch("concat", &parts[0].0, s)) };
+                    let Storage::Cpu(s) = s else {
+                        return Err(mismatch("concat", &parts[0].0, s));
+                    };
                     let dst = out_layout.narrow(axis, start, l.shape()[axis])?;
                     cpu::copy_into(s, l, &mut out, &dst)?;
                     start += l.shape()[axis];
@@ -170,7 +231,9 @@ impl Storage {
                 let out = GpuStorage::alloc(&first.ctx, numel, DType::F32)?;
                 let mut start = 0;
                 for (s, l) in parts {
-                    let Storage::Gpu(s) = s else { return Err(mismatch("concat", &parts[0].0, s)) };
+                    let Storage::Gpu(s) = s else {
+                        return Err(mismatch("concat", &parts[0].0, s));
+                    };
                     if s.ctx.ordinal != first.ctx.ordinal {
                         return Err(mismatch("concat", &parts[0].0, &Storage::Gpu(s.clone())));
                     }

@@ -53,7 +53,10 @@ pub const UNARY_OPS: &[(&str, &str)] = &[
     ("tanh", "tanh_(x)"),
     ("sigmoid", "1.0 / (1.0 + exp(-x))"),
     ("relu", "max(x, 0.0)"),
-    ("gelu_tanh", "0.5 * x * (1.0 + tanh_(0.7978846 * (x + 0.044715 * x * x * x)))"),
+    (
+        "gelu_tanh",
+        "0.5 * x * (1.0 + tanh_(0.7978846 * (x + 0.044715 * x * x * x)))",
+    ),
     ("gelu_erf", "0.5 * x * (1.0 + erf_(x * 0.70710677))"),
     ("silu", "x / (1.0 + exp(-x))"),
     ("sin", "sin(x)"),
@@ -86,8 +89,20 @@ pub const BINARY_OPS: &[(&str, &str)] = &[
 /// Reductions: name, initial value, combine body (of `acc`, `ai`, `v`, `vi`), output type, store expression.
 const REDUCE_OPS: &[(&str, &str, &str, &str, &str)] = &[
     ("sum", "0.0", "return Pair(acc + v, 0u);", "f32", "v"),
-    ("max", "-3.4028235e38", "return Pair(max(acc, v), 0u);", "f32", "v"),
-    ("min", "3.4028235e38", "return Pair(min(acc, v), 0u);", "f32", "v"),
+    (
+        "max",
+        "-3.4028235e38",
+        "return Pair(max(acc, v), 0u);",
+        "f32",
+        "v",
+    ),
+    (
+        "min",
+        "3.4028235e38",
+        "return Pair(min(acc, v), 0u);",
+        "f32",
+        "v",
+    ),
     (
         "argmax",
         "-3.4028235e38",
@@ -146,8 +161,15 @@ pub fn source(name: &str) -> Option<String> {
         },
         "cast" => {
             let (_, i, o, conv) = CASTS.iter().find(|c| c.0 == variant)?;
-            let body = CAST.replace("{{IN}}", i).replace("{{OUT}}", o).replace("{{CONV}}", conv);
-            if variant.contains("f16") { format!("enable f16;\n{body}") } else { body }
+            let body = CAST
+                .replace("{{IN}}", i)
+                .replace("{{OUT}}", o)
+                .replace("{{CONV}}", conv);
+            if variant.contains("f16") {
+                format!("enable f16;\n{body}")
+            } else {
+                body
+            }
         }
         "where" if variant.is_empty() => WHERE.to_string(),
         "copy" if variant.is_empty() => COPY.to_string(),
@@ -170,6 +192,17 @@ pub fn all_kernels() -> Vec<String> {
     names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
     names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
     names.extend(["softmax/softmax", "softmax/log", "matmul/tiled"].map(String::from));
-    names.extend(["where", "copy", "fill", "rand", "layer_norm", "index", "index_add"].map(String::from));
+    names.extend(
+        [
+            "where",
+            "copy",
+            "fill",
+            "rand",
+            "layer_norm",
+            "index",
+            "index_add",
+        ]
+        .map(String::from),
+    );
     names
 }

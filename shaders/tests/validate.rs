@@ -5,11 +5,18 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 #[test]
 fn every_kernel_validates_with_naga() {
     let names = weft_shaders::all_kernels();
-    assert!(names.len() > 40, "expected every kernel variant, got {}", names.len());
+    assert!(
+        names.len() > 40,
+        "expected every kernel variant, got {}",
+        names.len()
+    );
     let mut failures = Vec::new();
     for name in &names {
         let src = weft_shaders::source(name).expect("listed kernels have a source");
-        assert!(!src.contains("{{"), "{name}: a template placeholder was left unfilled");
+        assert!(
+            !src.contains("{{"),
+            "{name}: a template placeholder was left unfilled"
+        );
         let module = match naga::front::wgsl::parse_str(&src) {
             Ok(m) => m,
             Err(e) => {
@@ -44,7 +51,10 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("index_add", weft_shaders::INDEX_ADD),
     ] {
         let head: Vec<&str> = src.lines().take_while(|l| l.starts_with("//")).collect();
-        assert!(head.len() >= 3, "{name}.wgsl must open with a comment on its algorithm");
+        assert!(
+            head.len() >= 3,
+            "{name}.wgsl must open with a comment on its algorithm"
+        );
     }
 }
 

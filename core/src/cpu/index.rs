@@ -6,18 +6,31 @@ use crate::{Error, Layout, Result};
 
 fn check(op: &'static str, ids: &[u32], size: usize) -> Result<()> {
     match ids.iter().find(|&&i| i as usize >= size) {
-        Some(i) => Err(Error::invalid(op, format!("index {i} is out of range for an axis of size {size}"))),
+        Some(i) => Err(Error::invalid(
+            op,
+            format!("index {i} is out of range for an axis of size {size}"),
+        )),
         None => Ok(()),
     }
 }
 
 /// Split a contiguous shape at `axis` into (outer, size, inner).
 fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
+    (
+        shape[..axis].iter().product(),
+        shape[axis],
+        shape[axis + 1..].iter().product(),
+    )
 }
 
 /// Entries `ids` (1-D) of `axis`: output shape is the source shape with `axis` of size `ids.len()`.
-pub fn index_select(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, axis: usize) -> Result<CpuStorage> {
+pub fn index_select(
+    s: &CpuStorage,
+    l: &Layout,
+    ids: &CpuStorage,
+    li: &Layout,
+    axis: usize,
+) -> Result<CpuStorage> {
     let x = strided(s.f32s("index_select")?, l);
     let ids = ids.indices("index_select", li)?;
     let (outer, size, inner) = split(l.shape(), axis);
@@ -33,7 +46,14 @@ pub fn index_select(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, a
 }
 
 /// Adjoint of index_select: a zero tensor of `shape` with `src` rows added at `ids` along `axis`.
-pub fn index_add(shape: &[usize], axis: usize, ids: &CpuStorage, li: &Layout, src: &CpuStorage, ls: &Layout) -> Result<CpuStorage> {
+pub fn index_add(
+    shape: &[usize],
+    axis: usize,
+    ids: &CpuStorage,
+    li: &Layout,
+    src: &CpuStorage,
+    ls: &Layout,
+) -> Result<CpuStorage> {
     let x = strided(src.f32s("index_add")?, ls);
     let ids = ids.indices("index_add", li)?;
     let (outer, size, inner) = split(shape, axis);
@@ -53,7 +73,13 @@ pub fn index_add(shape: &[usize], axis: usize, ids: &CpuStorage, li: &Layout, sr
 
 /// `out[.., j, ..] = src[.., ids[.., j, ..], ..]` along `axis`; `ids` has the output's shape, which
 /// matches the source on every other axis.
-pub fn gather(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, axis: usize) -> Result<CpuStorage> {
+pub fn gather(
+    s: &CpuStorage,
+    l: &Layout,
+    ids: &CpuStorage,
+    li: &Layout,
+    axis: usize,
+) -> Result<CpuStorage> {
     let x = strided(s.f32s("gather")?, l);
     let ids = ids.indices("gather", li)?;
     let (outer, size, inner) = split(l.shape(), axis);
@@ -72,7 +98,14 @@ pub fn gather(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, axis: u
 }
 
 /// Adjoint of gather: a zero tensor of `shape` with `src[p]` added at the position `ids[p]` names.
-pub fn scatter_add(shape: &[usize], axis: usize, ids: &CpuStorage, li: &Layout, src: &CpuStorage, ls: &Layout) -> Result<CpuStorage> {
+pub fn scatter_add(
+    shape: &[usize],
+    axis: usize,
+    ids: &CpuStorage,
+    li: &Layout,
+    src: &CpuStorage,
+    ls: &Layout,
+) -> Result<CpuStorage> {
     let x = strided(src.f32s("scatter_add")?, ls);
     let ids = ids.indices("scatter_add", li)?;
     let (outer, size, inner) = split(shape, axis);

@@ -16,13 +16,23 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let (brs, bcs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
     // Offsets of each batch's matrix in a and b.
     let boff = |l: &Layout| -> Vec<usize> {
-        Layout::new(l.shape()[..r - 2].into(), l.strides()[..r - 2].into(), l.offset()).offsets().collect()
+        Layout::new(
+            l.shape()[..r - 2].into(),
+            l.strides()[..r - 2].into(),
+            l.offset(),
+        )
+        .offsets()
+        .collect()
     };
     let (aoffs, boffs) = (boff(la), boff(lb));
     if m * n * k == 0 {
         return Ok(f32_storage(out));
     }
-    let threads = if m * n * k >= 1 << 18 { rayon::current_num_threads() } else { 1 };
+    let threads = if m * n * k >= 1 << 18 {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
     for i in 0..nb {
         let dst = &mut out[i * m * n..(i + 1) * m * n];
         // SAFETY: every pointer plus its strides stays inside its slice: the layouts were checked
@@ -47,7 +57,11 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
                 false,
                 false,
                 false,
-                if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
+                if threads > 1 {
+                    gemm::Parallelism::Rayon(threads)
+                } else {
+                    gemm::Parallelism::None
+                },
             );
         }
     }

@@ -41,7 +41,11 @@ impl CpuStorage {
     pub fn f32s(&self, op: &'static str) -> Result<&[f32]> {
         match self {
             CpuStorage::F32(v) => Ok(v),
-            s => Err(Error::DType { op, expected: "f32", got: s.dtype() }),
+            s => Err(Error::DType {
+                op,
+                expected: "f32",
+                got: s.dtype(),
+            }),
         }
     }
 
@@ -52,10 +56,15 @@ impl CpuStorage {
             CpuStorage::I32(v) => layout
                 .offsets()
                 .map(|o| {
-                    u32::try_from(v[o]).map_err(|_| Error::invalid(op, format!("negative index {}", v[o])))
+                    u32::try_from(v[o])
+                        .map_err(|_| Error::invalid(op, format!("negative index {}", v[o])))
                 })
                 .collect(),
-            s => Err(Error::DType { op, expected: "u32 or i32", got: s.dtype() }),
+            s => Err(Error::DType {
+                op,
+                expected: "u32 or i32",
+                got: s.dtype(),
+            }),
         }
     }
 

@@ -20,7 +20,11 @@ pub fn reduce(op: ReduceOp, s: &CpuStorage, l: &Layout, axes: &[usize]) -> Resul
         p.strides()[kept.len()..].into(),
         0,
     );
-    let outer = Layout::new(p.shape()[..kept.len()].into(), p.strides()[..kept.len()].into(), p.offset());
+    let outer = Layout::new(
+        p.shape()[..kept.len()].into(),
+        p.strides()[..kept.len()].into(),
+        p.offset(),
+    );
     let inner_offs: Vec<usize> = inner.offsets().collect();
     let outer_offs: Vec<usize> = outer.offsets().collect();
     debug_assert_eq!(outer_offs.len(), n_out);

@@ -53,18 +53,27 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
-        .map_err(|e| Error::Gpu(format!("could not open a device on {}: {e}", adapter.get_info().name)))?;
+        .map_err(|e| {
+            Error::Gpu(format!(
+                "could not open a device on {}: {e}",
+                adapter.get_info().name
+            ))
+        })?;
         // Errors the GPU reports asynchronously are kept and returned at the next read-back,
         // instead of wgpu's default of panicking.
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            sink.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
+            sink.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(e.to_string());
         }));
         let fault_buf = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("weft fault flag"),
             size: 16,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         Ok(GpuContext {
@@ -85,17 +94,27 @@ impl GpuContext {
 
     /// The largest buffer a kernel can bind.
     pub(crate) fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
     }
 
     /// A buffer of at least `bytes` from the pool, or a new one.
     pub(crate) fn alloc(&self, bytes: u64) -> Result<Arc<PooledBuffer>> {
         let cap = self.max_binding();
         if bytes > cap {
-            return Err(Error::TooLarge { bytes, limit: cap, what: "largest storage buffer binding" });
+            return Err(Error::TooLarge {
+                bytes,
+                limit: cap,
+                what: "largest storage buffer binding",
+            });
         }
         let size = pool::bucket(bytes, cap);
-        let reused = self.pool.lock().unwrap_or_else(|p| p.into_inner()).take(size);
+        let reused = self
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(size);
         let buffer = match reused {
             Some(b) => b,
             None => match self.create(size) {
@@ -107,7 +126,10 @@ impl GpuContext {
                 }
             },
         };
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).lend(size);
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .lend(size);
         Ok(Arc::new(pool::loan(&self.pool, buffer, size)))
     }
 
@@ -116,12 +138,17 @@ impl GpuContext {
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         match pollster::block_on(scope.pop()) {
             None => Ok(buffer),
-            Some(_) => Err(Error::OutOfMemory { bytes: size, device: self.describe() }),
+            Some(_) => Err(Error::OutOfMemory {
+                bytes: size,
+                device: self.describe(),
+            }),
         }
     }
 
@@ -129,7 +156,7 @@ impl GpuContext {
     pub(crate) fn upload(&self, bytes: &[u8]) -> Result<Arc<PooledBuffer>> {
         let buf = self.alloc(bytes.len() as u64)?;
         // write_buffer needs a multiple of 4 bytes.
-        if bytes.len() % 4 == 0 {
+        if bytes.len().is_multiple_of(4) {
             self.queue.write_buffer(&buf.buffer, 0, bytes);
         } else {
             let mut padded = bytes.to_vec();
@@ -142,10 +169,16 @@ impl GpuContext {
     /// The compiled pipeline of a kernel's entry point, compiling it on first use.
     fn pipeline(&self, kernel: &str, entry: &str) -> Result<Arc<wgpu::ComputePipeline>> {
         let key = format!("{kernel}#{entry}");
-        if let Some(p) = self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
             return Ok(p.clone());
         }
-        let src = weft_shaders::source(kernel).ok_or_else(|| Error::Gpu(format!("no kernel named {kernel}")))?;
+        let src = weft_shaders::source(kernel)
+            .ok_or_else(|| Error::Gpu(format!("no kernel named {kernel}")))?;
         if src.starts_with("enable f16") && !self.features.contains(wgpu::Features::SHADER_F16) {
             return Err(Error::Gpu(format!(
                 "kernel {kernel} needs the adapter feature shader-f16, which {} lacks",
@@ -153,23 +186,30 @@ impl GpuContext {
             )));
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(kernel),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&key),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(kernel),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&key),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Gpu(format!("kernel {key} failed to compile: {e}")));
         }
         let p = Arc::new(pipeline);
-        self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).insert(key, p.clone());
+        self.pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, p.clone());
         Ok(p)
     }
 
@@ -187,13 +227,21 @@ impl GpuContext {
         }
         let max = self.limits.max_compute_workgroups_per_dimension;
         if groups.iter().any(|&g| g > max) {
-            return Err(Error::Gpu(format!("{kernel}: grid {groups:?} exceeds the adapter's {max} workgroups per dimension")));
+            return Err(Error::Gpu(format!(
+                "{kernel}: grid {groups:?} exceeds the adapter's {max} workgroups per dimension"
+            )));
         }
         let pipeline = self.pipeline(kernel, entry)?;
         let info_buf = self.upload(bytemuck::cast_slice(info))?;
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: info_buf.buffer.as_entire_binding() }];
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: info_buf.buffer.as_entire_binding(),
+        }];
         for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.buffer.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.buffer.as_entire_binding(),
+            });
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
@@ -203,13 +251,16 @@ impl GpuContext {
         let mut hold: Vec<Arc<PooledBuffer>> = buffers.iter().map(|b| Arc::clone(b)).collect();
         hold.push(info_buf);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.push(Recorded { pipeline, bind_group, groups, _hold: hold });
+        pending.push(Recorded {
+            pipeline,
+            bind_group,
+            groups,
+            _hold: hold,
+        });
         if pending.len() >= FLUSH_EVERY {
-            let batch = std::mem::take(&mut *pending);
+            let batch = self.submit_locked(&mut pending, |_| ());
             drop(pending);
-            let mut encoder = self.device.create_command_encoder(&Default::default());
-            Self::replay(&mut encoder, &batch);
-            self.queue.submit([encoder.finish()]);
+            drop(batch);
         }
         Ok(())
     }
@@ -241,15 +292,32 @@ impl GpuContext {
         }
     }
 
-    /// Submit everything recorded so far.
-    pub fn flush(&self) {
-        let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        if batch.is_empty() {
-            return;
-        }
+    /// Replay the recorded batch, then `extra` commands, into one encoder and submit it, all while
+    /// the caller holds the `pending` lock: submits from several threads then reach the queue in
+    /// the order their work was recorded (a read-back can never overtake the dispatches it reads).
+    /// Returns the batch, whose buffers go back to the pool when the caller drops it.
+    fn submit_locked(
+        &self,
+        pending: &mut Vec<Recorded>,
+        extra: impl FnOnce(&mut wgpu::CommandEncoder),
+    ) -> Vec<Recorded> {
+        let batch = std::mem::take(pending);
         let mut encoder = self.device.create_command_encoder(&Default::default());
         Self::replay(&mut encoder, &batch);
+        extra(&mut encoder);
         self.queue.submit([encoder.finish()]);
+        batch
+    }
+
+    /// Submit everything recorded so far.
+    pub fn flush(&self) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.is_empty() {
+            return;
+        }
+        let batch = self.submit_locked(&mut pending, |_| ());
+        drop(pending);
+        drop(batch);
     }
 
     /// Wait for all submitted work and return any error the GPU reported.
@@ -269,7 +337,10 @@ impl GpuContext {
         let msg = errs.join("; ");
         errs.clear();
         if msg.to_lowercase().contains("out of memory") {
-            return Err(Error::OutOfMemory { bytes: 0, device: format!("{} ({msg})", self.describe()) });
+            return Err(Error::OutOfMemory {
+                bytes: 0,
+                device: format!("{} ({msg})", self.describe()),
+            });
         }
         Err(Error::Gpu(msg))
     }
@@ -286,15 +357,15 @@ impl GpuContext {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut encoder = self.device.create_command_encoder(&Default::default());
-        Self::replay(&mut encoder, &batch);
-        if end > start {
-            encoder.copy_buffer_to_buffer(&buf.buffer, start, &staging, 0, end - start);
-        }
-        encoder.copy_buffer_to_buffer(&self.fault.buffer, 0, &staging, size, 16);
-        encoder.clear_buffer(&self.fault.buffer, 0, None);
-        self.queue.submit([encoder.finish()]);
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let batch = self.submit_locked(&mut pending, |encoder| {
+            if end > start {
+                encoder.copy_buffer_to_buffer(&buf.buffer, start, &staging, 0, end - start);
+            }
+            encoder.copy_buffer_to_buffer(&self.fault.buffer, 0, &staging, size, 16);
+            encoder.clear_buffer(&self.fault.buffer, 0, None);
+        });
+        drop(pending);
         drop(batch);
         let slice = staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -308,7 +379,9 @@ impl GpuContext {
         rx.recv()
             .map_err(|_| Error::Gpu("read-back was dropped".into()))?
             .map_err(|e| Error::Gpu(format!("mapping a read-back buffer: {e}")))?;
-        let view = slice.get_mapped_range().map_err(|e| Error::Gpu(format!("read-back: {e}")))?;
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| Error::Gpu(format!("read-back: {e}")))?;
         let fault = u32::from_le_bytes(view[size as usize..size as usize + 4].try_into().unwrap());
         let lo = (offset - start) as usize;
         let out = view[lo..lo + len as usize].to_vec();
@@ -335,6 +408,9 @@ impl GpuContext {
 
     /// e.g. `gpu:0 (llvmpipe (LLVM 15.0.6, 256 bits), Vulkan, Cpu)`.
     pub fn describe(&self) -> String {
-        format!("gpu:{} ({}, {:?}, {:?})", self.adapter_index, self.info.name, self.info.backend, self.info.device_type)
+        format!(
+            "gpu:{} ({}, {:?}, {:?})",
+            self.adapter_index, self.info.name, self.info.backend, self.info.device_type
+        )
     }
 }

@@ -1,6 +1,6 @@
 //! Launchers for the one-invocation-per-element kernels: unary, binary, where, copy, cast, fill, rand.
 
-use super::{check_rank, push_dims, GpuContext, GpuStorage};
+use super::{GpuContext, GpuStorage, check_rank, push_dims};
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
 use std::sync::Arc;
@@ -10,24 +10,53 @@ pub fn unary(op: UnaryOp, s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
     check_rank(op.name(), l)?;
     let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?;
     let [p0, p1] = op.params();
-    let mut info = vec![l.numel() as u32, l.rank() as u32, l.offset() as u32, p0.to_bits(), p1.to_bits()];
+    let mut info = vec![
+        l.numel() as u32,
+        l.rank() as u32,
+        l.offset() as u32,
+        p0.to_bits(),
+        p1.to_bits(),
+    ];
     push_dims(&mut info, l.shape(), 1);
     push_dims(&mut info, l.strides(), 0);
     let kernel = format!("unary/{}", op.name());
-    s.ctx.dispatch(&kernel, "main", &info, &[&s.buf, &out.buf], s.ctx.grid_1d(l.numel()))?;
+    s.ctx.dispatch(
+        &kernel,
+        "main",
+        &info,
+        &[&s.buf, &out.buf],
+        s.ctx.grid_1d(l.numel()),
+    )?;
     Ok(out)
 }
 
 /// `op(a, b)` for two layouts of one shape.
-pub fn binary(op: BinaryOp, a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
+pub fn binary(
+    op: BinaryOp,
+    a: &GpuStorage,
+    la: &Layout,
+    b: &GpuStorage,
+    lb: &Layout,
+) -> Result<GpuStorage> {
     check_rank(op.name(), la)?;
     let out = GpuStorage::alloc(&a.ctx, la.numel(), DType::F32)?;
-    let mut info = vec![la.numel() as u32, la.rank() as u32, la.offset() as u32, lb.offset() as u32];
+    let mut info = vec![
+        la.numel() as u32,
+        la.rank() as u32,
+        la.offset() as u32,
+        lb.offset() as u32,
+    ];
     push_dims(&mut info, la.shape(), 1);
     push_dims(&mut info, la.strides(), 0);
     push_dims(&mut info, lb.strides(), 0);
     let kernel = format!("binary/{}", op.name());
-    a.ctx.dispatch(&kernel, "main", &info, &[&a.buf, &b.buf, &out.buf], a.ctx.grid_1d(la.numel()))?;
+    a.ctx.dispatch(
+        &kernel,
+        "main",
+        &info,
+        &[&a.buf, &b.buf, &out.buf],
+        a.ctx.grid_1d(la.numel()),
+    )?;
     Ok(out)
 }
 
@@ -42,23 +71,46 @@ pub fn where_cond(
 ) -> Result<GpuStorage> {
     check_rank("where_cond", la)?;
     let out = GpuStorage::alloc(&a.ctx, la.numel(), DType::F32)?;
-    let mut info = vec![la.numel() as u32, la.rank() as u32, lm.offset() as u32, la.offset() as u32, lb.offset() as u32];
+    let mut info = vec![
+        la.numel() as u32,
+        la.rank() as u32,
+        lm.offset() as u32,
+        la.offset() as u32,
+        lb.offset() as u32,
+    ];
     push_dims(&mut info, la.shape(), 1);
     for l in [lm, la, lb] {
         push_dims(&mut info, l.strides(), 0);
     }
-    a.ctx.dispatch("where", "main", &info, &[&m.buf, &a.buf, &b.buf, &out.buf], a.ctx.grid_1d(la.numel()))?;
+    a.ctx.dispatch(
+        "where",
+        "main",
+        &info,
+        &[&m.buf, &a.buf, &b.buf, &out.buf],
+        a.ctx.grid_1d(la.numel()),
+    )?;
     Ok(out)
 }
 
 /// Copy the 32-bit elements of `src` (layout `ls`) to the positions of `ld` in `dst`.
 pub fn copy_into(src: &GpuStorage, ls: &Layout, dst: &GpuStorage, ld: &Layout) -> Result<()> {
     check_rank("copy", ls)?;
-    let mut info = vec![ls.numel() as u32, ls.rank() as u32, ls.offset() as u32, ld.offset() as u32];
+    let mut info = vec![
+        ls.numel() as u32,
+        ls.rank() as u32,
+        ls.offset() as u32,
+        ld.offset() as u32,
+    ];
     push_dims(&mut info, ls.shape(), 1);
     push_dims(&mut info, ls.strides(), 0);
     push_dims(&mut info, ld.strides(), 0);
-    src.ctx.dispatch("copy", "main", &info, &[&src.buf, &dst.buf], src.ctx.grid_1d(ls.numel()))
+    src.ctx.dispatch(
+        "copy",
+        "main",
+        &info,
+        &[&src.buf, &dst.buf],
+        src.ctx.grid_1d(ls.numel()),
+    )
 }
 
 /// Convert a strided tensor to another dtype (contiguous output).
@@ -66,7 +118,10 @@ pub fn cast(s: &GpuStorage, l: &Layout, from: DType, to: DType) -> Result<GpuSto
     check_rank("cast", l)?;
     if from == to {
         if from == DType::F16 {
-            return Err(Error::invalid("cast", "a strided f16 -> f16 copy is not supported on the GPU; cast to f32 first"));
+            return Err(Error::invalid(
+                "cast",
+                "a strided f16 -> f16 copy is not supported on the GPU; cast to f32 first",
+            ));
         }
         return super::contiguous(s, l);
     }
@@ -75,24 +130,56 @@ pub fn cast(s: &GpuStorage, l: &Layout, from: DType, to: DType) -> Result<GpuSto
     push_dims(&mut info, l.shape(), 1);
     push_dims(&mut info, l.strides(), 0);
     let kernel = match (from, to) {
-        (DType::F16, t) if t != DType::F32 => return cast(&cast(s, l, from, DType::F32)?, &Layout::contiguous(l.shape()), DType::F32, to),
-        (f, DType::F16) if f != DType::F32 => return cast(&cast(s, l, from, DType::F32)?, &Layout::contiguous(l.shape()), DType::F32, to),
+        (DType::F16, t) if t != DType::F32 => {
+            return cast(
+                &cast(s, l, from, DType::F32)?,
+                &Layout::contiguous(l.shape()),
+                DType::F32,
+                to,
+            );
+        }
+        (f, DType::F16) if f != DType::F32 => {
+            return cast(
+                &cast(s, l, from, DType::F32)?,
+                &Layout::contiguous(l.shape()),
+                DType::F32,
+                to,
+            );
+        }
         _ => format!("cast/{}_{}", from.name(), to.name()),
     };
-    s.ctx.dispatch(&kernel, "main", &info, &[&s.buf, &out.buf], s.ctx.grid_1d(l.numel()))?;
+    s.ctx.dispatch(
+        &kernel,
+        "main",
+        &info,
+        &[&s.buf, &out.buf],
+        s.ctx.grid_1d(l.numel()),
+    )?;
     Ok(out)
 }
 
 /// A buffer of `n` 32-bit elements all set to `bits`.
 pub fn fill(ctx: &Arc<GpuContext>, n: usize, bits: u32) -> Result<GpuStorage> {
     let out = GpuStorage::alloc(ctx, n, DType::F32)?;
-    ctx.dispatch("fill", "main", &[n as u32, bits], &[&out.buf], ctx.grid_1d(n))?;
+    ctx.dispatch(
+        "fill",
+        "main",
+        &[n as u32, bits],
+        &[&out.buf],
+        ctx.grid_1d(n),
+    )?;
     Ok(out)
 }
 
 /// `n` uniform values in [0, 1) of stream `key` from counter `start` (the Cpu's `rng::uniform`).
 pub fn rand_uniform(ctx: &Arc<GpuContext>, n: usize, key: u32, start: u32) -> Result<GpuStorage> {
     let out = GpuStorage::alloc(ctx, n, DType::F32)?;
-    ctx.dispatch("rand", "main", &[n as u32, key, start], &[&out.buf], ctx.grid_1d(n))?;
+    ctx.dispatch(
+        "rand",
+        "main",
+        &[n as u32, key, start],
+        &[&out.buf],
+        ctx.grid_1d(n),
+    )?;
     Ok(out)
 }

@@ -12,7 +12,13 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch_shape = &la.shape()[..r - 2];
     if batch_shape.len() > MAX_BATCH_RANK {
-        return Err(Error::invalid("matmul", format!("at most {MAX_BATCH_RANK} batch axes on the GPU, got shape {:?}", la.shape())));
+        return Err(Error::invalid(
+            "matmul",
+            format!(
+                "at most {MAX_BATCH_RANK} batch axes on the GPU, got shape {:?}",
+                la.shape()
+            ),
+        ));
     }
     let nb: usize = batch_shape.iter().product();
     let out = GpuStorage::alloc(&a.ctx, nb * m * n, DType::F32)?;
@@ -49,7 +55,13 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
         push4(&mut info, &la.strides()[..r - 2], 0);
         push4(&mut info, &lb.strides()[..r - 2], 0);
         info.push(batch_shape.len() as u32);
-        a.ctx.dispatch("matmul/tiled", "main", &info, &[&a.buf, &b.buf, &out.buf], [groups_x, groups_y, count as u32])?;
+        a.ctx.dispatch(
+            "matmul/tiled",
+            "main",
+            &info,
+            &[&a.buf, &b.buf, &out.buf],
+            [groups_x, groups_y, count as u32],
+        )?;
         start += count;
     }
     Ok(out)

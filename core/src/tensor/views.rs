@@ -10,7 +10,10 @@ impl Tensor {
     /// Swap two axes (negative counts from the end).
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
         let r = self.rank();
-        let (a, b) = (resolve_axis("transpose", a, r)?, resolve_axis("transpose", b, r)?);
+        let (a, b) = (
+            resolve_axis("transpose", a, r)?,
+            resolve_axis("transpose", b, r)?,
+        );
         let mut dims: Vec<usize> = (0..r).collect();
         dims.swap(a, b);
         self.permute(&dims)
@@ -19,7 +22,10 @@ impl Tensor {
     /// Swap the last two axes.
     pub fn t(&self) -> Result<Tensor> {
         if self.rank() < 2 {
-            return Err(Error::invalid("t", format!("needs at least 2 dimensions, got shape {:?}", self.dims())));
+            return Err(Error::invalid(
+                "t",
+                format!("needs at least 2 dimensions, got shape {:?}", self.dims()),
+            ));
         }
         self.transpose(-2, -1)
     }
@@ -57,7 +63,11 @@ impl Tensor {
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let n: usize = shape.iter().product();
         if n != self.numel() {
-            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.dims().to_vec(), rhs: shape.to_vec() });
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: self.dims().to_vec(),
+                rhs: shape.to_vec(),
+            });
         }
         if shape == self.dims() {
             return Ok(self.clone());
@@ -70,12 +80,28 @@ impl Tensor {
 
     /// Reshape where one entry may be -1, inferred from the others.
     pub fn reshape_infer(&self, shape: &[isize]) -> Result<Tensor> {
-        let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product();
         let holes = shape.iter().filter(|&&d| d < 0).count();
-        if holes > 1 || (holes == 1 && (known == 0 || self.numel() % known != 0)) {
-            return Err(Error::invalid("reshape", format!("cannot reshape {:?} to {shape:?}", self.dims())));
+        if holes > 1 || (holes == 1 && (known == 0 || !self.numel().is_multiple_of(known))) {
+            return Err(Error::invalid(
+                "reshape",
+                format!("cannot reshape {:?} to {shape:?}", self.dims()),
+            ));
         }
-        let dims: Vec<usize> = shape.iter().map(|&d| if d < 0 { self.numel() / known.max(1) } else { d as usize }).collect();
+        let dims: Vec<usize> = shape
+            .iter()
+            .map(|&d| {
+                if d < 0 {
+                    self.numel() / known.max(1)
+                } else {
+                    d as usize
+                }
+            })
+            .collect();
         self.reshape(&dims)
     }
 
@@ -101,7 +127,13 @@ impl Tensor {
     /// Merge axes `start..=end` into one.
     pub fn flatten(&self, start: usize, end: usize) -> Result<Tensor> {
         if start > end || end >= self.rank() {
-            return Err(Error::invalid("flatten", format!("axes {start}..={end} out of range for shape {:?}", self.dims())));
+            return Err(Error::invalid(
+                "flatten",
+                format!(
+                    "axes {start}..={end} out of range for shape {:?}",
+                    self.dims()
+                ),
+            ));
         }
         let d = self.dims();
         let mut shape: Vec<usize> = d[..start].to_vec();
@@ -116,7 +148,13 @@ impl Tensor {
             return Ok(self.clone());
         }
         let storage = self.storage().contiguous(self.layout(), self.dtype())?;
-        Ok(Tensor::from_storage(storage, self.dims(), self.dtype(), self.device().clone(), Some(Op::Copy(self.clone()))))
+        Ok(Tensor::from_storage(
+            storage,
+            self.dims(),
+            self.dtype(),
+            self.device().clone(),
+            Some(Op::Copy(self.clone())),
+        ))
     }
 
     /// A layout-only check used by ops that need a contiguous vector from offset 0.
