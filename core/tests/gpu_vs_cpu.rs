@@ -8,6 +8,26 @@ use proptest::prelude::*;
 use weft_core::ops::BinaryOp;
 use weft_core::{DType, Device, Result, Tensor};
 
+/// A device per matmul variant, with that variant forced (opened once per test binary).
+fn matmul_devices(g: &Device) -> Vec<(&'static str, Device)> {
+    static DEVS: std::sync::OnceLock<Vec<(&'static str, Device)>> = std::sync::OnceLock::new();
+    let Device::Gpu(first) = g else { return vec![] };
+    let adapter = first.adapter_index();
+    DEVS.get_or_init(|| {
+        weft_core::gpu::MATMUL_VARIANTS
+            .iter()
+            .map(|v| {
+                let d = Device::gpu(adapter).unwrap();
+                if let Device::Gpu(c) = &d {
+                    c.force_matmul(v.kernel).unwrap();
+                }
+                (v.kernel, d)
+            })
+            .collect()
+    })
+    .clone()
+}
+
 const ELEMENTWISE_TOL: f32 = 1e-5;
 const REDUCE_TOL: f32 = 1e-4;
 
@@ -207,9 +227,13 @@ proptest! {
             let b = if tb { b.t()? } else { b };
             a.matmul(&b)
         };
-        let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
-        prop_assert_eq!(got.dims(), want.dims());
-        assert_close(&vals(&got), &vals(&want), REDUCE_TOL, &format!("matmul m{m} k{k} n{n} batch{batch} ta{ta} tb{tb}"));
+        let want = run(&Device::Cpu).unwrap();
+        // Every kernel variant, each on a device of its own, not just the one the autotuner picks.
+        for (variant, dev) in matmul_devices(&g) {
+            let got = run(&dev).unwrap();
+            prop_assert_eq!(got.dims(), want.dims());
+            assert_close(&vals(&got), &vals(&want), REDUCE_TOL, &format!("{variant} m{m} k{k} n{n} batch{batch} ta{ta} tb{tb} bcast{bcast}"));
+        }
     }
 
     #[test]
@@ -264,6 +288,24 @@ proptest! {
             prop_assert_eq!(gt.dims(), w.dims());
             assert_close(&vals(gt), &vals(w), REDUCE_TOL, &format!("indexing case {i}"));
         }
+    }
+}
+
+#[test]
+fn every_matmul_variant_covers_several_workgroups() {
+    // Larger than one tile of the biggest variant in both directions, with ragged edges.
+    let Some(g) = gpu() else { return };
+    let (m, k, n) = (300, 70, 520);
+    let a = Tensor::rand(-1.0, 1.0, &[2, m, k], 5, &Device::Cpu).unwrap();
+    let b = Tensor::rand(-1.0, 1.0, &[k, n], 6, &Device::Cpu).unwrap();
+    let want = vals(&a.matmul(&b).unwrap());
+    for (variant, dev) in matmul_devices(&g) {
+        let got = a
+            .to_device(&dev)
+            .unwrap()
+            .matmul(&b.to_device(&dev).unwrap())
+            .unwrap();
+        assert_close(&vals(&got), &want, REDUCE_TOL, variant);
     }
 }
 

@@ -168,8 +168,18 @@ fn threads_sharing_a_device_each_read_their_own_results() {
                 for i in 0..40 {
                     let v = (t * 100 + i) as f32;
                     let x = Tensor::full(v, &[3, 70], &dev).unwrap();
-                    let y = x.affine(2.0, 1.0).unwrap().t().unwrap().sum(&[0], false).unwrap();
-                    assert_eq!(vals(&y), vec![(2.0 * v + 1.0) * 70.0; 3], "thread {t} step {i}");
+                    let y = x
+                        .affine(2.0, 1.0)
+                        .unwrap()
+                        .t()
+                        .unwrap()
+                        .sum(&[0], false)
+                        .unwrap();
+                    assert_eq!(
+                        vals(&y),
+                        vec![(2.0 * v + 1.0) * 70.0; 3],
+                        "thread {t} step {i}"
+                    );
                 }
             });
         }

@@ -38,6 +38,10 @@ pub const MATMUL: &str = include_str!("../wgsl/matmul.wgsl");
 pub const INDEX: &str = include_str!("../wgsl/index.wgsl");
 /// index_add and scatter_add.
 pub const INDEX_ADD: &str = include_str!("../wgsl/index_add.wgsl");
+/// Register-blocked batched matmul without workgroup memory.
+pub const MATMUL_DIRECT: &str = include_str!("../wgsl/matmul_direct.wgsl");
+/// A pure-FMA loop: the adapter's arithmetic ceiling, for benchmarks.
+pub const FMA_PEAK: &str = include_str!("../wgsl/fma_peak.wgsl");
 
 /// Unary ops: name and WGSL expression of `x` (and the parameters `p0`, `p1`).
 pub const UNARY_OPS: &[(&str, &str)] = &[
@@ -124,6 +128,60 @@ const CASTS: &[(&str, &str, &str, &str)] = &[
     ("i32_u32", "i32", "u32", "bitcast<u32>(v)"),
 ];
 
+/// The register-blocked matmul for a `tm x tn` block per invocation: the template with its
+/// setup, inner step and stores written out as named scalars. `None` outside 1..=16.
+pub fn matmul_direct_source(tm: usize, tn: usize) -> Option<String> {
+    if !(1..=16).contains(&tm) || !(1..=16).contains(&tn) {
+        return None;
+    }
+    let mut setup = Vec::new();
+    for i in 0..tm {
+        setup.push(format!(
+            "    let ra_{i} = a_base + min(row0 + {i}u, m - 1u) * a_rs;"
+        ));
+    }
+    for j in 0..tn {
+        setup.push(format!(
+            "    let cb_{j} = b_base + min(col0 + {}u, n - 1u) * b_cs;",
+            16 * j
+        ));
+    }
+    for i in 0..tm {
+        let row: Vec<String> = (0..tn).map(|j| format!("var c_{i}_{j} = 0.0;")).collect();
+        setup.push(format!("    {}", row.join(" ")));
+    }
+    let mut step = Vec::new();
+    for i in 0..tm {
+        step.push(format!("        let a_{i} = a[ra_{i} + ka];"));
+    }
+    for j in 0..tn {
+        step.push(format!("        let b_{j} = b[cb_{j} + kb];"));
+    }
+    for i in 0..tm {
+        let row: Vec<String> = (0..tn)
+            .map(|j| format!("c_{i}_{j} = c_{i}_{j} + a_{i} * b_{j};"))
+            .collect();
+        step.push(format!("        {}", row.join(" ")));
+    }
+    let mut store = Vec::new();
+    for i in 0..tm {
+        for j in 0..tn {
+            let (r, col) = (format!("row0 + {i}u"), format!("col0 + {}u", 16 * j));
+            store.push(format!(
+                "    if ({r} < m && {col} < n) {{ c[out + ({r}) * n + {col}] = c_{i}_{j}; }}"
+            ));
+        }
+    }
+    Some(
+        MATMUL_DIRECT
+            .replace("{{TM}}", &tm.to_string())
+            .replace("{{TN}}", &tn.to_string())
+            .replace("{{SETUP}}", &setup.join("\n"))
+            .replace("{{STEP}}", &step.join("\n"))
+            .replace("{{STORE}}", &store.join("\n")),
+    )
+}
+
 fn with_common(body: &str) -> String {
     // `enable` directives must come before any declaration.
     if let Some(rest) = body.strip_prefix("enable f16;\n") {
@@ -177,8 +235,14 @@ pub fn source(name: &str) -> Option<String> {
         "rand" if variant.is_empty() => RAND.to_string(),
         "layer_norm" if variant.is_empty() => LAYER_NORM.to_string(),
         "matmul" if variant == "tiled" => MATMUL.to_string(),
+        "matmul" => {
+            // `direct8x8`, `direct16x16`: the register block is part of the name.
+            let (tm, tn) = variant.strip_prefix("direct")?.split_once('x')?;
+            matmul_direct_source(tm.parse().ok()?, tn.parse().ok()?)?
+        }
         "index" if variant.is_empty() => INDEX.to_string(),
         "index_add" if variant.is_empty() => INDEX_ADD.to_string(),
+        "fma_peak" if variant.is_empty() => FMA_PEAK.to_string(),
         _ => return None,
     };
     Some(with_common(&body))
@@ -191,7 +255,17 @@ pub fn all_kernels() -> Vec<String> {
     names.extend(BINARY_OPS.iter().map(|(n, _)| format!("binary/{n}")));
     names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
     names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
-    names.extend(["softmax/softmax", "softmax/log", "matmul/tiled"].map(String::from));
+    names.extend(
+        [
+            "softmax/softmax",
+            "softmax/log",
+            "matmul/tiled",
+            "matmul/direct4x4",
+            "matmul/direct8x8",
+            "matmul/direct16x16",
+        ]
+        .map(String::from),
+    );
     names.extend(
         [
             "where",

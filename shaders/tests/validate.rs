@@ -47,8 +47,10 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("softmax", weft_shaders::SOFTMAX),
         ("layer_norm", weft_shaders::LAYER_NORM),
         ("matmul", weft_shaders::MATMUL),
+        ("matmul_direct", weft_shaders::MATMUL_DIRECT),
         ("index", weft_shaders::INDEX),
         ("index_add", weft_shaders::INDEX_ADD),
+        ("fma_peak", weft_shaders::FMA_PEAK),
     ] {
         let head: Vec<&str> = src.lines().take_while(|l| l.starts_with("//")).collect();
         assert!(

@@ -75,7 +75,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             }
             for (var i = 0u; i < 4u; i = i + 1u) {
                 for (var j = 0u; j < 4u; j = j + 1u) {
-                    acc[i * 4u + j] = fma(ar[i], br[j], acc[i * 4u + j]);
+                    acc[i * 4u + j] = acc[i * 4u + j] + ar[i] * br[j];
                 }
             }
         }

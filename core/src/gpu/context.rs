@@ -36,6 +36,8 @@ pub struct GpuContext {
     /// Raised by index kernels on an out-of-range index; checked at every read-back.
     pub(crate) fault: Arc<PooledBuffer>,
     errors: Arc<Mutex<Vec<String>>>,
+    /// A matmul variant forced on this device (tests, benchmarks); `None`: the autotuner's choice.
+    matmul: Mutex<Option<super::matmul::MatmulVariant>>,
 }
 
 static ORDINALS: AtomicUsize = AtomicUsize::new(0);
@@ -89,6 +91,7 @@ impl GpuContext {
             pending: Mutex::default(),
             fault: Arc::new(pool::unpooled(fault_buf, 16)),
             errors,
+            matmul: Mutex::default(),
         })
     }
 
@@ -394,6 +397,28 @@ impl GpuContext {
             ));
         }
         Ok(out)
+    }
+
+    /// Index of the adapter this device was opened on (the `N` of `gpu:N`).
+    pub fn adapter_index(&self) -> usize {
+        self.adapter_index
+    }
+
+    /// Use the matmul kernel named `kernel` (see `MATMUL_VARIANTS`) on this device instead of the
+    /// autotuner's choice; for tests and benchmarks.
+    pub fn force_matmul(&self, kernel: &str) -> Result<()> {
+        let v = super::matmul::MATMUL_VARIANTS
+            .iter()
+            .find(|v| v.kernel == kernel);
+        let v = v.ok_or_else(|| {
+            Error::invalid("force_matmul", format!("no matmul kernel named {kernel}"))
+        })?;
+        *self.matmul.lock().unwrap_or_else(|p| p.into_inner()) = Some(*v);
+        Ok(())
+    }
+
+    pub(crate) fn forced_matmul(&self) -> Option<super::matmul::MatmulVariant> {
+        *self.matmul.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Current memory figures of this device.

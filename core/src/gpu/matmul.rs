@@ -1,13 +1,160 @@
-//! Launcher for the tiled, strided, batched matmul kernel.
+//! Launcher for the batched, strided matmul kernels, and the autotuner that picks one per adapter.
+//!
+//! There is no single best matmul kernel: a real GPU wants workgroup-memory tiling (`tiled`),
+//! while lavapipe, which runs invocations as SIMD lanes on the CPU, is several times faster with
+//! large register blocks and no barriers (`directTMxTN`). The first matmul on an adapter times
+//! every variant on one problem, checks each against the others, and ranks them; later calls use
+//! the best-ranked variant whose tile the problem fills at least halfway.
 
-use super::GpuStorage;
+use super::{GpuContext, GpuStorage};
 use crate::{DType, Error, Layout, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
-/// Batch axes the kernel locates by their strides; more are folded by the caller.
+/// Batch axes the kernels locate by their strides.
 const MAX_BATCH_RANK: usize = 4;
+
+/// A matmul kernel and the tile of C one workgroup computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulVariant {
+    /// Kernel name in weft-shaders.
+    pub kernel: &'static str,
+    /// Rows of C per workgroup.
+    pub tile_m: usize,
+    /// Columns of C per workgroup.
+    pub tile_n: usize,
+}
+
+/// Every matmul kernel, smallest tile first.
+pub const MATMUL_VARIANTS: &[MatmulVariant] = &[
+    MatmulVariant {
+        kernel: "matmul/tiled",
+        tile_m: 64,
+        tile_n: 64,
+    },
+    MatmulVariant {
+        kernel: "matmul/direct4x4",
+        tile_m: 64,
+        tile_n: 64,
+    },
+    MatmulVariant {
+        kernel: "matmul/direct8x8",
+        tile_m: 128,
+        tile_n: 128,
+    },
+    MatmulVariant {
+        kernel: "matmul/direct16x16",
+        tile_m: 256,
+        tile_n: 256,
+    },
+];
+
+/// Rankings by adapter, fastest first, so virtual devices on one adapter tune once.
+fn rankings() -> &'static Mutex<HashMap<usize, Vec<MatmulVariant>>> {
+    static R: OnceLock<Mutex<HashMap<usize, Vec<MatmulVariant>>>> = OnceLock::new();
+    R.get_or_init(Mutex::default)
+}
+
+/// The ranking of an adapter's matmul variants, fastest first (tuning it on first use).
+pub fn matmul_ranking(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
+    if let Some(r) = rankings()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&ctx.adapter_index)
+    {
+        return Ok(r.clone());
+    }
+    let ranked = autotune(ctx)?;
+    rankings()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(ctx.adapter_index, ranked.clone());
+    Ok(ranked)
+}
+
+fn autotune(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
+    if let Ok(name) = std::env::var("WEFT_MATMUL_KERNEL") {
+        let v = MATMUL_VARIANTS.iter().find(|v| v.kernel == name);
+        return v.map(|v| vec![*v]).ok_or_else(|| {
+            Error::invalid(
+                "matmul",
+                format!("WEFT_MATMUL_KERNEL={name} names no kernel"),
+            )
+        });
+    }
+    let (m, k, n) = (256, 512, 512);
+    let host: Vec<f32> = (0..m.max(n) * k)
+        .map(|i| ((i * 7919) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let a = GpuStorage::from_bytes(ctx, bytemuck::cast_slice(&host[..m * k]))?;
+    let b = GpuStorage::from_bytes(ctx, bytemuck::cast_slice(&host[..k * n]))?;
+    let (la, lb) = (Layout::contiguous(&[m, k]), Layout::contiguous(&[k, n]));
+    let mut timed: Vec<(f64, MatmulVariant)> = Vec::new();
+    let mut reference: Option<Vec<f32>> = None;
+    for v in MATMUL_VARIANTS {
+        // A variant that fails to compile or run, or disagrees with the first one, is left out.
+        let Ok(out) = run(&a, &la, &b, &lb, *v) else {
+            continue;
+        };
+        let Ok(bytes) = ctx.read(&out.buf, 0, (m * n * 4) as u64) else {
+            continue;
+        };
+        let vals: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        match &reference {
+            None => reference = Some(vals),
+            Some(r)
+                if r.iter()
+                    .zip(&vals)
+                    .all(|(x, y)| (x - y).abs() <= 1e-3 * x.abs().max(1.0)) => {}
+            Some(_) => continue,
+        }
+        let start = std::time::Instant::now();
+        for _ in 0..2 {
+            run(&a, &la, &b, &lb, *v)?;
+        }
+        ctx.synchronize()?;
+        timed.push((start.elapsed().as_secs_f64(), *v));
+    }
+    timed.sort_by(|x, y| x.0.total_cmp(&y.0));
+    if timed.is_empty() {
+        return Err(Error::Gpu(format!(
+            "no matmul kernel runs correctly on {}",
+            ctx.describe()
+        )));
+    }
+    Ok(timed.into_iter().map(|t| t.1).collect())
+}
+
+/// The variant for an `m x n` output: the best-ranked one whose tile the output fills at least
+/// halfway in both directions, else the one with the smallest tile.
+fn choose(ranked: &[MatmulVariant], m: usize, n: usize) -> MatmulVariant {
+    ranked
+        .iter()
+        .find(|v| 2 * m >= v.tile_m && 2 * n >= v.tile_n)
+        .or_else(|| ranked.iter().min_by_key(|v| v.tile_m * v.tile_n))
+        .copied()
+        .unwrap_or(MATMUL_VARIANTS[0])
+}
 
 /// `a @ b` for `[batch.., m, k]` and `[batch.., k, n]` layouts with one batch shape.
 pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
+    let r = la.rank();
+    let (m, n) = (la.shape()[r - 2], lb.shape()[r - 1]);
+    let ranked = match a.ctx.forced_matmul() {
+        Some(v) => vec![v],
+        None => matmul_ranking(&a.ctx)?,
+    };
+    run(a, la, b, lb, choose(&ranked, m, n))
+}
+
+/// Run one variant.
+fn run(
+    a: &GpuStorage,
+    la: &Layout,
+    b: &GpuStorage,
+    lb: &Layout,
+    v: MatmulVariant,
+) -> Result<GpuStorage> {
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch_shape = &la.shape()[..r - 2];
@@ -21,20 +168,19 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
         ));
     }
     let nb: usize = batch_shape.iter().product();
-    let out = GpuStorage::alloc(&a.ctx, nb * m * n, DType::F32)?;
-    if m * n == 0 {
-        return Ok(out);
+    if m * n * nb == 0 {
+        return GpuStorage::alloc(&a.ctx, 0, DType::F32);
     }
     if k == 0 {
         return super::fill(&a.ctx, nb * m * n, 0);
     }
+    let out = GpuStorage::alloc(&a.ctx, nb * m * n, DType::F32)?;
     let push4 = |info: &mut Vec<u32>, v: &[usize], pad: u32| {
         info.extend(v.iter().map(|&x| x as u32));
         info.extend(std::iter::repeat_n(pad, MAX_BATCH_RANK - v.len()));
     };
     let max_z = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
-    let groups_x = n.div_ceil(64) as u32;
-    let groups_y = m.div_ceil(64) as u32;
+    let groups = [n.div_ceil(v.tile_n) as u32, m.div_ceil(v.tile_m) as u32];
     // Batches beyond the z limit go in further dispatches, each starting at `batch_start`.
     let mut start = 0;
     while start < nb {
@@ -56,11 +202,11 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
         push4(&mut info, &lb.strides()[..r - 2], 0);
         info.push(batch_shape.len() as u32);
         a.ctx.dispatch(
-            "matmul/tiled",
+            v.kernel,
             "main",
             &info,
             &[&a.buf, &b.buf, &out.buf],
-            [groups_x, groups_y, count as u32],
+            [groups[0], groups[1], count as u32],
         )?;
         start += count;
     }

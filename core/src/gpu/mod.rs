@@ -11,7 +11,7 @@ mod rows;
 pub use context::GpuContext;
 pub use elementwise::{binary, cast, copy_into, fill, rand_uniform, unary, where_cond};
 pub use index::{gather, index_add, index_select, scatter_add};
-pub use matmul::matmul;
+pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul, matmul_ranking};
 pub use pool::{MemoryStats, PooledBuffer};
 pub use rows::{layer_norm, reduce, softmax};
 
@@ -126,4 +126,31 @@ pub fn open(index: usize) -> Result<Arc<GpuContext>> {
         })
     })?;
     Ok(Arc::new(GpuContext::open(adapter, index)?))
+}
+
+/// The adapter's arithmetic ceiling in FLOP/s, measured with a kernel of independent FMAs
+/// (`fma_peak.wgsl`). Benchmarks report matmul figures against it.
+pub fn fma_peak(ctx: &Arc<GpuContext>) -> Result<f64> {
+    let invocations = 256 * 1024;
+    let iters = 512u32;
+    let out = GpuStorage::alloc(ctx, invocations, DType::F32)?;
+    let run = || -> Result<()> {
+        ctx.dispatch(
+            "fma_peak",
+            "main",
+            &[iters],
+            &[&out.buf],
+            ctx.grid_1d(invocations),
+        )?;
+        ctx.synchronize()
+    };
+    run()?;
+    let start = std::time::Instant::now();
+    let reps = 3;
+    for _ in 0..reps {
+        run()?;
+    }
+    let secs = start.elapsed().as_secs_f64() / reps as f64;
+    // 32 multiply-adds of 2 FLOPs each per iteration.
+    Ok(invocations as f64 * iters as f64 * 64.0 / secs)
 }

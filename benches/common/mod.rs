@@ -1,0 +1,60 @@
+//! Shared by the benchmarks: the devices to measure, timing, and the JSON line format.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+use weft::prelude::*;
+
+/// Cpu and a device on every adapter found (lavapipe included). `WEFT_BENCH_DEVICES=cpu,gpu:0`
+/// restricts the list.
+pub fn devices() -> Vec<Device> {
+    let filter = std::env::var("WEFT_BENCH_DEVICES").ok();
+    let mut out = Vec::new();
+    let wanted = |name: &str| {
+        filter
+            .as_deref()
+            .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
+    };
+    if wanted("cpu") {
+        out.push(Device::Cpu);
+    }
+    for a in weft::devices() {
+        if !wanted(&format!("gpu:{}", a.index)) {
+            continue;
+        }
+        match Device::gpu(a.index) {
+            Ok(d) => out.push(d),
+            Err(e) => eprintln!("skipping gpu:{} ({}): {e}", a.index, a.name),
+        }
+    }
+    out
+}
+
+/// Seconds per call of `f`: one warm-up call, then calls until `budget` has passed (at least `min_reps`).
+pub fn time_per_call(
+    dev: &Device,
+    budget: Duration,
+    min_reps: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    f()?;
+    dev.synchronize()?;
+    let start = Instant::now();
+    let mut reps = 0;
+    while reps < min_reps || start.elapsed() < budget {
+        f()?;
+        reps += 1;
+        if reps % 4 == 0 {
+            dev.synchronize()?;
+        }
+    }
+    dev.synchronize()?;
+    Ok(start.elapsed().as_secs_f64() / reps as f64)
+}
+
+/// One JSON line: `{"bench":..,"device":..,"size":..,"value":..,"unit":..}`.
+pub fn report(bench: &str, dev: &Device, size: &str, value: f64, unit: &str) {
+    let device = dev.describe().replace('"', "'");
+    println!(
+        "{{\"bench\":\"{bench}\",\"device\":\"{device}\",\"size\":\"{size}\",\"value\":{value:.3},\"unit\":\"{unit}\"}}"
+    );
+}
