@@ -29,7 +29,9 @@ pub fn devices() -> Vec<Device> {
     out
 }
 
-/// Seconds per call of `f`: one warm-up call, then calls until `budget` has passed (at least `min_reps`).
+/// Seconds per call of `f`: one warm-up call, then calls (each waited for) until `budget` has
+/// passed, at least `min_reps`; the fastest call is reported, since on a shared machine the
+/// slower ones measure the neighbours.
 pub fn time_per_call(
     dev: &Device,
     budget: Duration,
@@ -39,16 +41,16 @@ pub fn time_per_call(
     f()?;
     dev.synchronize()?;
     let start = Instant::now();
+    let mut best = f64::INFINITY;
     let mut reps = 0;
-    while reps < min_reps || start.elapsed() < budget {
+    while reps < min_reps.max(1) || start.elapsed() < budget {
+        let t = Instant::now();
         f()?;
+        dev.synchronize()?;
+        best = best.min(t.elapsed().as_secs_f64());
         reps += 1;
-        if reps % 4 == 0 {
-            dev.synchronize()?;
-        }
     }
-    dev.synchronize()?;
-    Ok(start.elapsed().as_secs_f64() / reps as f64)
+    Ok(best)
 }
 
 /// One JSON line: `{"bench":..,"device":..,"size":..,"value":..,"unit":..}`.

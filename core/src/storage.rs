@@ -215,7 +215,7 @@ impl Storage {
         match parts.first().map(|p| &p.0) {
             None | Some(Storage::Meta) => Ok(Storage::Meta),
             Some(Storage::Cpu(_)) => {
-                let mut out = vec![0f32; numel];
+                let mut out = crate::cpu::zeros(numel);
                 let mut start = 0;
                 for (s, l) in parts {
                     let Storage::Cpu(s) = s else {
@@ -225,7 +225,7 @@ impl Storage {
                     cpu::copy_into(s, l, &mut out, &dst)?;
                     start += l.shape()[axis];
                 }
-                Ok(Storage::Cpu(CpuStorage::F32(std::sync::Arc::new(out))))
+                Ok(Storage::Cpu(crate::cpu::f32_storage(out)))
             }
             Some(Storage::Gpu(first)) => {
                 let out = GpuStorage::alloc(&first.ctx, numel, DType::F32)?;

@@ -1,6 +1,6 @@
 //! Elementwise ops on the Cpu: read any layout, write a contiguous result.
 
-use super::{CpuStorage, f32_storage, strided};
+use super::{CpuStorage, f32_storage, strided, take};
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::{DType, Layout, Result};
 use half::f16;
@@ -12,11 +12,12 @@ const PAR_MIN: usize = 1 << 15;
 /// `op(x)` for every element.
 pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
     let x = strided(s.f32s(op.name())?, l);
-    let out = if x.len() >= PAR_MIN {
-        x.par_iter().map(|&v| op.apply(v)).collect()
+    let mut out = take(x.len());
+    if x.len() >= PAR_MIN {
+        out.par_extend(x.par_iter().map(|&v| op.apply(v)));
     } else {
-        x.iter().map(|&v| op.apply(v)).collect()
-    };
+        out.extend(x.iter().map(|&v| op.apply(v)));
+    }
     Ok(f32_storage(out))
 }
 
@@ -30,17 +31,16 @@ pub fn binary(
 ) -> Result<CpuStorage> {
     let x = strided(a.f32s(op.name())?, la);
     let y = strided(b.f32s(op.name())?, lb);
-    let out = if x.len() >= PAR_MIN {
-        x.par_iter()
-            .zip(y.par_iter())
-            .map(|(&p, &q)| op.apply(p, q))
-            .collect()
+    let mut out = take(x.len());
+    if x.len() >= PAR_MIN {
+        out.par_extend(
+            x.par_iter()
+                .zip(y.par_iter())
+                .map(|(&p, &q)| op.apply(p, q)),
+        );
     } else {
-        x.iter()
-            .zip(y.iter())
-            .map(|(&p, &q)| op.apply(p, q))
-            .collect()
-    };
+        out.extend(x.iter().zip(y.iter()).map(|(&p, &q)| op.apply(p, q)));
+    }
     Ok(f32_storage(out))
 }
 
@@ -86,7 +86,7 @@ pub fn cast(s: &CpuStorage, l: &Layout, to: DType) -> Result<CpuStorage> {
         (CpuStorage::I32(v), DType::U32) => {
             CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o] as u32).collect()))
         }
-        (_, DType::F32) => CpuStorage::F32(Arc::new(as_f32)),
+        (_, DType::F32) => f32_storage(as_f32),
         (_, DType::F16) => {
             CpuStorage::F16(Arc::new(as_f32.iter().map(|&x| f16::from_f32(x)).collect()))
         }

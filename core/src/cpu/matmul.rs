@@ -1,8 +1,9 @@
 //! Batched matmul on the Cpu through the `gemm` crate (packed, SIMD, multithreaded), which takes
 //! arbitrary row and column strides, so transposed views are read in place.
 
-use super::{CpuStorage, f32_storage};
+use super::{CpuStorage, f32_storage, zeros};
 use crate::{Layout, Result};
+use rayon::prelude::*;
 
 /// `a @ b` for layouts `[batch.., m, k]` and `[batch.., k, n]` with one batch shape (strides may be 0).
 pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<CpuStorage> {
@@ -11,7 +12,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch = Layout::contiguous(&la.shape()[..r - 2]);
     let nb = batch.numel();
-    let mut out = vec![0f32; nb * m * n];
+    let mut out = zeros(nb * m * n);
     let (ars, acs) = (la.strides()[r - 2] as isize, la.strides()[r - 1] as isize);
     let (brs, bcs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
     // Offsets of each batch's matrix in a and b.
@@ -28,13 +29,8 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     if m * n * k == 0 {
         return Ok(f32_storage(out));
     }
-    let threads = if m * n * k >= 1 << 18 {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
-    for i in 0..nb {
-        let dst = &mut out[i * m * n..(i + 1) * m * n];
+    let work = m * n * k;
+    let one = |i: usize, dst: &mut [f32], par: gemm::Parallelism| {
         // SAFETY: every pointer plus its strides stays inside its slice: the layouts were checked
         // against the storage when the tensors were made, and dst is exactly m*n row-major.
         unsafe {
@@ -57,12 +53,24 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
                 false,
                 false,
                 false,
-                if threads > 1 {
-                    gemm::Parallelism::Rayon(threads)
-                } else {
-                    gemm::Parallelism::None
-                },
-            );
+                par,
+            )
+        }
+    };
+    let threads = rayon::current_num_threads();
+    if nb >= threads && threads > 1 && work >= 1 << 15 {
+        // Enough matrices to keep every core busy: one single-threaded gemm per batch entry.
+        out.par_chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(i, dst)| one(i, dst, gemm::Parallelism::None));
+    } else {
+        let par = if work >= 1 << 18 && threads > 1 {
+            gemm::Parallelism::Rayon(threads)
+        } else {
+            gemm::Parallelism::None
+        };
+        for (i, dst) in out.chunks_mut(m * n).enumerate() {
+            one(i, dst, par);
         }
     }
     Ok(f32_storage(out))

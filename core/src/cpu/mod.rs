@@ -5,12 +5,14 @@ mod elementwise;
 mod index;
 mod matmul;
 mod norm;
+mod pool;
 mod reduce;
 
 pub use elementwise::{binary, cast, copy_into, rand_uniform, unary, where_cond};
 pub use index::{gather, index_add, index_select, scatter_add};
 pub use matmul::matmul;
 pub use norm::{layer_norm, softmax};
+pub use pool::HostBuf;
 pub use reduce::reduce;
 
 use crate::{DType, Error, Layout, Result};
@@ -20,7 +22,7 @@ use std::sync::Arc;
 /// Host memory of one tensor. Cheap to clone (the data is shared).
 #[derive(Debug, Clone)]
 pub enum CpuStorage {
-    F32(Arc<Vec<f32>>),
+    F32(Arc<HostBuf>),
     F16(Arc<Vec<f16>>),
     U32(Arc<Vec<u32>>),
     I32(Arc<Vec<i32>>),
@@ -73,7 +75,7 @@ impl CpuStorage {
         // Safe casts: T's DTYPE tells which variant the bytes belong to.
         let bytes: Vec<u8> = bytemuck::cast_slice(&data).to_vec();
         match T::DTYPE {
-            DType::F32 => CpuStorage::F32(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
+            DType::F32 => f32_storage(bytemuck::pod_collect_to_vec(&bytes)),
             DType::F16 => CpuStorage::F16(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
             DType::U32 => CpuStorage::U32(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
             DType::I32 => CpuStorage::I32(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
@@ -83,7 +85,7 @@ impl CpuStorage {
     /// The raw bytes of the whole storage.
     pub fn bytes(&self) -> &[u8] {
         match self {
-            CpuStorage::F32(v) => bytemuck::cast_slice(v),
+            CpuStorage::F32(v) => bytemuck::cast_slice(v.as_slice()),
             CpuStorage::F16(v) => bytemuck::cast_slice(v),
             CpuStorage::U32(v) => bytemuck::cast_slice(v),
             CpuStorage::I32(v) => bytemuck::cast_slice(v),
@@ -93,7 +95,7 @@ impl CpuStorage {
     /// Build from raw bytes of a given dtype.
     pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Self {
         match dtype {
-            DType::F32 => CpuStorage::F32(Arc::new(bytemuck::pod_collect_to_vec(bytes))),
+            DType::F32 => f32_storage(bytemuck::pod_collect_to_vec(bytes)),
             DType::F16 => CpuStorage::F16(Arc::new(bytemuck::pod_collect_to_vec(bytes))),
             DType::U32 => CpuStorage::U32(Arc::new(bytemuck::pod_collect_to_vec(bytes))),
             DType::I32 => CpuStorage::I32(Arc::new(bytemuck::pod_collect_to_vec(bytes))),
@@ -127,5 +129,7 @@ pub(crate) fn strided<'a>(data: &'a [f32], layout: &Layout) -> std::borrow::Cow<
 
 /// Wrap an f32 result.
 pub(crate) fn f32_storage(v: Vec<f32>) -> CpuStorage {
-    CpuStorage::F32(Arc::new(v))
+    CpuStorage::F32(Arc::new(HostBuf::new(v)))
 }
+
+pub(crate) use pool::{take, zeros};

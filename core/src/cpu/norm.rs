@@ -1,6 +1,6 @@
 //! Row-wise ops over the last axis on the Cpu: softmax, log-softmax, layer norm.
 
-use super::{CpuStorage, f32_storage, strided};
+use super::{CpuStorage, f32_storage, strided, zeros};
 use crate::{Layout, Result};
 use rayon::prelude::*;
 
@@ -8,7 +8,7 @@ use rayon::prelude::*;
 pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
     let x = strided(s.f32s("softmax")?, l);
     let n = *l.shape().last().unwrap_or(&1);
-    let mut out = vec![0f32; x.len()];
+    let mut out = zeros(x.len());
     if n == 0 {
         return Ok(f32_storage(out));
     }
@@ -43,7 +43,7 @@ pub fn layer_norm(
     let g = strided(gamma.f32s("layer_norm")?, lg);
     let b = strided(beta.f32s("layer_norm")?, lb);
     let n = *l.shape().last().unwrap_or(&1);
-    let mut out = vec![0f32; x.len()];
+    let mut out = zeros(x.len());
     if n == 0 {
         return Ok(f32_storage(out));
     }

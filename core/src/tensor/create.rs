@@ -71,7 +71,11 @@ impl Tensor {
     pub fn full(v: f32, shape: &[usize], device: &Device) -> Result<Tensor> {
         let n: usize = shape.iter().product();
         let storage = match device {
-            Device::Cpu => Storage::Cpu(CpuStorage::F32(std::sync::Arc::new(vec![v; n]))),
+            Device::Cpu => {
+                let mut buf = crate::cpu::take(n);
+                buf.resize(n, v);
+                Storage::Cpu(crate::cpu::f32_storage(buf))
+            }
             Device::Gpu(ctx) => Storage::Gpu(gpu::fill(ctx, n, v.to_bits())?),
             Device::Meta => Storage::Meta,
         };
