@@ -60,6 +60,43 @@ pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Dim
     Ok(out)
 }
 
+/// Merge adjacent axes that every operand walks as one run, and drop size-1 axes: elementwise
+/// kernels then loop over as few axes as possible (a contiguous tensor becomes one axis).
+/// `strides` holds one stride list per operand, all of `shape`'s rank.
+pub fn coalesce(shape: &[usize], strides: &[&[usize]]) -> (Dims, Vec<Dims>) {
+    let mut out_shape: Dims = SmallVec::new();
+    let mut out_strides: Vec<Dims> = vec![SmallVec::new(); strides.len()];
+    for axis in 0..shape.len() {
+        let d = shape[axis];
+        if d == 1 {
+            continue;
+        }
+        let mergeable = !out_shape.is_empty()
+            && strides
+                .iter()
+                .zip(&out_strides)
+                .all(|(s, o)| *o.last().unwrap() == s[axis] * d);
+        if mergeable {
+            *out_shape.last_mut().unwrap() *= d;
+            for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
+                *o.last_mut().unwrap() = s[axis];
+            }
+        } else {
+            out_shape.push(d);
+            for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
+                o.push(s[axis]);
+            }
+        }
+    }
+    if out_shape.is_empty() {
+        out_shape.push(1);
+        for o in out_strides.iter_mut() {
+            o.push(1);
+        }
+    }
+    (out_shape, out_strides)
+}
+
 /// Resolve a possibly negative axis against a rank.
 pub fn resolve_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize> {
     let r = rank as isize;
@@ -405,6 +442,19 @@ mod tests {
             s.offsets().collect::<Vec<_>>(),
             t.offsets().collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn coalesce_merges_runs_shared_by_every_operand() {
+        let (s, st) = coalesce(&[2, 3, 4], &[&[12, 4, 1], &[0, 0, 1]]);
+        assert_eq!(
+            (s.to_vec(), st[0].to_vec(), st[1].to_vec()),
+            (vec![6, 4], vec![4, 1], vec![0, 1])
+        );
+        let (s, st) = coalesce(&[2, 1, 3], &[&[3, 9, 1]]);
+        assert_eq!((s.to_vec(), st[0].to_vec()), (vec![6], vec![1]));
+        let (s, _) = coalesce(&[1, 1], &[&[1, 1]]);
+        assert_eq!(s.to_vec(), vec![1]);
     }
 
     #[test]

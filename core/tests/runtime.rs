@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{gpu, vals};
+use common::{assert_close, gpu, vals};
 use weft_core::{Device, Error, Tensor, Var, no_grad};
 
 /// One SGD step of a 2-layer MLP; returns the loss.
@@ -56,9 +56,9 @@ fn a_thousand_training_steps_leave_gpu_memory_flat() {
 }
 
 #[test]
-fn dispatches_beyond_the_workgroup_limit_are_split() {
+fn large_grids_are_covered() {
     let Some(dev) = gpu() else { return };
-    // 65,537 workgroups of 256: more than the 65,535 one grid dimension allows.
+    // One-dimensional kernels loop over more elements than their grid has invocations.
     let n = 65_537 * 256;
     let y = Tensor::full(1.0, &[n], &dev)
         .unwrap()
@@ -66,6 +66,21 @@ fn dispatches_beyond_the_workgroup_limit_are_split() {
         .unwrap();
     assert_eq!(vals(&y.narrow(0, n - 3, 3).unwrap()), vec![3.0; 3]);
     assert_eq!(vals(&y.narrow(0, 0, 2).unwrap()), vec![3.0; 2]);
+    // One workgroup per row, 65,539 rows: more than one grid dimension allows, so x and y are used.
+    let rows = 65_539;
+    let x = Tensor::arange(0.0, (2 * rows) as f32, 1.0, &dev)
+        .unwrap()
+        .reshape(&[rows, 2])
+        .unwrap();
+    let s = x.softmax(-1).unwrap();
+    let tail = vals(&s.narrow(0, rows - 2, 2).unwrap());
+    let want = 1.0 / (1.0 + 1f32.exp());
+    assert_close(
+        &tail,
+        &[want, 1.0 - want, want, 1.0 - want],
+        1e-6,
+        "softmax of the last rows",
+    );
 }
 
 #[test]

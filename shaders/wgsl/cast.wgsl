@@ -9,10 +9,8 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
-    if (i >= info[0]) {
-        return;
+    for (var i = linear_id(gid, nwg); i < info[0]; i = i + grid_size(nwg)) {
+        let v = x_buf[strided_offset(i, info[1], 3u, 3u + MAX_RANK, info[2])];
+        y_buf[i] = {{CONV}};
     }
-    let v = x_buf[strided_offset(i, info[1], 3u, 3u + MAX_RANK, info[2])];
-    y_buf[i] = {{CONV}};
 }

@@ -7,8 +7,8 @@
 // views are read without a copy.
 //
 // One-dimensional kernels run 256 invocations per workgroup. When a dispatch would need more
-// workgroups than the adapter allows along x, the host spreads them over x and y, and
-// `linear_id` folds the 2-D grid back into one index.
+// workgroups than the adapter allows along x (one workgroup per row, for many rows), the host
+// spreads them over x and y, and `linear_id` folds the 2-D grid back into one index.
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
 
@@ -19,9 +19,20 @@ fn linear_id(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return gid.x + gid.y * nwg.x * WG;
 }
 
+// Invocations in the whole grid. One-dimensional kernels loop `i += grid_size(nwg)`, so a
+// grid of at most 1,024 workgroups covers any size: few workgroups keep the per-workgroup cost
+// low (it is high on lavapipe) and still fill a large GPU.
+fn grid_size(nwg: vec3<u32>) -> u32 {
+    return nwg.x * nwg.y * WG;
+}
+
 // Storage offset of row-major index `i` of a layout whose shape starts at info[shape_at] and
 // whose strides start at info[strides_at].
 fn strided_offset(i: u32, rank: u32, shape_at: u32, strides_at: u32, offset: u32) -> u32 {
+    // The host merges axes first, so contiguous operands arrive with rank 1: no division at all.
+    if (rank == 1u) {
+        return offset + i * info[strides_at];
+    }
     var rem = i;
     var off = offset;
     for (var d = i32(rank) - 1; d >= 0; d = d - 1) {

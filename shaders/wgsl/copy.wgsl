@@ -11,12 +11,10 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
-    if (i >= info[0]) {
-        return;
+    for (var i = linear_id(gid, nwg); i < info[0]; i = i + grid_size(nwg)) {
+        let rank = info[1];
+        let os = strided_offset(i, rank, 4u, 4u + MAX_RANK, info[2]);
+        let od = strided_offset(i, rank, 4u, 4u + 2u * MAX_RANK, info[3]);
+        dst[od] = src[os];
     }
-    let rank = info[1];
-    let os = strided_offset(i, rank, 4u, 4u + MAX_RANK, info[2]);
-    let od = strided_offset(i, rank, 4u, 4u + 2u * MAX_RANK, info[3]);
-    dst[od] = src[os];
 }

@@ -26,19 +26,15 @@ fn fetch(p: u32, id: u32) -> f32 {
 
 @compute @workgroup_size(256)
 fn index_select(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let p = linear_id(gid, nwg);
-    if (p >= info[0]) {
-        return;
+    for (var p = linear_id(gid, nwg); p < info[0]; p = p + grid_size(nwg)) {
+        let j = (p / info[3]) % info[4];
+        out_buf[p] = fetch(p, ids[j]);
     }
-    let j = (p / info[3]) % info[4];
-    out_buf[p] = fetch(p, ids[j]);
 }
 
 @compute @workgroup_size(256)
 fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let p = linear_id(gid, nwg);
-    if (p >= info[0]) {
-        return;
+    for (var p = linear_id(gid, nwg); p < info[0]; p = p + grid_size(nwg)) {
+        out_buf[p] = fetch(p, ids[p]);
     }
-    out_buf[p] = fetch(p, ids[p]);
 }

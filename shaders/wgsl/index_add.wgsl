@@ -36,18 +36,14 @@ fn add_at(p: u32, id: u32) {
 
 @compute @workgroup_size(256)
 fn index_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let p = linear_id(gid, nwg);
-    if (p >= info[0]) {
-        return;
+    for (var p = linear_id(gid, nwg); p < info[0]; p = p + grid_size(nwg)) {
+        add_at(p, ids[(p / info[3]) % info[4]]);
     }
-    add_at(p, ids[(p / info[3]) % info[4]]);
 }
 
 @compute @workgroup_size(256)
 fn scatter_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let p = linear_id(gid, nwg);
-    if (p >= info[0]) {
-        return;
+    for (var p = linear_id(gid, nwg); p < info[0]; p = p + grid_size(nwg)) {
+        add_at(p, ids[p]);
     }
-    add_at(p, ids[p]);
 }

@@ -16,11 +16,9 @@ fn pcg_hash(x: u32) -> u32 {
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
-    if (i >= info[0]) {
-        return;
+    for (var i = linear_id(gid, nwg); i < info[0]; i = i + grid_size(nwg)) {
+        let c = info[2] + i;
+        let h = pcg_hash(c ^ pcg_hash(info[1] + ((c << 16u) | (c >> 16u))));
+        out_buf[i] = f32(h >> 8u) * (1.0 / 16777216.0);
     }
-    let c = info[2] + i;
-    let h = pcg_hash(c ^ pcg_hash(info[1] + ((c << 16u) | (c >> 16u))));
-    out_buf[i] = f32(h >> 8u) * (1.0 / 16777216.0);
 }

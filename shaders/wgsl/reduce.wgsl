@@ -81,17 +81,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 @compute @workgroup_size(256)
 fn main_small(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let o = linear_id(gid, nwg);
-    if (o >= info[0]) {
-        return;
+    for (var o = linear_id(gid, nwg); o < info[0]; o = o + grid_size(nwg)) {
+        let base = base_of(o);
+        var acc = {{INIT}};
+        var ai = 0u;
+        for (var r = 0u; r < info[1]; r = r + 1u) {
+            let c = combine(acc, ai, elem(base, r), r);
+            acc = c.v;
+            ai = c.i;
+        }
+        store(o, acc, ai);
     }
-    let base = base_of(o);
-    var acc = {{INIT}};
-    var ai = 0u;
-    for (var r = 0u; r < info[1]; r = r + 1u) {
-        let c = combine(acc, ai, elem(base, r), r);
-        acc = c.v;
-        ai = c.i;
-    }
-    store(o, acc, ai);
 }

@@ -15,11 +15,9 @@ fn op(x: f32, p0: f32, p1: f32) -> f32 {
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
-    if (i >= info[0]) {
-        return;
+    for (var i = linear_id(gid, nwg); i < info[0]; i = i + grid_size(nwg)) {
+        let rank = info[1];
+        let off = strided_offset(i, rank, 5u, 5u + MAX_RANK, info[2]);
+        y_buf[i] = op(x_buf[off], param(3u), param(4u));
     }
-    let rank = info[1];
-    let off = strided_offset(i, rank, 5u, 5u + MAX_RANK, info[2]);
-    y_buf[i] = op(x_buf[off], param(3u), param(4u));
 }

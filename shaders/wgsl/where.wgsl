@@ -11,13 +11,11 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = linear_id(gid, nwg);
-    if (i >= info[0]) {
-        return;
+    for (var i = linear_id(gid, nwg); i < info[0]; i = i + grid_size(nwg)) {
+        let rank = info[1];
+        let om = strided_offset(i, rank, 5u, 5u + MAX_RANK, info[2]);
+        let oa = strided_offset(i, rank, 5u, 5u + 2u * MAX_RANK, info[3]);
+        let ob = strided_offset(i, rank, 5u, 5u + 3u * MAX_RANK, info[4]);
+        out_buf[i] = select(b_buf[ob], a_buf[oa], m_buf[om] != 0.0);
     }
-    let rank = info[1];
-    let om = strided_offset(i, rank, 5u, 5u + MAX_RANK, info[2]);
-    let oa = strided_offset(i, rank, 5u, 5u + 2u * MAX_RANK, info[3]);
-    let ob = strided_offset(i, rank, 5u, 5u + 3u * MAX_RANK, info[4]);
-    out_buf[i] = select(b_buf[ob], a_buf[oa], m_buf[om] != 0.0);
 }

@@ -1,22 +1,111 @@
 //! Elementwise ops on the Cpu: read any layout, write a contiguous result.
+//!
+//! Operands are first coalesced (`layout::coalesce`) so most tensors become one or two axes;
+//! the work is then a loop over rows, each a tight loop over the last axis with its own stride
+//! per operand (1 for contiguous data, 0 for a broadcast value). The op is matched once, outside
+//! the loops, so each loop is compiled for one op.
 
-use super::{CpuStorage, f32_storage, strided, take};
+use super::{CpuStorage, f32_storage, take};
+use crate::layout::coalesce;
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::{DType, Layout, Result};
 use half::f16;
 use rayon::prelude::*;
 use std::sync::Arc;
 
-const PAR_MIN: usize = 1 << 15;
+/// Rows per parallel task are sized so each task has about this many elements.
+const PAR_CHUNK: usize = 1 << 15;
+
+/// The row structure of coalesced operands: row length, per-operand start offset of each row,
+/// and per-operand stride along a row.
+struct Rows {
+    len: usize,
+    starts: Vec<Vec<usize>>,
+    steps: Vec<usize>,
+}
+
+fn rows(layouts: &[&Layout]) -> Rows {
+    let strides: Vec<&[usize]> = layouts.iter().map(|l| l.strides()).collect();
+    let (shape, st) = coalesce(layouts[0].shape(), &strides);
+    let r = shape.len();
+    let starts = layouts
+        .iter()
+        .zip(&st)
+        .map(|(l, s)| {
+            Layout::new(shape[..r - 1].into(), s[..r - 1].into(), l.offset())
+                .offsets()
+                .collect()
+        })
+        .collect();
+    Rows {
+        len: shape[r - 1],
+        starts,
+        steps: st.iter().map(|s| s[r - 1]).collect(),
+    }
+}
+
+/// Fill `out` (row-major, `rows.len` per row) with `f` of the operands, in parallel over rows.
+fn run<const N: usize>(
+    out: &mut Vec<f32>,
+    numel: usize,
+    rows: &Rows,
+    data: [&[f32]; N],
+    f: impl Fn([f32; N]) -> f32 + Sync,
+) {
+    out.resize(numel, 0.0);
+    let n = rows.len;
+    if n == 0 || numel == 0 {
+        return;
+    }
+    let row = |(i, o): (usize, &mut [f32])| {
+        let base: [usize; N] = std::array::from_fn(|k| rows.starts[k][i]);
+        if rows.steps.iter().all(|&s| s == 1) {
+            for (j, o) in o.iter_mut().enumerate() {
+                *o = f(std::array::from_fn(|k| data[k][base[k] + j]));
+            }
+        } else {
+            for (j, o) in o.iter_mut().enumerate() {
+                *o = f(std::array::from_fn(|k| {
+                    data[k][base[k] + j * rows.steps[k]]
+                }));
+            }
+        }
+    };
+    if numel >= 2 * PAR_CHUNK {
+        let per_task = (PAR_CHUNK / n).max(1) * n;
+        out.par_chunks_mut(per_task)
+            .enumerate()
+            .for_each(|(t, chunk)| {
+                let first = t * per_task / n;
+                chunk
+                    .chunks_mut(n)
+                    .enumerate()
+                    .for_each(|(i, o)| row((first + i, o)));
+            });
+    } else {
+        out.chunks_mut(n).enumerate().for_each(row);
+    }
+}
 
 /// `op(x)` for every element.
 pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
-    let x = strided(s.f32s(op.name())?, l);
-    let mut out = take(x.len());
-    if x.len() >= PAR_MIN {
-        out.par_extend(x.par_iter().map(|&v| op.apply(v)));
-    } else {
-        out.extend(x.iter().map(|&v| op.apply(v)));
+    let x = s.f32s(op.name())?;
+    let r = rows(&[l]);
+    let mut out = take(l.numel());
+    macro_rules! go {
+        ($f:expr) => {
+            run(&mut out, l.numel(), &r, [x], |[v]| $f(v))
+        };
+    }
+    // Matching here, outside the loop, compiles one loop per op.
+    match op {
+        UnaryOp::Identity => go!(|v: f32| v),
+        UnaryOp::Neg => go!(|v: f32| -v),
+        UnaryOp::Relu => go!(|v: f32| v.max(0.0)),
+        UnaryOp::Square => go!(|v: f32| v * v),
+        UnaryOp::Exp => go!(|v: f32| v.exp()),
+        UnaryOp::Affine { mul, add } => go!(|v: f32| v * mul + add),
+        other => go!(|v: f32| other.apply(v)),
     }
     Ok(f32_storage(out))
 }
@@ -29,17 +118,20 @@ pub fn binary(
     b: &CpuStorage,
     lb: &Layout,
 ) -> Result<CpuStorage> {
-    let x = strided(a.f32s(op.name())?, la);
-    let y = strided(b.f32s(op.name())?, lb);
-    let mut out = take(x.len());
-    if x.len() >= PAR_MIN {
-        out.par_extend(
-            x.par_iter()
-                .zip(y.par_iter())
-                .map(|(&p, &q)| op.apply(p, q)),
-        );
-    } else {
-        out.extend(x.iter().zip(y.iter()).map(|(&p, &q)| op.apply(p, q)));
+    let (x, y) = (a.f32s(op.name())?, b.f32s(op.name())?);
+    let r = rows(&[la, lb]);
+    let mut out = take(la.numel());
+    macro_rules! go {
+        ($f:expr) => {
+            run(&mut out, la.numel(), &r, [x, y], |[p, q]| $f(p, q))
+        };
+    }
+    match op {
+        BinaryOp::Add => go!(|p: f32, q: f32| p + q),
+        BinaryOp::Sub => go!(|p: f32, q: f32| p - q),
+        BinaryOp::Mul => go!(|p: f32, q: f32| p * q),
+        BinaryOp::Div => go!(|p: f32, q: f32| p / q),
+        other => go!(|p: f32, q: f32| other.apply(p, q)),
     }
     Ok(f32_storage(out))
 }
@@ -53,15 +145,21 @@ pub fn where_cond(
     b: &CpuStorage,
     lb: &Layout,
 ) -> Result<CpuStorage> {
-    let m = strided(m.f32s("where_cond")?, lm);
-    let x = strided(a.f32s("where_cond")?, la);
-    let y = strided(b.f32s("where_cond")?, lb);
-    Ok(f32_storage(
-        m.iter()
-            .zip(x.iter().zip(y.iter()))
-            .map(|(&c, (&p, &q))| if c != 0.0 { p } else { q })
-            .collect(),
-    ))
+    let d = [
+        m.f32s("where_cond")?,
+        a.f32s("where_cond")?,
+        b.f32s("where_cond")?,
+    ];
+    let r = rows(&[lm, la, lb]);
+    let mut out = take(la.numel());
+    run(
+        &mut out,
+        la.numel(),
+        &r,
+        d,
+        |[c, p, q]| if c != 0.0 { p } else { q },
+    );
+    Ok(f32_storage(out))
 }
 
 /// Convert to another dtype (f32 <-> f16 rounds to nearest; float -> integer truncates toward zero).

@@ -14,6 +14,10 @@ use std::sync::{Arc, Mutex};
 /// Dispatches recorded before a submit.
 const FLUSH_EVERY: usize = 64;
 
+/// Workgroups of a one-dimensional kernel: 262,144 invocations fill the largest GPUs, and few
+/// workgroups keep lavapipe's per-workgroup cost (it runs them as CPU tasks) negligible.
+const MAX_1D_GROUPS: usize = 1024;
+
 struct Recorded {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: wgpu::BindGroup,
@@ -268,9 +272,10 @@ impl GpuContext {
         Ok(())
     }
 
-    /// A grid of 256-wide workgroups covering `n` invocations, spread over x and y when needed.
+    /// The grid of a one-dimensional kernel over `n` elements: 256-wide workgroups, at most
+    /// `MAX_1D_GROUPS` of them; the kernels loop over the rest (`grid_size` in common.wgsl).
     pub(crate) fn grid_1d(&self, n: usize) -> [u32; 3] {
-        self.grid_for(n.div_ceil(256))
+        self.grid_for(n.div_ceil(256).min(MAX_1D_GROUPS))
     }
 
     /// A grid of `groups` workgroups, spread over x and y when x alone would exceed the limit.

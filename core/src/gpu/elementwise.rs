@@ -1,24 +1,39 @@
 //! Launchers for the one-invocation-per-element kernels: unary, binary, where, copy, cast, fill, rand.
 
 use super::{GpuContext, GpuStorage, check_rank, push_dims};
+use crate::layout::coalesce;
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
 use std::sync::Arc;
+
+/// `head` (`[numel, rank, offsets.., params..]`) followed by the coalesced shape and each
+/// operand's strides, padded to MAX_RANK: the `info` of the one-invocation-per-element kernels.
+fn strided_info(mut head: Vec<u32>, layouts: &[&Layout]) -> Vec<u32> {
+    let strides: Vec<&[usize]> = layouts.iter().map(|l| l.strides()).collect();
+    let (shape, st) = coalesce(layouts[0].shape(), &strides);
+    head[1] = shape.len() as u32;
+    push_dims(&mut head, &shape, 1);
+    for s in &st {
+        push_dims(&mut head, s, 0);
+    }
+    head
+}
 
 /// `op(x)`, contiguous output.
 pub fn unary(op: UnaryOp, s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
     check_rank(op.name(), l)?;
     let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?;
     let [p0, p1] = op.params();
-    let mut info = vec![
-        l.numel() as u32,
-        l.rank() as u32,
-        l.offset() as u32,
-        p0.to_bits(),
-        p1.to_bits(),
-    ];
-    push_dims(&mut info, l.shape(), 1);
-    push_dims(&mut info, l.strides(), 0);
+    let info = strided_info(
+        vec![
+            l.numel() as u32,
+            0,
+            l.offset() as u32,
+            p0.to_bits(),
+            p1.to_bits(),
+        ],
+        &[l],
+    );
     let kernel = format!("unary/{}", op.name());
     s.ctx.dispatch(
         &kernel,
@@ -40,15 +55,10 @@ pub fn binary(
 ) -> Result<GpuStorage> {
     check_rank(op.name(), la)?;
     let out = GpuStorage::alloc(&a.ctx, la.numel(), DType::F32)?;
-    let mut info = vec![
-        la.numel() as u32,
-        la.rank() as u32,
-        la.offset() as u32,
-        lb.offset() as u32,
-    ];
-    push_dims(&mut info, la.shape(), 1);
-    push_dims(&mut info, la.strides(), 0);
-    push_dims(&mut info, lb.strides(), 0);
+    let info = strided_info(
+        vec![la.numel() as u32, 0, la.offset() as u32, lb.offset() as u32],
+        &[la, lb],
+    );
     let kernel = format!("binary/{}", op.name());
     a.ctx.dispatch(
         &kernel,
@@ -71,17 +81,14 @@ pub fn where_cond(
 ) -> Result<GpuStorage> {
     check_rank("where_cond", la)?;
     let out = GpuStorage::alloc(&a.ctx, la.numel(), DType::F32)?;
-    let mut info = vec![
+    let head = vec![
         la.numel() as u32,
-        la.rank() as u32,
+        0,
         lm.offset() as u32,
         la.offset() as u32,
         lb.offset() as u32,
     ];
-    push_dims(&mut info, la.shape(), 1);
-    for l in [lm, la, lb] {
-        push_dims(&mut info, l.strides(), 0);
-    }
+    let info = strided_info(head, &[lm, la, lb]);
     a.ctx.dispatch(
         "where",
         "main",
@@ -95,15 +102,10 @@ pub fn where_cond(
 /// Copy the 32-bit elements of `src` (layout `ls`) to the positions of `ld` in `dst`.
 pub fn copy_into(src: &GpuStorage, ls: &Layout, dst: &GpuStorage, ld: &Layout) -> Result<()> {
     check_rank("copy", ls)?;
-    let mut info = vec![
-        ls.numel() as u32,
-        ls.rank() as u32,
-        ls.offset() as u32,
-        ld.offset() as u32,
-    ];
-    push_dims(&mut info, ls.shape(), 1);
-    push_dims(&mut info, ls.strides(), 0);
-    push_dims(&mut info, ld.strides(), 0);
+    let info = strided_info(
+        vec![ls.numel() as u32, 0, ls.offset() as u32, ld.offset() as u32],
+        &[ls, ld],
+    );
     src.ctx.dispatch(
         "copy",
         "main",
