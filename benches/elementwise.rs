@@ -14,21 +14,9 @@ fn main() -> Result<()> {
         let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || a.add(&b).map(drop))?;
         // Read a, write the result (b is 16 KiB and stays in cache).
         let bytes = 2.0 * (n * n * 4) as f64;
-        common::report(
-            "broadcast_add",
-            &dev,
-            "4096x4096+4096",
-            bytes / secs / 1e9,
-            "GB/s",
-        );
+        common::report("broadcast_add", &dev, "4096x4096+4096", bytes / secs / 1e9, "GB/s");
         let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || a.mul(&a).map(drop))?;
-        common::report(
-            "mul_same_shape",
-            &dev,
-            "4096x4096",
-            3.0 * (n * n * 4) as f64 / secs / 1e9,
-            "GB/s",
-        );
+        common::report("mul_same_shape", &dev, "4096x4096", 3.0 * (n * n * 4) as f64 / secs / 1e9, "GB/s");
     }
     Ok(())
 }

@@ -8,11 +8,7 @@ use std::time::Duration;
 use weft::prelude::*;
 
 fn gflops(dev: &Device, batch: usize, n: usize) -> Result<f64> {
-    let shape: Vec<usize> = if batch > 1 {
-        vec![batch, n, n]
-    } else {
-        vec![n, n]
-    };
+    let shape: Vec<usize> = if batch > 1 { vec![batch, n, n] } else { vec![n, n] };
     let a = Tensor::rand(-1.0, 1.0, &shape, 1, dev)?;
     let b = Tensor::rand(-1.0, 1.0, &shape, 2, dev)?;
     let secs = common::time_per_call(dev, Duration::from_secs(2), 1, || a.matmul(&b).map(drop))?;
@@ -25,32 +21,19 @@ fn main() -> Result<()> {
             // The adapter's own limit: a kernel of nothing but independent multiply-adds.
             let peak = weft::core::gpu::fma_peak(ctx)?;
             common::report("fma_peak", &dev, "-", peak / 1e9, "GFLOP/s");
-            let ranking: Vec<&str> = weft::core::gpu::matmul_ranking(ctx)?
-                .iter()
-                .map(|v| v.kernel)
-                .collect();
+            let ranking: Vec<&str> = weft::core::gpu::matmul_ranking(ctx)?.iter().map(|v| v.kernel).collect();
             eprintln!("{}: matmul autotune ranking {ranking:?}", dev.describe());
             for v in weft::core::gpu::MATMUL_VARIANTS {
                 let forced = Device::gpu(ctx.adapter_index())?;
                 if let Device::Gpu(c) = &forced {
                     c.force_matmul(v.kernel)?;
                 }
-                common::report(
-                    &format!("matmul[{}]", v.kernel),
-                    &forced,
-                    "1024",
-                    gflops(&forced, 1, 1024)?,
-                    "GFLOP/s",
-                );
+                common::report(&format!("matmul[{}]", v.kernel), &forced, "1024", gflops(&forced, 1, 1024)?, "GFLOP/s");
             }
         }
-        for (label, batch, n) in [
-            ("256", 1, 256),
-            ("512", 1, 512),
-            ("1024", 1, 1024),
-            ("2048", 1, 2048),
-            ("16x256x256x256", 16, 256),
-        ] {
+        for (label, batch, n) in
+            [("256", 1, 256), ("512", 1, 512), ("1024", 1, 1024), ("2048", 1, 2048), ("16x256x256x256", 16, 256)]
+        {
             common::report("matmul", &dev, label, gflops(&dev, batch, n)?, "GFLOP/s");
         }
     }

@@ -9,11 +9,7 @@ use weft::prelude::*;
 pub fn devices() -> Vec<Device> {
     let filter = std::env::var("WEFT_BENCH_DEVICES").ok();
     let mut out = Vec::new();
-    let wanted = |name: &str| {
-        filter
-            .as_deref()
-            .is_none_or(|f| f.split(',').any(|x| x.trim() == name))
-    };
+    let wanted = |name: &str| filter.as_deref().is_none_or(|f| f.split(',').any(|x| x.trim() == name));
     if wanted("cpu") {
         out.push(Device::Cpu);
     }

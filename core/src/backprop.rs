@@ -218,10 +218,7 @@ impl Tensor {
     /// ```
     pub fn backward(&self) -> Result<GradStore> {
         if self.numel() != 1 {
-            return Err(Error::invalid(
-                "backward",
-                format!("needs a one-element loss, got shape {:?}", self.dims()),
-            ));
+            return Err(Error::invalid("backward", format!("needs a one-element loss, got shape {:?}", self.dims())));
         }
         let seed = Tensor::ones(self.dims(), self.device())?;
         self.backward_with(seed)
@@ -230,11 +227,7 @@ impl Tensor {
     /// Backward from this tensor with a given output gradient of its shape.
     pub fn backward_with(&self, grad: Tensor) -> Result<GradStore> {
         if grad.dims() != self.dims() {
-            return Err(Error::ShapeMismatch {
-                op: "backward",
-                lhs: self.dims().to_vec(),
-                rhs: grad.dims().to_vec(),
-            });
+            return Err(Error::ShapeMismatch { op: "backward", lhs: self.dims().to_vec(), rhs: grad.dims().to_vec() });
         }
         no_grad(|| {
             let mut store = GradStore::default();
@@ -303,22 +296,12 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
                     let t = inner.tanh()?;
                     let left = t.affine(0.5, 0.5)?;
                     let dinner = x2.affine(3.0 * 0.044715 * C, C)?;
-                    let right = x
-                        .mul(&t.square()?.affine(-1.0, 1.0)?)?
-                        .mul(&dinner)?
-                        .mul_scalar(0.5)?;
+                    let right = x.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&dinner)?.mul_scalar(0.5)?;
                     g.mul(&left.add(&right)?)?
                 }
                 U::GeluErf => {
-                    let cdf = x
-                        .mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?
-                        .erf()?
-                        .affine(0.5, 0.5)?;
-                    let pdf = x
-                        .square()?
-                        .mul_scalar(-0.5)?
-                        .exp()?
-                        .mul_scalar(0.398_942_3)?;
+                    let cdf = x.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?;
+                    let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(0.398_942_3)?;
                     g.mul(&cdf.add(&x.mul(&pdf)?)?)?
                 }
                 U::Silu => {
@@ -328,18 +311,11 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
                 U::Sin => g.mul(&x.cos()?)?,
                 U::Cos => g.mul(&x.sin()?)?.neg()?,
                 U::Step | U::Sign => return Ok(vec![None]),
-                U::Erf => g.mul(
-                    &x.square()?
-                        .neg()?
-                        .exp()?
-                        .mul_scalar(std::f32::consts::FRAC_2_SQRT_PI)?,
-                )?,
+                U::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f32::consts::FRAC_2_SQRT_PI)?)?,
                 U::Affine { mul, .. } => g.mul_scalar(mul)?,
                 U::Powf(e) => g.mul(&x.powf(e - 1.0)?)?.mul_scalar(e)?,
                 U::Clamp { lo, hi } => {
-                    let inside = x
-                        .cmp_scalar(BinaryOp::Ge, lo)?
-                        .mul(&x.cmp_scalar(BinaryOp::Le, hi)?)?;
+                    let inside = x.cmp_scalar(BinaryOp::Ge, lo)?.mul(&x.cmp_scalar(BinaryOp::Le, hi)?)?;
                     g.mul(&inside)?
                 }
             };
@@ -357,15 +333,8 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
             }
             BinaryOp::Maximum | BinaryOp::Minimum => {
                 // Ties send the gradient to the left operand.
-                let pick_a = if *op == BinaryOp::Maximum {
-                    a.ge(b)?
-                } else {
-                    a.le(b)?
-                };
-                vec![
-                    Some(g.mul(&pick_a)?),
-                    Some(g.mul(&pick_a.affine(-1.0, 1.0)?)?),
-                ]
+                let pick_a = if *op == BinaryOp::Maximum { a.ge(b)? } else { a.le(b)? };
+                vec![Some(g.mul(&pick_a)?), Some(g.mul(&pick_a.affine(-1.0, 1.0)?)?)]
             }
             _ => vec![None, None],
         },
@@ -411,11 +380,7 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
             vec![Some(Tensor::concat(&parts, *axis as isize)?)]
         }
         // Only f32 sources take a gradient: integers have none, and f16 is a storage type here.
-        Op::Cast(x) => vec![if x.dtype() == DType::F32 {
-            Some(g.to_dtype(DType::F32)?)
-        } else {
-            None
-        }],
+        Op::Cast(x) => vec![if x.dtype() == DType::F32 { Some(g.to_dtype(DType::F32)?) } else { None }],
         Op::ToDevice(x) => vec![Some(g.to_device(x.device())?)],
         Op::Softmax(_) => {
             let s = g.mul(out)?.sum(&[-1], true)?;
@@ -456,19 +421,12 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
         }
         Op::Where(m, _, _) => {
             let zero = Tensor::scalar(0.0, g.device())?;
-            vec![
-                None,
-                Some(Tensor::where_cond(m, g, &zero)?),
-                Some(Tensor::where_cond(m, &zero, g)?),
-            ]
+            vec![None, Some(Tensor::where_cond(m, g, &zero)?), Some(Tensor::where_cond(m, &zero, g)?)]
         }
         Op::Custom { backward, .. } => backward(g)?,
     })
 }
 
 fn reduced_axes(x: &Tensor, out: &Tensor) -> Vec<isize> {
-    (0..x.rank())
-        .filter(|&a| x.dims()[a] != out.dims()[a])
-        .map(|a| a as isize)
-        .collect()
+    (0..x.rank()).filter(|&a| x.dims()[a] != out.dims()[a]).map(|a| a as isize).collect()
 }

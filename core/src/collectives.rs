@@ -30,13 +30,7 @@ pub trait Collectives: Send + Sync {
     /// Every rank gets all ranks' `x` joined along `axis` in rank order (sizes along `axis` may differ).
     fn all_gather(&self, x: &Tensor, axis: usize) -> Result<Tensor>;
     /// Reduce all ranks' `x`, then give rank r the part `sizes[r]` of it along `axis`.
-    fn reduce_scatter(
-        &self,
-        x: &Tensor,
-        axis: usize,
-        sizes: &[usize],
-        kind: ReduceKind,
-    ) -> Result<Tensor>;
+    fn reduce_scatter(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor>;
     /// Every rank gets rank `root`'s `x`.
     fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor>;
     /// Wait until every rank arrives.
@@ -60,13 +54,7 @@ impl Collectives for SingleRank {
     fn all_gather(&self, x: &Tensor, _axis: usize) -> Result<Tensor> {
         Ok(x.clone())
     }
-    fn reduce_scatter(
-        &self,
-        x: &Tensor,
-        axis: usize,
-        sizes: &[usize],
-        _kind: ReduceKind,
-    ) -> Result<Tensor> {
+    fn reduce_scatter(&self, x: &Tensor, axis: usize, sizes: &[usize], _kind: ReduceKind) -> Result<Tensor> {
         if sizes.len() != 1 || x.dims().get(axis) != sizes.first() {
             return Err(Error::Collective(format!(
                 "reduce_scatter: sizes {sizes:?} do not split axis {axis} of {:?} over 1 rank",
@@ -77,9 +65,7 @@ impl Collectives for SingleRank {
     }
     fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor> {
         if root != 0 {
-            return Err(Error::Collective(format!(
-                "broadcast from rank {root} in a group of 1"
-            )));
+            return Err(Error::Collective(format!("broadcast from rank {root} in a group of 1")));
         }
         Ok(x.clone())
     }
@@ -91,20 +77,8 @@ impl Collectives for SingleRank {
 impl Tensor {
     /// `value` recorded as the output of a custom op over `inputs`, whose backward is `backward`.
     /// This is how crates above core add differentiable ops (collectives, fused layers).
-    pub fn from_custom_op(
-        value: &Tensor,
-        name: &'static str,
-        inputs: Vec<Tensor>,
-        backward: BackwardFn,
-    ) -> Tensor {
-        value.view(
-            value.layout().clone(),
-            Op::Custom {
-                name,
-                inputs,
-                backward,
-            },
-        )
+    pub fn from_custom_op(value: &Tensor, name: &'static str, inputs: Vec<Tensor>, backward: BackwardFn) -> Tensor {
+        value.view(value.layout().clone(), Op::Custom { name, inputs, backward })
     }
 }
 
@@ -114,22 +88,10 @@ fn start_of(sizes: &[usize], rank: usize) -> usize {
 }
 
 /// `sizes` must have one entry per rank, and `x` must hold the whole axis (`whole`) or this rank's part.
-fn check_sizes(
-    op: &str,
-    x: &Tensor,
-    axis: usize,
-    sizes: &[usize],
-    comm: &dyn Collectives,
-    whole: bool,
-) -> Result<()> {
+fn check_sizes(op: &str, x: &Tensor, axis: usize, sizes: &[usize], comm: &dyn Collectives, whole: bool) -> Result<()> {
     let ok = sizes.len() == comm.world_size()
         && axis < x.rank()
-        && x.dims()[axis]
-            == if whole {
-                sizes.iter().sum()
-            } else {
-                sizes[comm.rank()]
-            };
+        && x.dims()[axis] == if whole { sizes.iter().sum() } else { sizes[comm.rank()] };
     if !ok {
         return Err(Error::Collective(format!(
             "{op}: sizes {sizes:?} do not split axis {axis} of shape {:?} over {} ranks (this is rank {})",
@@ -157,22 +119,12 @@ pub fn copy_to_parallel(x: &Tensor, comm: Arc<dyn Collectives>) -> Tensor {
 /// partial outputs must be summed.
 pub fn reduce_from_parallel(x: &Tensor, comm: Arc<dyn Collectives>) -> Result<Tensor> {
     let y = crate::no_grad(|| comm.all_reduce(x, ReduceKind::Sum))?;
-    Ok(Tensor::from_custom_op(
-        &y,
-        "reduce_from_parallel",
-        vec![x.clone()],
-        Arc::new(|g| Ok(vec![Some(g.clone())])),
-    ))
+    Ok(Tensor::from_custom_op(&y, "reduce_from_parallel", vec![x.clone()], Arc::new(|g| Ok(vec![Some(g.clone())]))))
 }
 
 /// All-gather forward along `axis` (each rank holding `sizes[rank]` entries), and backward the
 /// slice of the gradient that belongs to this rank.
-pub fn gather_from_parallel(
-    x: &Tensor,
-    comm: Arc<dyn Collectives>,
-    axis: usize,
-    sizes: &[usize],
-) -> Result<Tensor> {
+pub fn gather_from_parallel(x: &Tensor, comm: Arc<dyn Collectives>, axis: usize, sizes: &[usize]) -> Result<Tensor> {
     check_sizes("gather_from_parallel", x, axis, sizes, comm.as_ref(), false)?;
     let y = crate::no_grad(|| comm.all_gather(x, axis))?;
     let (start, len) = (start_of(sizes, comm.rank()), sizes[comm.rank()]);
@@ -185,20 +137,9 @@ pub fn gather_from_parallel(
 }
 
 /// Keep this rank's slice (`sizes[rank]` entries of `axis`) forward; all-gather the gradient backward.
-pub fn scatter_to_parallel(
-    x: &Tensor,
-    comm: Arc<dyn Collectives>,
-    axis: usize,
-    sizes: &[usize],
-) -> Result<Tensor> {
+pub fn scatter_to_parallel(x: &Tensor, comm: Arc<dyn Collectives>, axis: usize, sizes: &[usize]) -> Result<Tensor> {
     check_sizes("scatter_to_parallel", x, axis, sizes, comm.as_ref(), true)?;
-    let y = crate::no_grad(|| {
-        x.narrow(
-            axis as isize,
-            start_of(sizes, comm.rank()),
-            sizes[comm.rank()],
-        )
-    })?;
+    let y = crate::no_grad(|| x.narrow(axis as isize, start_of(sizes, comm.rank()), sizes[comm.rank()]))?;
     let c = comm.clone();
     Ok(Tensor::from_custom_op(
         &y,

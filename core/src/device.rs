@@ -111,8 +111,7 @@ impl Device {
 
     /// A new device on the best adapter, software ones (lavapipe) included.
     pub fn best_gpu() -> Result<Device> {
-        let i =
-            best_adapter(true).ok_or_else(|| Error::NoAdapter("wgpu found no adapter".into()))?;
+        let i = best_adapter(true).ok_or_else(|| Error::NoAdapter("wgpu found no adapter".into()))?;
         Device::gpu(i)
     }
 
@@ -124,10 +123,7 @@ impl Device {
             "gpu" => Device::best_gpu(),
             other => match other.strip_prefix("gpu:").and_then(|n| n.parse().ok()) {
                 Some(n) => Device::gpu(n),
-                None => Err(Error::invalid(
-                    "Device::parse",
-                    format!("{other:?} is not cpu, gpu, gpu:N or meta"),
-                )),
+                None => Err(Error::invalid("Device::parse", format!("{other:?} is not cpu, gpu, gpu:N or meta"))),
             },
         }
     }
@@ -148,19 +144,12 @@ impl Device {
                 let (dev, why) = match std::env::var("WEFT_DEVICE") {
                     Ok(s) => match Device::parse(&s) {
                         Ok(d) => (d, format!("WEFT_DEVICE={s}")),
-                        Err(e) => (
-                            Device::Cpu,
-                            format!("WEFT_DEVICE={s} failed ({e}); falling back"),
-                        ),
+                        Err(e) => (Device::Cpu, format!("WEFT_DEVICE={s} failed ({e}); falling back")),
                     },
                     Err(_) => match best_adapter(false).map(Device::gpu) {
                         Some(Ok(d)) => (d, "best hardware adapter".into()),
                         Some(Err(e)) => (Device::Cpu, format!("the GPU failed to open ({e})")),
-                        None => (
-                            Device::Cpu,
-                            "no hardware GPU adapter; set WEFT_DEVICE=gpu for a software one"
-                                .into(),
-                        ),
+                        None => (Device::Cpu, "no hardware GPU adapter; set WEFT_DEVICE=gpu for a software one".into()),
                     },
                 };
                 eprintln!("weft: using {} ({why})", dev.describe());

@@ -39,20 +39,10 @@ impl Tensor {
         };
         let inputs: Vec<Vec<char>> = lhs.split(',').map(|s| s.chars().collect()).collect();
         if inputs.len() != operands.len() {
-            return Err(err(
-                equation,
-                format!(
-                    "names {} operands but {} were given",
-                    inputs.len(),
-                    operands.len()
-                ),
-            ));
+            return Err(err(equation, format!("names {} operands but {} were given", inputs.len(), operands.len())));
         }
         if eq.contains('.') {
-            return Err(err(
-                equation,
-                "ellipsis (...) is not supported; name every axis",
-            ));
+            return Err(err(equation, "ellipsis (...) is not supported; name every axis"));
         }
         let mut sizes: HashMap<char, usize> = HashMap::new();
         for (letters, t) in inputs.iter().zip(operands) {
@@ -60,22 +50,12 @@ impl Tensor {
                 return Err(err(equation, "axis names must be letters"));
             }
             if letters.len() != t.rank() {
-                return Err(err(
-                    equation,
-                    format!(
-                        "{} letters for an operand of shape {:?}",
-                        letters.len(),
-                        t.dims()
-                    ),
-                ));
+                return Err(err(equation, format!("{} letters for an operand of shape {:?}", letters.len(), t.dims())));
             }
             for (c, &d) in letters.iter().zip(t.dims()) {
                 if let Some(&prev) = sizes.get(c) {
                     if prev != d {
-                        return Err(err(
-                            equation,
-                            format!("axis '{c}' has sizes {prev} and {d}"),
-                        ));
+                        return Err(err(equation, format!("axis '{c}' has sizes {prev} and {d}")));
                     }
                 } else {
                     sizes.insert(*c, d);
@@ -89,13 +69,7 @@ impl Tensor {
                 let mut once: Vec<char> = sizes
                     .keys()
                     .copied()
-                    .filter(|c| {
-                        inputs
-                            .iter()
-                            .map(|l| l.iter().filter(|x| *x == c).count())
-                            .sum::<usize>()
-                            == 1
-                    })
+                    .filter(|c| inputs.iter().map(|l| l.iter().filter(|x| *x == c).count()).sum::<usize>() == 1)
                     .collect();
                 once.sort_unstable();
                 once
@@ -103,10 +77,7 @@ impl Tensor {
         };
         for c in &output {
             if !sizes.contains_key(c) {
-                return Err(err(
-                    equation,
-                    format!("output axis '{c}' appears in no operand"),
-                ));
+                return Err(err(equation, format!("output axis '{c}' appears in no operand")));
             }
             if output.iter().filter(|x| *x == c).count() > 1 {
                 return Err(err(equation, format!("output axis '{c}' is repeated")));
@@ -114,10 +85,7 @@ impl Tensor {
         }
         let mut ops: Vec<Labeled> = Vec::new();
         for (letters, t) in inputs.into_iter().zip(operands) {
-            ops.push(diagonals(Labeled {
-                t: (*t).clone(),
-                letters,
-            })?);
+            ops.push(diagonals(Labeled { t: (*t).clone(), letters })?);
         }
         // Fold left: contract the running result with the next operand, keeping the letters that
         // later operands or the output still need.
@@ -125,30 +93,17 @@ impl Tensor {
         let mut acc = rest.next().ok_or_else(|| err(equation, "no operands"))?;
         let rest: Vec<Labeled> = rest.collect();
         for (i, next) in rest.iter().enumerate() {
-            let later: Vec<char> = rest[i + 1..]
-                .iter()
-                .flat_map(|o| o.letters.clone())
-                .chain(output.iter().copied())
-                .collect();
+            let later: Vec<char> =
+                rest[i + 1..].iter().flat_map(|o| o.letters.clone()).chain(output.iter().copied()).collect();
             let a = sum_unneeded(acc, &[later.clone(), next.letters.clone()].concat())?;
             let b = sum_unneeded(next.clone(), &[later.clone(), a.letters.clone()].concat())?;
             acc = contract(a, b, &later)?;
         }
         let acc = sum_unneeded(acc, &output)?;
-        let perm: Vec<usize> = output
-            .iter()
-            .map(|c| {
-                acc.letters
-                    .iter()
-                    .position(|x| x == c)
-                    .unwrap_or(usize::MAX)
-            })
-            .collect();
+        let perm: Vec<usize> =
+            output.iter().map(|c| acc.letters.iter().position(|x| x == c).unwrap_or(usize::MAX)).collect();
         if perm.contains(&usize::MAX) || perm.len() != acc.letters.len() {
-            return Err(err(
-                equation,
-                "internal: output letters do not match the contraction",
-            ));
+            return Err(err(equation, "internal: output letters do not match the contraction"));
         }
         acc.t.permute(&perm)
     }
@@ -161,9 +116,7 @@ fn diagonals(mut x: Labeled) -> Result<Labeled> {
         .find(|&(i, j)| x.letters[i] == x.letters[j])
     {
         let n = x.t.dims()[i];
-        let eye: Vec<f32> = (0..n * n)
-            .map(|k| if k / n == k % n { 1.0 } else { 0.0 })
-            .collect();
+        let eye: Vec<f32> = (0..n * n).map(|k| if k / n == k % n { 1.0 } else { 0.0 }).collect();
         let mut shape = vec![1; x.t.rank()];
         shape[i] = n;
         shape[j] = n;
@@ -176,60 +129,30 @@ fn diagonals(mut x: Labeled) -> Result<Labeled> {
 
 /// Sum away axes whose letters are not in `needed`.
 fn sum_unneeded(x: Labeled, needed: &[char]) -> Result<Labeled> {
-    let axes: Vec<isize> = (0..x.letters.len())
-        .filter(|&i| !needed.contains(&x.letters[i]))
-        .map(|i| i as isize)
-        .collect();
+    let axes: Vec<isize> =
+        (0..x.letters.len()).filter(|&i| !needed.contains(&x.letters[i])).map(|i| i as isize).collect();
     if axes.is_empty() {
         return Ok(x);
     }
-    let letters = x
-        .letters
-        .iter()
-        .copied()
-        .filter(|c| needed.contains(c))
-        .collect();
-    Ok(Labeled {
-        t: x.t.sum(&axes, false)?,
-        letters,
-    })
+    let letters = x.letters.iter().copied().filter(|c| needed.contains(c)).collect();
+    Ok(Labeled { t: x.t.sum(&axes, false)?, letters })
 }
 
 /// One batched matmul: `[batch.., a_only.., shared..] @ [batch.., shared.., b_only..]`.
 fn contract(a: Labeled, b: Labeled, keep: &[char]) -> Result<Labeled> {
     let in_b = |c: &char| b.letters.contains(c);
-    let batch: Vec<char> = a
-        .letters
-        .iter()
-        .copied()
-        .filter(|c| in_b(c) && keep.contains(c))
-        .collect();
-    let shared: Vec<char> = a
-        .letters
-        .iter()
-        .copied()
-        .filter(|c| in_b(c) && !keep.contains(c))
-        .collect();
+    let batch: Vec<char> = a.letters.iter().copied().filter(|c| in_b(c) && keep.contains(c)).collect();
+    let shared: Vec<char> = a.letters.iter().copied().filter(|c| in_b(c) && !keep.contains(c)).collect();
     let a_only: Vec<char> = a.letters.iter().copied().filter(|c| !in_b(c)).collect();
-    let b_only: Vec<char> = b
-        .letters
-        .iter()
-        .copied()
-        .filter(|c| !a.letters.contains(c))
-        .collect();
+    let b_only: Vec<char> = b.letters.iter().copied().filter(|c| !a.letters.contains(c)).collect();
     let pos = |l: &Labeled, cs: &[char]| -> Vec<usize> {
-        cs.iter()
-            .map(|c| l.letters.iter().position(|x| x == c).unwrap())
-            .collect()
+        cs.iter().map(|c| l.letters.iter().position(|x| x == c).unwrap()).collect()
     };
-    let size =
-        |l: &Labeled, cs: &[char]| -> usize { pos(l, cs).iter().map(|&i| l.t.dims()[i]).product() };
+    let size = |l: &Labeled, cs: &[char]| -> usize { pos(l, cs).iter().map(|&i| l.t.dims()[i]).product() };
     let bdims: Vec<usize> = pos(&a, &batch).iter().map(|&i| a.t.dims()[i]).collect();
     let (m, k, n) = (size(&a, &a_only), size(&a, &shared), size(&b, &b_only));
-    let ap =
-        a.t.permute(&[pos(&a, &batch), pos(&a, &a_only), pos(&a, &shared)].concat())?;
-    let bp =
-        b.t.permute(&[pos(&b, &batch), pos(&b, &shared), pos(&b, &b_only)].concat())?;
+    let ap = a.t.permute(&[pos(&a, &batch), pos(&a, &a_only), pos(&a, &shared)].concat())?;
+    let bp = b.t.permute(&[pos(&b, &batch), pos(&b, &shared), pos(&b, &b_only)].concat())?;
     let a3 = ap.reshape(&[bdims.clone(), vec![m, k]].concat())?;
     let b3 = bp.reshape(&[bdims.clone(), vec![k, n]].concat())?;
     let c = a3.matmul(&b3)?;
@@ -239,8 +162,5 @@ fn contract(a: Labeled, b: Labeled, keep: &[char]) -> Result<Labeled> {
         .chain(pos(&a, &a_only).iter().map(|&i| a.t.dims()[i]))
         .chain(pos(&b, &b_only).iter().map(|&i| b.t.dims()[i]))
         .collect();
-    Ok(Labeled {
-        t: c.reshape(&out_dims)?,
-        letters: [batch, a_only, b_only].concat(),
-    })
+    Ok(Labeled { t: c.reshape(&out_dims)?, letters: [batch, a_only, b_only].concat() })
 }

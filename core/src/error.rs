@@ -6,35 +6,19 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Error {
     /// Operands whose shapes do not fit together: names the op and both shapes.
-    ShapeMismatch {
-        op: &'static str,
-        lhs: Vec<usize>,
-        rhs: Vec<usize>,
-    },
+    ShapeMismatch { op: &'static str, lhs: Vec<usize>, rhs: Vec<usize> },
     /// A shape, axis or argument that does not make sense for the op.
     InvalidArgument { op: &'static str, msg: String },
     /// An op got a tensor of a dtype it does not take.
-    DType {
-        op: &'static str,
-        expected: &'static str,
-        got: crate::DType,
-    },
+    DType { op: &'static str, expected: &'static str, got: crate::DType },
     /// Operands live on different devices.
-    DeviceMismatch {
-        op: &'static str,
-        lhs: String,
-        rhs: String,
-    },
+    DeviceMismatch { op: &'static str, lhs: String, rhs: String },
     /// The op needs data but the tensor lives on the Meta device (shapes only).
     MetaData { op: &'static str },
     /// No GPU adapter could be opened.
     NoAdapter(String),
     /// A tensor would need a buffer larger than the adapter allows.
-    TooLarge {
-        bytes: u64,
-        limit: u64,
-        what: &'static str,
-    },
+    TooLarge { bytes: u64, limit: u64, what: &'static str },
     /// The device ran out of memory.
     OutOfMemory { bytes: u64, device: String },
     /// The GPU reported an error (validation, device lost, mapping).
@@ -56,16 +40,10 @@ impl fmt::Display for Error {
             }
             Error::InvalidArgument { op, msg } => write!(f, "{op}: {msg}"),
             Error::DType { op, expected, got } => {
-                write!(
-                    f,
-                    "{op}: expected a tensor of dtype {expected}, got {got:?}"
-                )
+                write!(f, "{op}: expected a tensor of dtype {expected}, got {got:?}")
             }
             Error::DeviceMismatch { op, lhs, rhs } => {
-                write!(
-                    f,
-                    "{op}: operands are on different devices ({lhs} and {rhs})"
-                )
+                write!(f, "{op}: operands are on different devices ({lhs} and {rhs})")
             }
             Error::MetaData { op } => write!(
                 f,
@@ -76,15 +54,11 @@ impl fmt::Display for Error {
                 "no GPU adapter: {msg}. Install a GPU driver with Vulkan, Metal or DX12 support, \
                  or `apt-get install mesa-vulkan-drivers` for a software one (lavapipe)"
             ),
-            Error::TooLarge { bytes, limit, what } => write!(
-                f,
-                "a buffer of {bytes} bytes is larger than the adapter's {what} ({limit} bytes)"
-            ),
+            Error::TooLarge { bytes, limit, what } => {
+                write!(f, "a buffer of {bytes} bytes is larger than the adapter's {what} ({limit} bytes)")
+            }
             Error::OutOfMemory { bytes, device } => {
-                write!(
-                    f,
-                    "out of memory on {device} while allocating {bytes} bytes"
-                )
+                write!(f, "out of memory on {device} while allocating {bytes} bytes")
             }
             Error::Gpu(msg) => write!(f, "GPU error: {msg}"),
             Error::Collective(msg) => write!(f, "collective failed: {msg}"),
@@ -98,10 +72,7 @@ impl std::error::Error for Error {}
 impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(op: &'static str, msg: impl Into<String>) -> Self {
-        Error::InvalidArgument {
-            op,
-            msg: msg.into(),
-        }
+        Error::InvalidArgument { op, msg: msg.into() }
     }
 }
 

@@ -34,26 +34,14 @@ pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Dim
     let rank = a.len().max(b.len());
     let mut out: Dims = SmallVec::from_elem(1, rank);
     for i in 0..rank {
-        let da = if i + a.len() >= rank {
-            a[i + a.len() - rank]
-        } else {
-            1
-        };
-        let db = if i + b.len() >= rank {
-            b[i + b.len() - rank]
-        } else {
-            1
-        };
+        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
+        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
             (x, 1) => x,
             _ => {
-                return Err(Error::ShapeMismatch {
-                    op,
-                    lhs: a.to_vec(),
-                    rhs: b.to_vec(),
-                });
+                return Err(Error::ShapeMismatch { op, lhs: a.to_vec(), rhs: b.to_vec() });
             }
         };
     }
@@ -71,11 +59,8 @@ pub fn coalesce(shape: &[usize], strides: &[&[usize]]) -> (Dims, Vec<Dims>) {
         if d == 1 {
             continue;
         }
-        let mergeable = !out_shape.is_empty()
-            && strides
-                .iter()
-                .zip(&out_strides)
-                .all(|(s, o)| *o.last().unwrap() == s[axis] * d);
+        let mergeable =
+            !out_shape.is_empty() && strides.iter().zip(&out_strides).all(|(s, o)| *o.last().unwrap() == s[axis] * d);
         if mergeable {
             *out_shape.last_mut().unwrap() *= d;
             for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
@@ -102,10 +87,7 @@ pub fn resolve_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize>
     let r = rank as isize;
     let a = if axis < 0 { axis + r } else { axis };
     if a < 0 || a >= r {
-        return Err(Error::invalid(
-            op,
-            format!("axis {axis} is out of range for rank {rank}"),
-        ));
+        return Err(Error::invalid(op, format!("axis {axis} is out of range for rank {rank}")));
     }
     Ok(a as usize)
 }
@@ -113,20 +95,12 @@ pub fn resolve_axis(op: &'static str, axis: isize, rank: usize) -> Result<usize>
 impl Layout {
     /// A contiguous row-major layout at offset 0.
     pub fn contiguous(shape: &[usize]) -> Self {
-        Layout {
-            shape: shape.into(),
-            strides: contiguous_strides(shape),
-            offset: 0,
-        }
+        Layout { shape: shape.into(), strides: contiguous_strides(shape), offset: 0 }
     }
 
     /// A layout from its parts; the caller guarantees it stays inside the storage.
     pub fn new(shape: Dims, strides: Dims, offset: usize) -> Self {
-        Layout {
-            shape,
-            strides,
-            offset,
-        }
+        Layout { shape, strides, offset }
     }
 
     /// The shape.
@@ -181,17 +155,10 @@ impl Layout {
     pub fn permute(&self, dims: &[usize]) -> Result<Self> {
         let r = self.rank();
         let mut seen = vec![false; r];
-        if dims.len() != r
-            || dims
-                .iter()
-                .any(|&d| d >= r || std::mem::replace(&mut seen[d], true))
-        {
+        if dims.len() != r || dims.iter().any(|&d| d >= r || std::mem::replace(&mut seen[d], true)) {
             return Err(Error::invalid(
                 "permute",
-                format!(
-                    "{dims:?} is not a permutation of the axes of shape {:?}",
-                    self.shape
-                ),
+                format!("{dims:?} is not a permutation of the axes of shape {:?}", self.shape),
             ));
         }
         Ok(Layout {
@@ -206,11 +173,7 @@ impl Layout {
         if axis >= self.rank() || start + len > self.shape[axis] {
             return Err(Error::invalid(
                 "narrow",
-                format!(
-                    "range {start}..{} of axis {axis} is out of bounds for shape {:?}",
-                    start + len,
-                    self.shape
-                ),
+                format!("range {start}..{} of axis {axis} is out of bounds for shape {:?}", start + len, self.shape),
             ));
         }
         let mut l = self.clone();
@@ -221,11 +184,7 @@ impl Layout {
 
     /// View with a broadcast shape: new leading axes and size-1 axes get stride 0.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Self> {
-        let err = || Error::ShapeMismatch {
-            op: "broadcast_to",
-            lhs: self.shape.to_vec(),
-            rhs: shape.to_vec(),
-        };
+        let err = || Error::ShapeMismatch { op: "broadcast_to", lhs: self.shape.to_vec(), rhs: shape.to_vec() };
         if shape.len() < self.rank() {
             return Err(err());
         }
@@ -241,11 +200,7 @@ impl Layout {
                 return Err(err());
             };
         }
-        Ok(Layout {
-            shape: shape.into(),
-            strides,
-            offset: self.offset,
-        })
+        Ok(Layout { shape: shape.into(), strides, offset: self.offset })
     }
 
     /// Reinterpret with a new shape of the same size, without moving data. `None` when the
@@ -257,20 +212,11 @@ impl Layout {
             return None;
         }
         if self.is_contiguous() || self.numel() == 0 {
-            return Some(Layout {
-                shape: shape.into(),
-                strides: contiguous_strides(shape),
-                offset: self.offset,
-            });
+            return Some(Layout { shape: shape.into(), strides: contiguous_strides(shape), offset: self.offset });
         }
         // Walk old and new axes (size-1 old axes dropped), matching groups of equal product.
-        let old: Vec<(usize, usize)> = self
-            .shape
-            .iter()
-            .zip(&self.strides)
-            .filter(|(d, _)| **d != 1)
-            .map(|(&d, &s)| (d, s))
-            .collect();
+        let old: Vec<(usize, usize)> =
+            self.shape.iter().zip(&self.strides).filter(|(d, _)| **d != 1).map(|(&d, &s)| (d, s)).collect();
         let mut strides: Dims = SmallVec::from_elem(1, shape.len());
         let (mut oi, mut ni) = (0, 0);
         while ni < shape.len() && oi < old.len() {
@@ -295,27 +241,16 @@ impl Layout {
             ni = nj;
             oi = oj;
         }
-        Some(Layout {
-            shape: shape.into(),
-            strides,
-            offset: self.offset,
-        })
+        Some(Layout { shape: shape.into(), strides, offset: self.offset })
     }
 
     /// Insert a size-1 axis at `axis`.
     pub fn unsqueeze(&self, axis: usize) -> Result<Self> {
         if axis > self.rank() {
-            return Err(Error::invalid(
-                "unsqueeze",
-                format!("axis {axis} is out of range for shape {:?}", self.shape),
-            ));
+            return Err(Error::invalid("unsqueeze", format!("axis {axis} is out of range for shape {:?}", self.shape)));
         }
         let mut l = self.clone();
-        let stride = if axis < self.rank() {
-            self.strides[axis] * self.shape[axis]
-        } else {
-            1
-        };
+        let stride = if axis < self.rank() { self.strides[axis] * self.shape[axis] } else { 1 };
         l.shape.insert(axis, 1);
         l.strides.insert(axis, stride);
         Ok(l)
@@ -324,10 +259,7 @@ impl Layout {
     /// Remove a size-1 axis.
     pub fn squeeze(&self, axis: usize) -> Result<Self> {
         if axis >= self.rank() || self.shape[axis] != 1 {
-            return Err(Error::invalid(
-                "squeeze",
-                format!("axis {axis} of shape {:?} is not of size 1", self.shape),
-            ));
+            return Err(Error::invalid("squeeze", format!("axis {axis} of shape {:?} is not of size 1", self.shape)));
         }
         let mut l = self.clone();
         l.shape.remove(axis);
@@ -350,14 +282,7 @@ impl Layout {
         if self.numel() == 0 {
             return 0;
         }
-        self.offset
-            + self
-                .shape
-                .iter()
-                .zip(&self.strides)
-                .map(|(&d, &s)| (d - 1) * s)
-                .sum::<usize>()
-            + 1
+        self.offset + self.shape.iter().zip(&self.strides).map(|(&d, &s)| (d - 1) * s).sum::<usize>() + 1
     }
 }
 
@@ -409,18 +334,10 @@ mod tests {
 
     #[test]
     fn broadcast_and_narrow() {
-        let l = Layout::contiguous(&[3, 1])
-            .broadcast_to(&[2, 3, 2])
-            .unwrap();
-        assert_eq!(
-            l.offsets().collect::<Vec<_>>(),
-            vec![0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]
-        );
+        let l = Layout::contiguous(&[3, 1]).broadcast_to(&[2, 3, 2]).unwrap();
+        assert_eq!(l.offsets().collect::<Vec<_>>(), vec![0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]);
         let n = Layout::contiguous(&[4, 5]).narrow(1, 2, 2).unwrap();
-        assert_eq!(
-            n.offsets().collect::<Vec<_>>(),
-            vec![2, 3, 7, 8, 12, 13, 17, 18]
-        );
+        assert_eq!(n.offsets().collect::<Vec<_>>(), vec![2, 3, 7, 8, 12, 13, 17, 18]);
         assert!(Layout::contiguous(&[3, 2]).broadcast_to(&[3, 3]).is_err());
     }
 
@@ -429,28 +346,19 @@ mod tests {
         // [2, 3, 4] permuted to [3, 2, 4]: merging the last two axes is free, the first two is not.
         let p = Layout::contiguous(&[2, 3, 4]).permute(&[1, 0, 2]).unwrap();
         let merged = p.reshape(&[3, 8]);
-        assert!(
-            merged.is_none(),
-            "axes 0 and 1 of the permuted view are not adjacent in memory"
-        );
+        assert!(merged.is_none(), "axes 0 and 1 of the permuted view are not adjacent in memory");
         let q = Layout::contiguous(&[2, 3, 4]).permute(&[0, 2, 1]).unwrap(); // [2, 4, 3]
         let r = q.reshape(&[2, 12]);
         assert!(r.is_none());
         let t = Layout::contiguous(&[6, 4]).transpose(0, 1).unwrap(); // [4, 6], strides [1, 4]
         let s = t.reshape(&[4, 2, 3]).unwrap();
-        assert_eq!(
-            s.offsets().collect::<Vec<_>>(),
-            t.offsets().collect::<Vec<_>>()
-        );
+        assert_eq!(s.offsets().collect::<Vec<_>>(), t.offsets().collect::<Vec<_>>());
     }
 
     #[test]
     fn coalesce_merges_runs_shared_by_every_operand() {
         let (s, st) = coalesce(&[2, 3, 4], &[&[12, 4, 1], &[0, 0, 1]]);
-        assert_eq!(
-            (s.to_vec(), st[0].to_vec(), st[1].to_vec()),
-            (vec![6, 4], vec![4, 1], vec![0, 1])
-        );
+        assert_eq!((s.to_vec(), st[0].to_vec(), st[1].to_vec()), (vec![6, 4], vec![4, 1], vec![0, 1]));
         let (s, st) = coalesce(&[2, 1, 3], &[&[3, 9, 1]]);
         assert_eq!((s.to_vec(), st[0].to_vec()), (vec![6], vec![1]));
         let (s, _) = coalesce(&[1, 1], &[&[1, 1]]);
@@ -459,12 +367,7 @@ mod tests {
 
     #[test]
     fn broadcast_shapes() {
-        assert_eq!(
-            broadcast_shape("add", &[7, 1, 3], &[5, 1])
-                .unwrap()
-                .to_vec(),
-            vec![7, 5, 3]
-        );
+        assert_eq!(broadcast_shape("add", &[7, 1, 3], &[5, 1]).unwrap().to_vec(), vec![7, 5, 3]);
         assert!(broadcast_shape("add", &[2, 3], &[4]).is_err());
     }
 }

@@ -23,11 +23,7 @@ fn mismatch(op: &'static str, a: &Storage, b: &Storage) -> Error {
         Storage::Gpu(g) => g.ctx.describe(),
         Storage::Meta => "meta".to_string(),
     };
-    Error::DeviceMismatch {
-        op,
-        lhs: name(a),
-        rhs: name(b),
-    }
+    Error::DeviceMismatch { op, lhs: name(a), rhs: name(b) }
 }
 
 impl Storage {
@@ -51,21 +47,10 @@ impl Storage {
     }
 
     /// `mask != 0 ? a : b`; `self` is the mask.
-    pub fn where_cond(
-        &self,
-        lm: &Layout,
-        a: &Storage,
-        la: &Layout,
-        b: &Storage,
-        lb: &Layout,
-    ) -> Result<Storage> {
+    pub fn where_cond(&self, lm: &Layout, a: &Storage, la: &Layout, b: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, a, b) {
-            (Storage::Cpu(m), Storage::Cpu(x), Storage::Cpu(y)) => {
-                Storage::Cpu(cpu::where_cond(m, lm, x, la, y, lb)?)
-            }
-            (Storage::Gpu(m), Storage::Gpu(x), Storage::Gpu(y)) => {
-                Storage::Gpu(gpu::where_cond(m, lm, x, la, y, lb)?)
-            }
+            (Storage::Cpu(m), Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(cpu::where_cond(m, lm, x, la, y, lb)?),
+            (Storage::Gpu(m), Storage::Gpu(x), Storage::Gpu(y)) => Storage::Gpu(gpu::where_cond(m, lm, x, la, y, lb)?),
             (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("where_cond", a, b)),
         })
@@ -113,29 +98,17 @@ impl Storage {
             (Storage::Cpu(x), Storage::Cpu(g), Storage::Cpu(b)) => {
                 Storage::Cpu(cpu::layer_norm(x, l, g, lg, b, lb, eps)?)
             }
-            (Storage::Gpu(x), Storage::Gpu(g), Storage::Gpu(b)) => {
-                Storage::Gpu(gpu::layer_norm(x, l, g, b, eps)?)
-            }
+            (Storage::Gpu(x), Storage::Gpu(g), Storage::Gpu(b)) => Storage::Gpu(gpu::layer_norm(x, l, g, b, eps)?),
             (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("layer_norm", self, g)),
         })
     }
 
     /// Entries `ids` of `axis` (`self` is the source).
-    pub fn index_select(
-        &self,
-        l: &Layout,
-        ids: &Storage,
-        li: &Layout,
-        axis: usize,
-    ) -> Result<Storage> {
+    pub fn index_select(&self, l: &Layout, ids: &Storage, li: &Layout, axis: usize) -> Result<Storage> {
         Ok(match (self, ids) {
-            (Storage::Cpu(s), Storage::Cpu(i)) => {
-                Storage::Cpu(cpu::index_select(s, l, i, li, axis)?)
-            }
-            (Storage::Gpu(s), Storage::Gpu(i)) => {
-                Storage::Gpu(gpu::index_select(s, l, i, li, axis)?)
-            }
+            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::index_select(s, l, i, li, axis)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::index_select(s, l, i, li, axis)?),
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("index_select", self, ids)),
         })
@@ -152,21 +125,10 @@ impl Storage {
     }
 
     /// Zeros of `shape` plus `self`'s rows added at `ids` along `axis` (adjoint of index_select).
-    pub fn index_add(
-        &self,
-        ls: &Layout,
-        shape: &[usize],
-        axis: usize,
-        ids: &Storage,
-        li: &Layout,
-    ) -> Result<Storage> {
+    pub fn index_add(&self, ls: &Layout, shape: &[usize], axis: usize, ids: &Storage, li: &Layout) -> Result<Storage> {
         Ok(match (self, ids) {
-            (Storage::Cpu(s), Storage::Cpu(i)) => {
-                Storage::Cpu(cpu::index_add(shape, axis, i, li, s, ls)?)
-            }
-            (Storage::Gpu(s), Storage::Gpu(i)) => {
-                Storage::Gpu(gpu::index_add(shape, axis, i, li, s, ls)?)
-            }
+            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::index_add(shape, axis, i, li, s, ls)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::index_add(shape, axis, i, li, s, ls)?),
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("index_add", self, ids)),
         })
@@ -182,12 +144,8 @@ impl Storage {
         li: &Layout,
     ) -> Result<Storage> {
         Ok(match (self, ids) {
-            (Storage::Cpu(s), Storage::Cpu(i)) => {
-                Storage::Cpu(cpu::scatter_add(shape, axis, i, li, s, ls)?)
-            }
-            (Storage::Gpu(s), Storage::Gpu(i)) => {
-                Storage::Gpu(gpu::scatter_add(shape, axis, i, li, s, ls)?)
-            }
+            (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::scatter_add(shape, axis, i, li, s, ls)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::scatter_add(shape, axis, i, li, s, ls)?),
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("scatter_add", self, ids)),
         })

@@ -67,9 +67,7 @@ pub fn current_scope() -> String {
 pub fn trace<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, Vec<TraceNode>)> {
     let prev = TRACE.with(|t| t.borrow_mut().replace(Vec::new()));
     let out = f();
-    let nodes = TRACE
-        .with(|t| std::mem::replace(&mut *t.borrow_mut(), prev))
-        .unwrap_or_default();
+    let nodes = TRACE.with(|t| std::mem::replace(&mut *t.borrow_mut(), prev)).unwrap_or_default();
     Ok((out?, nodes))
 }
 

@@ -21,11 +21,7 @@ impl Var {
     /// A variable holding a contiguous copy of `t`'s values (detached from any graph).
     pub fn new(t: Tensor) -> Result<Var> {
         if t.dtype() != DType::F32 {
-            return Err(Error::DType {
-                op: "Var::new",
-                expected: "f32",
-                got: t.dtype(),
-            });
+            return Err(Error::DType { op: "Var::new", expected: "f32", got: t.dtype() });
         }
         let c = crate::no_grad(|| t.contiguous_from_zero())?;
         Ok(Var(Tensor(Arc::new(TensorInner {
@@ -47,11 +43,7 @@ impl Var {
     /// Replace the values in place; `t` must have the same shape, dtype and device.
     pub fn set(&self, t: &Tensor) -> Result<()> {
         if t.dims() != self.0.dims() || t.dtype() != self.0.dtype() {
-            return Err(Error::ShapeMismatch {
-                op: "Var::set",
-                lhs: self.0.dims().to_vec(),
-                rhs: t.dims().to_vec(),
-            });
+            return Err(Error::ShapeMismatch { op: "Var::set", lhs: self.0.dims().to_vec(), rhs: t.dims().to_vec() });
         }
         if t.device() != self.0.device() {
             return Err(Error::DeviceMismatch {

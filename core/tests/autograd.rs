@@ -10,14 +10,7 @@ fn var(v: &[f32], shape: &[usize]) -> Var {
 fn gradients_accumulate_when_a_tensor_is_used_twice() {
     let x = var(&[2.0, 3.0], &[2]);
     // y = x * x + x  ->  dy/dx = 2x + 1
-    let y = x
-        .as_tensor()
-        .mul(x.as_tensor())
-        .unwrap()
-        .add(x.as_tensor())
-        .unwrap()
-        .sum_all()
-        .unwrap();
+    let y = x.as_tensor().mul(x.as_tensor()).unwrap().add(x.as_tensor()).unwrap().sum_all().unwrap();
     let g = y.backward().unwrap();
     assert_eq!(g.get(&x).unwrap().to_vec::<f32>().unwrap(), vec![5.0, 7.0]);
 }
@@ -28,10 +21,7 @@ fn broadcast_gradients_reduce_over_the_broadcast_axes() {
     let x = Tensor::ones(&[4, 3], &Device::Cpu).unwrap();
     let y = x.add(&b).unwrap().sum_all().unwrap();
     let g = y.backward().unwrap();
-    assert_eq!(
-        g.get(&b).unwrap().to_vec::<f32>().unwrap(),
-        vec![4.0, 4.0, 4.0]
-    );
+    assert_eq!(g.get(&b).unwrap().to_vec::<f32>().unwrap(), vec![4.0, 4.0, 4.0]);
     assert_eq!(g.get(&b).unwrap().dims(), &[3]);
 }
 
@@ -42,51 +32,25 @@ fn no_grad_and_detach_stop_gradients() {
     assert!(!y.tracks_grad());
     let z = x.as_tensor().detach().mul_scalar(2.0).unwrap();
     assert!(!z.tracks_grad());
-    let w = x
-        .as_tensor()
-        .mul_scalar(3.0)
-        .unwrap()
-        .add(&z)
-        .unwrap()
-        .sum_all()
-        .unwrap();
-    assert_eq!(
-        w.backward()
-            .unwrap()
-            .get(&x)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap(),
-        vec![3.0]
-    );
+    let w = x.as_tensor().mul_scalar(3.0).unwrap().add(&z).unwrap().sum_all().unwrap();
+    assert_eq!(w.backward().unwrap().get(&x).unwrap().to_vec::<f32>().unwrap(), vec![3.0]);
 }
 
 #[test]
 fn var_set_keeps_its_id_and_checks_shape() {
     let x = var(&[1.0, 2.0], &[2]);
     let id = x.id();
-    x.set(&Tensor::from_slice(&[5.0f32, 6.0], &[2], &Device::Cpu).unwrap())
-        .unwrap();
+    x.set(&Tensor::from_slice(&[5.0f32, 6.0], &[2], &Device::Cpu).unwrap()).unwrap();
     assert_eq!(x.id(), id);
     assert_eq!(x.to_vec::<f32>().unwrap(), vec![5.0, 6.0]);
-    let err = x
-        .set(&Tensor::zeros(&[3], &Device::Cpu).unwrap())
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("[2]") && err.to_string().contains("[3]"),
-        "{err}"
-    );
+    let err = x.set(&Tensor::zeros(&[3], &Device::Cpu).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("[2]") && err.to_string().contains("[3]"), "{err}");
 }
 
 #[test]
 fn backward_needs_a_scalar() {
     let x = var(&[1.0, 2.0], &[2]);
-    let err = x
-        .as_tensor()
-        .mul_scalar(2.0)
-        .unwrap()
-        .backward()
-        .unwrap_err();
+    let err = x.as_tensor().mul_scalar(2.0).unwrap().backward().unwrap_err();
     assert!(err.to_string().contains("one-element"), "{err}");
 }
 

@@ -2,9 +2,7 @@
 //! equals the central difference (f(x + e) - f(x - e)) / 2e of a weighted sum of the op's output.
 
 use std::sync::Arc;
-use weft_core::collectives::{
-    copy_to_parallel, gather_from_parallel, reduce_from_parallel, scatter_to_parallel,
-};
+use weft_core::collectives::{copy_to_parallel, gather_from_parallel, reduce_from_parallel, scatter_to_parallel};
 use weft_core::{Device, Result, SingleRank, Tensor, Var};
 
 const EPS: f32 = 1e-2;
@@ -15,10 +13,7 @@ type Op<'a> = dyn Fn(&[Tensor]) -> Result<Tensor> + 'a;
 /// Values in ±[0.3, 1.3): away from the kinks of abs, relu, clamp and sign at 0.
 fn input(shape: &[usize], seed: u64) -> Vec<f32> {
     let n: usize = shape.iter().product();
-    let u = Tensor::rand(-1.0, 1.0, &[n], seed, &Device::Cpu)
-        .unwrap()
-        .to_vec::<f32>()
-        .unwrap();
+    let u = Tensor::rand(-1.0, 1.0, &[n], seed, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
     u.iter().map(|&v| v.signum() * (0.3 + v.abs())).collect()
 }
 
@@ -30,19 +25,14 @@ fn weighted_loss(f: &Op<'_>, xs: &[Tensor], seed: u64) -> Result<Tensor> {
 
 /// Check the gradient of every input of `f` at the given points.
 fn check_with(name: &str, inputs: Vec<(Vec<usize>, Vec<f32>)>, f: &Op<'_>) {
-    let vars: Vec<Var> = inputs
-        .iter()
-        .map(|(s, d)| Var::new(Tensor::from_slice(d, s, &Device::Cpu).unwrap()).unwrap())
-        .collect();
+    let vars: Vec<Var> =
+        inputs.iter().map(|(s, d)| Var::new(Tensor::from_slice(d, s, &Device::Cpu).unwrap()).unwrap()).collect();
     let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
     let loss = weighted_loss(f, &ts, 7).unwrap();
     let grads = loss.backward().unwrap();
     for (i, (shape, data)) in inputs.iter().enumerate() {
-        let analytic = grads
-            .get(&vars[i])
-            .unwrap_or_else(|| panic!("{name}: input {i} got no gradient"))
-            .to_vec::<f32>()
-            .unwrap();
+        let analytic =
+            grads.get(&vars[i]).unwrap_or_else(|| panic!("{name}: input {i} got no gradient")).to_vec::<f32>().unwrap();
         for j in 0..data.len() {
             let eval = |delta: f32| -> f32 {
                 let xs: Vec<Tensor> = inputs
@@ -56,10 +46,7 @@ fn check_with(name: &str, inputs: Vec<(Vec<usize>, Vec<f32>)>, f: &Op<'_>) {
                         Tensor::from_slice(&d, s, &Device::Cpu).unwrap()
                     })
                     .collect();
-                weighted_loss(f, &xs, 7)
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap()
+                weighted_loss(f, &xs, 7).unwrap().to_scalar::<f32>().unwrap()
             };
             let numeric = (eval(EPS) - eval(-EPS)) / (2.0 * EPS);
             let a = analytic[j];
@@ -72,11 +59,7 @@ fn check_with(name: &str, inputs: Vec<(Vec<usize>, Vec<f32>)>, f: &Op<'_>) {
 }
 
 fn check(name: &str, shapes: &[&[usize]], f: &Op<'_>) {
-    let inputs = shapes
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.to_vec(), input(s, 100 + i as u64)))
-        .collect();
+    let inputs = shapes.iter().enumerate().map(|(i, s)| (s.to_vec(), input(s, 100 + i as u64))).collect();
     check_with(name, inputs, f);
 }
 
@@ -103,10 +86,7 @@ fn unary_ops() {
         ("affine", Box::new(|x| x[0].affine(-1.5, 0.3))),
         ("powf", Box::new(|x| x[0].abs()?.powf(2.5))),
         ("clamp", Box::new(|x| x[0].clamp(-0.8, 0.9))),
-        (
-            "to_dtype f32",
-            Box::new(|x| x[0].to_dtype(weft_core::DType::F32)),
-        ),
+        ("to_dtype f32", Box::new(|x| x[0].to_dtype(weft_core::DType::F32))),
     ];
     for (name, f) in cases {
         check(name, &[&[2, 3]], f.as_ref());
@@ -143,40 +123,24 @@ fn reductions() {
 #[test]
 fn matmul_and_einsum() {
     check("matmul", &[&[2, 3], &[3, 4]], &|x| x[0].matmul(&x[1]));
-    check("matmul transposed", &[&[3, 2], &[4, 3]], &|x| {
-        x[0].t()?.matmul(&x[1].t()?)
-    });
-    check("matmul batch broadcast", &[&[2, 2, 3], &[3, 2]], &|x| {
-        x[0].matmul(&x[1])
-    });
+    check("matmul transposed", &[&[3, 2], &[4, 3]], &|x| x[0].t()?.matmul(&x[1].t()?));
+    check("matmul batch broadcast", &[&[2, 2, 3], &[3, 2]], &|x| x[0].matmul(&x[1]));
     check("matmul vector", &[&[3], &[3, 2]], &|x| x[0].matmul(&x[1]));
-    check("einsum abc,cd->abd", &[&[2, 2, 3], &[3, 2]], &|x| {
-        Tensor::einsum("abc,cd->abd", &[&x[0], &x[1]])
+    check("einsum abc,cd->abd", &[&[2, 2, 3], &[3, 2]], &|x| Tensor::einsum("abc,cd->abd", &[&x[0], &x[1]]));
+    check("einsum bqhd,bkhd->bhqk", &[&[1, 2, 2, 3], &[1, 3, 2, 3]], &|x| {
+        Tensor::einsum("bqhd,bkhd->bhqk", &[&x[0], &x[1]])
     });
-    check(
-        "einsum bqhd,bkhd->bhqk",
-        &[&[1, 2, 2, 3], &[1, 3, 2, 3]],
-        &|x| Tensor::einsum("bqhd,bkhd->bhqk", &[&x[0], &x[1]]),
-    );
-    check("einsum trace", &[&[3, 3]], &|x| {
-        Tensor::einsum("ii->", &[&x[0]])
-    });
+    check("einsum trace", &[&[3, 3]], &|x| Tensor::einsum("ii->", &[&x[0]]));
 }
 
 #[test]
 fn views() {
-    check("transpose", &[&[2, 3]], &|x| {
-        x[0].t()?.mul(&Tensor::arange(1.0, 3.0, 1.0, &Device::Cpu)?)
-    });
-    check("permute", &[&[2, 3, 2]], &|x| {
-        x[0].permute(&[2, 0, 1])?.contiguous()
-    });
+    check("transpose", &[&[2, 3]], &|x| x[0].t()?.mul(&Tensor::arange(1.0, 3.0, 1.0, &Device::Cpu)?));
+    check("permute", &[&[2, 3, 2]], &|x| x[0].permute(&[2, 0, 1])?.contiguous());
     check("narrow", &[&[4, 3]], &|x| x[0].narrow(0, 1, 2));
     check("reshape", &[&[2, 3]], &|x| x[0].t()?.reshape(&[6]));
     check("broadcast_to", &[&[1, 3]], &|x| x[0].broadcast_to(&[2, 3]));
-    check("squeeze/unsqueeze", &[&[2, 1, 3]], &|x| {
-        x[0].squeeze(1)?.unsqueeze(0)
-    });
+    check("squeeze/unsqueeze", &[&[2, 1, 3]], &|x| x[0].squeeze(1)?.unsqueeze(0));
 }
 
 #[test]
@@ -184,61 +148,33 @@ fn nn_ops() {
     check("softmax", &[&[2, 5]], &|x| x[0].softmax(-1));
     check("softmax axis 0", &[&[3, 2]], &|x| x[0].softmax(0));
     check("log_softmax", &[&[2, 5]], &|x| x[0].log_softmax(-1));
-    check("layer_norm", &[&[3, 4], &[4], &[4]], &|x| {
-        x[0].layer_norm(&x[1], &x[2], 1e-5)
-    });
+    check("layer_norm", &[&[3, 4], &[4], &[4]], &|x| x[0].layer_norm(&x[1], &x[2], 1e-5));
     check("dropout", &[&[4, 4]], &|x| x[0].dropout(0.25, 99, true));
     let labels = |dev: &Device| Tensor::from_slice(&[2u32, 0, 4], &[3], dev);
-    check("cross_entropy", &[&[3, 5]], &|x| {
-        Tensor::cross_entropy(&x[0], &labels(&Device::Cpu)?)
-    });
+    check("cross_entropy", &[&[3, 5]], &|x| Tensor::cross_entropy(&x[0], &labels(&Device::Cpu)?));
 }
 
 #[test]
 fn indexing_and_joining() {
     let ids = || Tensor::from_slice(&[2u32, 0, 2, 1], &[4], &Device::Cpu);
-    check("index_select", &[&[3, 2]], &|x| {
-        x[0].index_select(&ids()?, 0)
-    });
-    check("embedding", &[&[3, 2]], &|x| {
-        x[0].embedding(&ids()?.reshape(&[2, 2])?)
-    });
+    check("index_select", &[&[3, 2]], &|x| x[0].index_select(&ids()?, 0));
+    check("embedding", &[&[3, 2]], &|x| x[0].embedding(&ids()?.reshape(&[2, 2])?));
     let gids = || Tensor::from_slice(&[1u32, 0, 2, 2], &[2, 2], &Device::Cpu);
     check("gather", &[&[2, 3]], &|x| x[0].gather(1, &gids()?));
-    check("index_add", &[&[4, 2]], &|x| {
-        x[0].index_add(&[3, 2], 0, &ids()?)
-    });
-    check("scatter_add", &[&[2, 2]], &|x| {
-        x[0].scatter_add(&[2, 3], 1, &gids()?)
-    });
-    check("concat", &[&[2, 3], &[1, 3]], &|x| {
-        Tensor::concat(&[x[0].clone(), x[1].clone()], 0)
-    });
-    check("stack", &[&[2, 3], &[2, 3]], &|x| {
-        Tensor::stack(&[x[0].clone(), x[1].clone()], 1)
-    });
+    check("index_add", &[&[4, 2]], &|x| x[0].index_add(&[3, 2], 0, &ids()?));
+    check("scatter_add", &[&[2, 2]], &|x| x[0].scatter_add(&[2, 3], 1, &gids()?));
+    check("concat", &[&[2, 3], &[1, 3]], &|x| Tensor::concat(&[x[0].clone(), x[1].clone()], 0));
+    check("stack", &[&[2, 3], &[2, 3]], &|x| Tensor::stack(&[x[0].clone(), x[1].clone()], 1));
     let mask = || Tensor::from_slice(&[1f32, 0., 1., 0., 0., 1.], &[2, 3], &Device::Cpu);
-    check("where_cond", &[&[2, 3], &[3]], &|x| {
-        Tensor::where_cond(&mask()?, &x[0], &x[1])
-    });
-    check("masked_fill", &[&[2, 3]], &|x| {
-        x[0].masked_fill(&x[0].cmp_scalar(weft_core::ops::BinaryOp::Lt, 0.0)?, 0.5)
-    });
+    check("where_cond", &[&[2, 3], &[3]], &|x| Tensor::where_cond(&mask()?, &x[0], &x[1]));
+    check("masked_fill", &[&[2, 3]], &|x| x[0].masked_fill(&x[0].cmp_scalar(weft_core::ops::BinaryOp::Lt, 0.0)?, 0.5));
 }
 
 #[test]
 fn collective_ops_on_one_rank() {
     let c = || Arc::new(SingleRank) as Arc<dyn weft_core::Collectives>;
-    check("copy_to_parallel", &[&[2, 3]], &|x| {
-        Ok(copy_to_parallel(&x[0], c()))
-    });
-    check("reduce_from_parallel", &[&[2, 3]], &|x| {
-        reduce_from_parallel(&x[0], c())
-    });
-    check("gather_from_parallel", &[&[2, 3]], &|x| {
-        gather_from_parallel(&x[0], c(), 1, &[3])
-    });
-    check("scatter_to_parallel", &[&[2, 3]], &|x| {
-        scatter_to_parallel(&x[0], c(), 0, &[2])
-    });
+    check("copy_to_parallel", &[&[2, 3]], &|x| Ok(copy_to_parallel(&x[0], c())));
+    check("reduce_from_parallel", &[&[2, 3]], &|x| reduce_from_parallel(&x[0], c()));
+    check("gather_from_parallel", &[&[2, 3]], &|x| gather_from_parallel(&x[0], c(), 1, &[3]));
+    check("scatter_to_parallel", &[&[2, 3]], &|x| scatter_to_parallel(&x[0], c(), 0, &[2]));
 }

@@ -30,19 +30,13 @@ fn tracing_records_ops_with_their_scope_paths() {
         h.matmul(&w2)
     })
     .unwrap();
-    let summary: Vec<(String, String, Vec<usize>)> = nodes
-        .iter()
-        .map(|n| (n.kind.clone(), n.scope.clone(), n.shape.clone()))
-        .collect();
+    let summary: Vec<(String, String, Vec<usize>)> =
+        nodes.iter().map(|n| (n.kind.clone(), n.scope.clone(), n.shape.clone())).collect();
     assert_eq!(
         summary,
         vec![
             ("matmul".into(), "block_0/mlp/up".into(), vec![4, 16]),
-            (
-                "unary/gelu_tanh".into(),
-                "block_0/mlp/up".into(),
-                vec![4, 16]
-            ),
+            ("unary/gelu_tanh".into(), "block_0/mlp/up".into(), vec![4, 16]),
             ("matmul".into(), "block_0/mlp/down".into(), vec![4, 8]),
         ]
     );

@@ -15,8 +15,7 @@ fn step(w1: &Var, w2: &Var, x: &Tensor, labels: &Tensor) -> f32 {
     no_grad(|| {
         for w in [w1, w2] {
             let g = grads.get(w).unwrap();
-            w.set(&w.as_tensor().sub(&g.mul_scalar(0.1).unwrap()).unwrap())
-                .unwrap();
+            w.set(&w.as_tensor().sub(&g.mul_scalar(0.1).unwrap()).unwrap()).unwrap();
         }
     });
     loss.to_scalar::<f32>().unwrap()
@@ -41,18 +40,9 @@ fn a_thousand_training_steps_leave_gpu_memory_flat() {
     }
     dev.synchronize().unwrap();
     let end = dev.memory_stats();
-    assert_eq!(
-        end.in_use, warm.in_use,
-        "in-use bytes grew: {warm:?} -> {end:?}"
-    );
-    assert!(
-        end.peak <= warm.peak + 4096,
-        "peak grew: {warm:?} -> {end:?}"
-    );
-    assert!(
-        last < first * 0.5,
-        "the loss should fall: {first} -> {last}"
-    );
+    assert_eq!(end.in_use, warm.in_use, "in-use bytes grew: {warm:?} -> {end:?}");
+    assert!(end.peak <= warm.peak + 4096, "peak grew: {warm:?} -> {end:?}");
+    assert!(last < first * 0.5, "the loss should fall: {first} -> {last}");
 }
 
 #[test]
@@ -60,27 +50,16 @@ fn large_grids_are_covered() {
     let Some(dev) = gpu() else { return };
     // One-dimensional kernels loop over more elements than their grid has invocations.
     let n = 65_537 * 256;
-    let y = Tensor::full(1.0, &[n], &dev)
-        .unwrap()
-        .affine(2.0, 1.0)
-        .unwrap();
+    let y = Tensor::full(1.0, &[n], &dev).unwrap().affine(2.0, 1.0).unwrap();
     assert_eq!(vals(&y.narrow(0, n - 3, 3).unwrap()), vec![3.0; 3]);
     assert_eq!(vals(&y.narrow(0, 0, 2).unwrap()), vec![3.0; 2]);
     // One workgroup per row, 65,539 rows: more than one grid dimension allows, so x and y are used.
     let rows = 65_539;
-    let x = Tensor::arange(0.0, (2 * rows) as f32, 1.0, &dev)
-        .unwrap()
-        .reshape(&[rows, 2])
-        .unwrap();
+    let x = Tensor::arange(0.0, (2 * rows) as f32, 1.0, &dev).unwrap().reshape(&[rows, 2]).unwrap();
     let s = x.softmax(-1).unwrap();
     let tail = vals(&s.narrow(0, rows - 2, 2).unwrap());
     let want = 1.0 / (1.0 + 1f32.exp());
-    assert_close(
-        &tail,
-        &[want, 1.0 - want, want, 1.0 - want],
-        1e-6,
-        "softmax of the last rows",
-    );
+    assert_close(&tail, &[want, 1.0 - want, want, 1.0 - want], 1e-6, "softmax of the last rows");
 }
 
 #[test]
@@ -100,10 +79,7 @@ fn an_index_out_of_range_is_an_err_on_every_device() {
         let table = Tensor::ones(&[4, 3], &dev).unwrap();
         let ids = Tensor::from_vec(vec![1u32, 9], &[2], &dev).unwrap();
         // On the GPU the kernel flags the fault, and the read-back reports it.
-        let err = table
-            .index_select(&ids, 0)
-            .and_then(|t| t.to_vec::<f32>())
-            .unwrap_err();
+        let err = table.index_select(&ids, 0).and_then(|t| t.to_vec::<f32>()).unwrap_err();
         assert!(err.to_string().contains("index"), "{dev:?}: {err}");
         // The device stays usable afterwards.
         assert_eq!(table.sum_all().unwrap().to_scalar::<f32>().unwrap(), 12.0);
@@ -115,26 +91,15 @@ fn shape_errors_name_the_op_and_both_shapes() {
     let a = Tensor::zeros(&[2, 3], &Device::Cpu).unwrap();
     let b = Tensor::zeros(&[4, 5], &Device::Cpu).unwrap();
     let e = a.matmul(&b).unwrap_err().to_string();
-    assert!(
-        e.contains("matmul") && e.contains("[2, 3]") && e.contains("[4, 5]"),
-        "{e}"
-    );
+    assert!(e.contains("matmul") && e.contains("[2, 3]") && e.contains("[4, 5]"), "{e}");
     let e = a.add(&b).unwrap_err().to_string();
-    assert!(
-        e.contains("add") && e.contains("[2, 3]") && e.contains("[4, 5]"),
-        "{e}"
-    );
+    assert!(e.contains("add") && e.contains("[2, 3]") && e.contains("[4, 5]"), "{e}");
     let e = a.reshape(&[7]).unwrap_err().to_string();
     assert!(e.contains("reshape") && e.contains("[7]"), "{e}");
     let e = a.narrow(1, 2, 5).unwrap_err().to_string();
     assert!(e.contains("narrow"), "{e}");
-    let e = Tensor::einsum("ab,bc->ac", &[&a, &b])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("'b'") && e.contains('3') && e.contains('4'),
-        "{e}"
-    );
+    let e = Tensor::einsum("ab,bc->ac", &[&a, &b]).unwrap_err().to_string();
+    assert!(e.contains("'b'") && e.contains('3') && e.contains('4'), "{e}");
     let ids = Tensor::zeros(&[2], &Device::Cpu).unwrap();
     let e = a.index_select(&ids, 0).unwrap_err().to_string();
     assert!(e.contains("u32 or i32"), "{e}");
@@ -149,13 +114,7 @@ fn operands_on_different_devices_are_an_err() {
     assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
     // Moving is explicit, and gradients flow back across it.
     let w = Var::new(Tensor::ones(&[2], &Device::Cpu).unwrap()).unwrap();
-    let loss = w
-        .to_device(&dev)
-        .unwrap()
-        .mul(&b.add_scalar(3.0).unwrap())
-        .unwrap()
-        .sum_all()
-        .unwrap();
+    let loss = w.to_device(&dev).unwrap().mul(&b.add_scalar(3.0).unwrap()).unwrap().sum_all().unwrap();
     let g = loss.backward().unwrap();
     assert_eq!(g.get(&w).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 3.0]);
     assert!(g.get(&w).unwrap().device() == &Device::Cpu);
@@ -183,18 +142,8 @@ fn threads_sharing_a_device_each_read_their_own_results() {
                 for i in 0..40 {
                     let v = (t * 100 + i) as f32;
                     let x = Tensor::full(v, &[3, 70], &dev).unwrap();
-                    let y = x
-                        .affine(2.0, 1.0)
-                        .unwrap()
-                        .t()
-                        .unwrap()
-                        .sum(&[0], false)
-                        .unwrap();
-                    assert_eq!(
-                        vals(&y),
-                        vec![(2.0 * v + 1.0) * 70.0; 3],
-                        "thread {t} step {i}"
-                    );
+                    let y = x.affine(2.0, 1.0).unwrap().t().unwrap().sum(&[0], false).unwrap();
+                    assert_eq!(vals(&y), vec![(2.0 * v + 1.0) * 70.0; 3], "thread {t} step {i}");
                 }
             });
         }

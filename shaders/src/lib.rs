@@ -38,6 +38,8 @@ pub const MATMUL: &str = include_str!("../wgsl/matmul.wgsl");
 pub const INDEX: &str = include_str!("../wgsl/index.wgsl");
 /// index_add and scatter_add.
 pub const INDEX_ADD: &str = include_str!("../wgsl/index_add.wgsl");
+/// The tiled matmul with vec4 tile loads.
+pub const MATMUL_VEC4: &str = include_str!("../wgsl/matmul_vec4.wgsl");
 /// Register-blocked batched matmul without workgroup memory.
 pub const MATMUL_DIRECT: &str = include_str!("../wgsl/matmul_direct.wgsl");
 /// A pure-FMA loop: the adapter's arithmetic ceiling, for benchmarks.
@@ -57,10 +59,7 @@ pub const UNARY_OPS: &[(&str, &str)] = &[
     ("tanh", "tanh_(x)"),
     ("sigmoid", "1.0 / (1.0 + exp(-x))"),
     ("relu", "max(x, 0.0)"),
-    (
-        "gelu_tanh",
-        "0.5 * x * (1.0 + tanh_(0.7978846 * (x + 0.044715 * x * x * x)))",
-    ),
+    ("gelu_tanh", "0.5 * x * (1.0 + tanh_(0.7978846 * (x + 0.044715 * x * x * x)))"),
     ("gelu_erf", "0.5 * x * (1.0 + erf_(x * 0.70710677))"),
     ("silu", "x / (1.0 + exp(-x))"),
     ("sin", "sin(x)"),
@@ -93,20 +92,8 @@ pub const BINARY_OPS: &[(&str, &str)] = &[
 /// Reductions: name, initial value, combine body (of `acc`, `ai`, `v`, `vi`), output type, store expression.
 const REDUCE_OPS: &[(&str, &str, &str, &str, &str)] = &[
     ("sum", "0.0", "return Pair(acc + v, 0u);", "f32", "v"),
-    (
-        "max",
-        "-3.4028235e38",
-        "return Pair(max(acc, v), 0u);",
-        "f32",
-        "v",
-    ),
-    (
-        "min",
-        "3.4028235e38",
-        "return Pair(min(acc, v), 0u);",
-        "f32",
-        "v",
-    ),
+    ("max", "-3.4028235e38", "return Pair(max(acc, v), 0u);", "f32", "v"),
+    ("min", "3.4028235e38", "return Pair(min(acc, v), 0u);", "f32", "v"),
     (
         "argmax",
         "-3.4028235e38",
@@ -136,15 +123,10 @@ pub fn matmul_direct_source(tm: usize, tn: usize) -> Option<String> {
     }
     let mut setup = Vec::new();
     for i in 0..tm {
-        setup.push(format!(
-            "    let ra_{i} = a_base + min(row0 + {i}u, m - 1u) * a_rs;"
-        ));
+        setup.push(format!("    let ra_{i} = a_base + min(row0 + {i}u, m - 1u) * a_rs;"));
     }
     for j in 0..tn {
-        setup.push(format!(
-            "    let cb_{j} = b_base + min(col0 + {}u, n - 1u) * b_cs;",
-            16 * j
-        ));
+        setup.push(format!("    let cb_{j} = b_base + min(col0 + {}u, n - 1u) * b_cs;", 16 * j));
     }
     for i in 0..tm {
         let row: Vec<String> = (0..tn).map(|j| format!("var c_{i}_{j} = 0.0;")).collect();
@@ -158,18 +140,14 @@ pub fn matmul_direct_source(tm: usize, tn: usize) -> Option<String> {
         step.push(format!("        let b_{j} = b[cb_{j} + kb];"));
     }
     for i in 0..tm {
-        let row: Vec<String> = (0..tn)
-            .map(|j| format!("c_{i}_{j} = c_{i}_{j} + a_{i} * b_{j};"))
-            .collect();
+        let row: Vec<String> = (0..tn).map(|j| format!("c_{i}_{j} = c_{i}_{j} + a_{i} * b_{j};")).collect();
         step.push(format!("        {}", row.join(" ")));
     }
     let mut store = Vec::new();
     for i in 0..tm {
         for j in 0..tn {
             let (r, col) = (format!("row0 + {i}u"), format!("col0 + {}u", 16 * j));
-            store.push(format!(
-                "    if ({r} < m && {col} < n) {{ c[out + ({r}) * n + {col}] = c_{i}_{j}; }}"
-            ));
+            store.push(format!("    if ({r} < m && {col} < n) {{ c[out + ({r}) * n + {col}] = c_{i}_{j}; }}"));
         }
     }
     Some(
@@ -219,15 +197,8 @@ pub fn source(name: &str) -> Option<String> {
         },
         "cast" => {
             let (_, i, o, conv) = CASTS.iter().find(|c| c.0 == variant)?;
-            let body = CAST
-                .replace("{{IN}}", i)
-                .replace("{{OUT}}", o)
-                .replace("{{CONV}}", conv);
-            if variant.contains("f16") {
-                format!("enable f16;\n{body}")
-            } else {
-                body
-            }
+            let body = CAST.replace("{{IN}}", i).replace("{{OUT}}", o).replace("{{CONV}}", conv);
+            if variant.contains("f16") { format!("enable f16;\n{body}") } else { body }
         }
         "where" if variant.is_empty() => WHERE.to_string(),
         "copy" if variant.is_empty() => COPY.to_string(),
@@ -235,6 +206,7 @@ pub fn source(name: &str) -> Option<String> {
         "rand" if variant.is_empty() => RAND.to_string(),
         "layer_norm" if variant.is_empty() => LAYER_NORM.to_string(),
         "matmul" if variant == "tiled" => MATMUL.to_string(),
+        "matmul" if variant == "tiled_vec4" => MATMUL_VEC4.to_string(),
         "matmul" => {
             // `direct8x8`, `direct16x16`: the register block is part of the name.
             let (tm, tn) = variant.strip_prefix("direct")?.split_once('x')?;
@@ -266,17 +238,6 @@ pub fn all_kernels() -> Vec<String> {
         ]
         .map(String::from),
     );
-    names.extend(
-        [
-            "where",
-            "copy",
-            "fill",
-            "rand",
-            "layer_norm",
-            "index",
-            "index_add",
-        ]
-        .map(String::from),
-    );
+    names.extend(["where", "copy", "fill", "rand", "layer_norm", "index", "index_add"].map(String::from));
     names
 }

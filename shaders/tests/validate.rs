@@ -5,18 +5,11 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 #[test]
 fn every_kernel_validates_with_naga() {
     let names = weft_shaders::all_kernels();
-    assert!(
-        names.len() > 40,
-        "expected every kernel variant, got {}",
-        names.len()
-    );
+    assert!(names.len() > 40, "expected every kernel variant, got {}", names.len());
     let mut failures = Vec::new();
     for name in &names {
         let src = weft_shaders::source(name).expect("listed kernels have a source");
-        assert!(
-            !src.contains("{{"),
-            "{name}: a template placeholder was left unfilled"
-        );
+        assert!(!src.contains("{{"), "{name}: a template placeholder was left unfilled");
         let module = match naga::front::wgsl::parse_str(&src) {
             Ok(m) => m,
             Err(e) => {
@@ -48,15 +41,13 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("layer_norm", weft_shaders::LAYER_NORM),
         ("matmul", weft_shaders::MATMUL),
         ("matmul_direct", weft_shaders::MATMUL_DIRECT),
+        ("matmul_vec4", weft_shaders::MATMUL_VEC4),
         ("index", weft_shaders::INDEX),
         ("index_add", weft_shaders::INDEX_ADD),
         ("fma_peak", weft_shaders::FMA_PEAK),
     ] {
         let head: Vec<&str> = src.lines().take_while(|l| l.starts_with("//")).collect();
-        assert!(
-            head.len() >= 3,
-            "{name}.wgsl must open with a comment on its algorithm"
-        );
+        assert!(head.len() >= 3, "{name}.wgsl must open with a comment on its algorithm");
     }
 }
 

@@ -31,17 +31,9 @@ fn rows(layouts: &[&Layout]) -> Rows {
     let starts = layouts
         .iter()
         .zip(&st)
-        .map(|(l, s)| {
-            Layout::new(shape[..r - 1].into(), s[..r - 1].into(), l.offset())
-                .offsets()
-                .collect()
-        })
+        .map(|(l, s)| Layout::new(shape[..r - 1].into(), s[..r - 1].into(), l.offset()).offsets().collect())
         .collect();
-    Rows {
-        len: shape[r - 1],
-        starts,
-        steps: st.iter().map(|s| s[r - 1]).collect(),
-    }
+    Rows { len: shape[r - 1], starts, steps: st.iter().map(|s| s[r - 1]).collect() }
 }
 
 /// Fill `out` (row-major, `rows.len` per row) with `f` of the operands, in parallel over rows.
@@ -65,23 +57,16 @@ fn run<const N: usize>(
             }
         } else {
             for (j, o) in o.iter_mut().enumerate() {
-                *o = f(std::array::from_fn(|k| {
-                    data[k][base[k] + j * rows.steps[k]]
-                }));
+                *o = f(std::array::from_fn(|k| data[k][base[k] + j * rows.steps[k]]));
             }
         }
     };
     if numel >= 2 * PAR_CHUNK {
         let per_task = (PAR_CHUNK / n).max(1) * n;
-        out.par_chunks_mut(per_task)
-            .enumerate()
-            .for_each(|(t, chunk)| {
-                let first = t * per_task / n;
-                chunk
-                    .chunks_mut(n)
-                    .enumerate()
-                    .for_each(|(i, o)| row((first + i, o)));
-            });
+        out.par_chunks_mut(per_task).enumerate().for_each(|(t, chunk)| {
+            let first = t * per_task / n;
+            chunk.chunks_mut(n).enumerate().for_each(|(i, o)| row((first + i, o)));
+        });
     } else {
         out.chunks_mut(n).enumerate().for_each(row);
     }
@@ -111,13 +96,7 @@ pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
 }
 
 /// `op(a, b)` for two layouts of the same shape (broadcasting is done by the caller with views).
-pub fn binary(
-    op: BinaryOp,
-    a: &CpuStorage,
-    la: &Layout,
-    b: &CpuStorage,
-    lb: &Layout,
-) -> Result<CpuStorage> {
+pub fn binary(op: BinaryOp, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<CpuStorage> {
     let (x, y) = (a.f32s(op.name())?, b.f32s(op.name())?);
     let r = rows(&[la, lb]);
     let mut out = take(la.numel());
@@ -145,20 +124,10 @@ pub fn where_cond(
     b: &CpuStorage,
     lb: &Layout,
 ) -> Result<CpuStorage> {
-    let d = [
-        m.f32s("where_cond")?,
-        a.f32s("where_cond")?,
-        b.f32s("where_cond")?,
-    ];
+    let d = [m.f32s("where_cond")?, a.f32s("where_cond")?, b.f32s("where_cond")?];
     let r = rows(&[lm, la, lb]);
     let mut out = take(la.numel());
-    run(
-        &mut out,
-        la.numel(),
-        &r,
-        d,
-        |[c, p, q]| if c != 0.0 { p } else { q },
-    );
+    run(&mut out, la.numel(), &r, d, |[c, p, q]| if c != 0.0 { p } else { q });
     Ok(f32_storage(out))
 }
 
@@ -172,22 +141,12 @@ pub fn cast(s: &CpuStorage, l: &Layout, to: DType) -> Result<CpuStorage> {
     };
     // Integers convert directly, so values above 2^24 survive an integer-to-integer cast.
     Ok(match (s, to) {
-        (CpuStorage::U32(v), DType::U32) => {
-            CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o]).collect()))
-        }
-        (CpuStorage::I32(v), DType::I32) => {
-            CpuStorage::I32(Arc::new(l.offsets().map(|o| v[o]).collect()))
-        }
-        (CpuStorage::U32(v), DType::I32) => {
-            CpuStorage::I32(Arc::new(l.offsets().map(|o| v[o] as i32).collect()))
-        }
-        (CpuStorage::I32(v), DType::U32) => {
-            CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o] as u32).collect()))
-        }
+        (CpuStorage::U32(v), DType::U32) => CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o]).collect())),
+        (CpuStorage::I32(v), DType::I32) => CpuStorage::I32(Arc::new(l.offsets().map(|o| v[o]).collect())),
+        (CpuStorage::U32(v), DType::I32) => CpuStorage::I32(Arc::new(l.offsets().map(|o| v[o] as i32).collect())),
+        (CpuStorage::I32(v), DType::U32) => CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o] as u32).collect())),
         (_, DType::F32) => f32_storage(as_f32),
-        (_, DType::F16) => {
-            CpuStorage::F16(Arc::new(as_f32.iter().map(|&x| f16::from_f32(x)).collect()))
-        }
+        (_, DType::F16) => CpuStorage::F16(Arc::new(as_f32.iter().map(|&x| f16::from_f32(x)).collect())),
         (_, DType::U32) => CpuStorage::U32(Arc::new(as_f32.iter().map(|&x| x as u32).collect())),
         (_, DType::I32) => CpuStorage::I32(Arc::new(as_f32.iter().map(|&x| x as i32).collect())),
     })
@@ -204,9 +163,5 @@ pub fn copy_into(src: &CpuStorage, ls: &Layout, dst: &mut [f32], ld: &Layout) ->
 
 /// `n` uniform values in [0, 1) of stream `key`, starting at counter `start`.
 pub fn rand_uniform(n: usize, key: u32, start: u32) -> CpuStorage {
-    f32_storage(
-        (0..n as u32)
-            .map(|i| crate::rng::uniform(key, start.wrapping_add(i)))
-            .collect(),
-    )
+    f32_storage((0..n as u32).map(|i| crate::rng::uniform(key, start.wrapping_add(i))).collect())
 }

@@ -6,31 +6,18 @@ use crate::{Error, Layout, Result};
 
 fn check(op: &'static str, ids: &[u32], size: usize) -> Result<()> {
     match ids.iter().find(|&&i| i as usize >= size) {
-        Some(i) => Err(Error::invalid(
-            op,
-            format!("index {i} is out of range for an axis of size {size}"),
-        )),
+        Some(i) => Err(Error::invalid(op, format!("index {i} is out of range for an axis of size {size}"))),
         None => Ok(()),
     }
 }
 
 /// Split a contiguous shape at `axis` into (outer, size, inner).
 fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    (
-        shape[..axis].iter().product(),
-        shape[axis],
-        shape[axis + 1..].iter().product(),
-    )
+    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
 }
 
 /// Entries `ids` (1-D) of `axis`: output shape is the source shape with `axis` of size `ids.len()`.
-pub fn index_select(
-    s: &CpuStorage,
-    l: &Layout,
-    ids: &CpuStorage,
-    li: &Layout,
-    axis: usize,
-) -> Result<CpuStorage> {
+pub fn index_select(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, axis: usize) -> Result<CpuStorage> {
     let x = strided(s.f32s("index_select")?, l);
     let ids = ids.indices("index_select", li)?;
     let (outer, size, inner) = split(l.shape(), axis);
@@ -73,13 +60,7 @@ pub fn index_add(
 
 /// `out[.., j, ..] = src[.., ids[.., j, ..], ..]` along `axis`; `ids` has the output's shape, which
 /// matches the source on every other axis.
-pub fn gather(
-    s: &CpuStorage,
-    l: &Layout,
-    ids: &CpuStorage,
-    li: &Layout,
-    axis: usize,
-) -> Result<CpuStorage> {
+pub fn gather(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, axis: usize) -> Result<CpuStorage> {
     let x = strided(s.f32s("gather")?, l);
     let ids = ids.indices("gather", li)?;
     let (outer, size, inner) = split(l.shape(), axis);

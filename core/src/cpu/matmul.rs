@@ -17,13 +17,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let (brs, bcs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
     // Offsets of each batch's matrix in a and b.
     let boff = |l: &Layout| -> Vec<usize> {
-        Layout::new(
-            l.shape()[..r - 2].into(),
-            l.strides()[..r - 2].into(),
-            l.offset(),
-        )
-        .offsets()
-        .collect()
+        Layout::new(l.shape()[..r - 2].into(), l.strides()[..r - 2].into(), l.offset()).offsets().collect()
     };
     let (aoffs, boffs) = (boff(la), boff(lb));
     if m * n * k == 0 {
@@ -60,15 +54,10 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let threads = rayon::current_num_threads();
     if nb >= threads && threads > 1 && work >= 1 << 15 {
         // Enough matrices to keep every core busy: one single-threaded gemm per batch entry.
-        out.par_chunks_mut(m * n)
-            .enumerate()
-            .for_each(|(i, dst)| one(i, dst, gemm::Parallelism::None));
+        out.par_chunks_mut(m * n).enumerate().for_each(|(i, dst)| one(i, dst, gemm::Parallelism::None));
     } else {
-        let par = if work >= 1 << 18 && threads > 1 {
-            gemm::Parallelism::Rayon(threads)
-        } else {
-            gemm::Parallelism::None
-        };
+        let par =
+            if work >= 1 << 18 && threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
         for (i, dst) in out.chunks_mut(m * n).enumerate() {
             one(i, dst, par);
         }

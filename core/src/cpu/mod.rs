@@ -43,11 +43,7 @@ impl CpuStorage {
     pub fn f32s(&self, op: &'static str) -> Result<&[f32]> {
         match self {
             CpuStorage::F32(v) => Ok(v),
-            s => Err(Error::DType {
-                op,
-                expected: "f32",
-                got: s.dtype(),
-            }),
+            s => Err(Error::DType { op, expected: "f32", got: s.dtype() }),
         }
     }
 
@@ -57,16 +53,9 @@ impl CpuStorage {
             CpuStorage::U32(v) => Ok(layout.offsets().map(|o| v[o]).collect()),
             CpuStorage::I32(v) => layout
                 .offsets()
-                .map(|o| {
-                    u32::try_from(v[o])
-                        .map_err(|_| Error::invalid(op, format!("negative index {}", v[o])))
-                })
+                .map(|o| u32::try_from(v[o]).map_err(|_| Error::invalid(op, format!("negative index {}", v[o]))))
                 .collect(),
-            s => Err(Error::DType {
-                op,
-                expected: "u32 or i32",
-                got: s.dtype(),
-            }),
+            s => Err(Error::DType { op, expected: "u32 or i32", got: s.dtype() }),
         }
     }
 

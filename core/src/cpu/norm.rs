@@ -12,19 +12,13 @@ pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
     if n == 0 {
         return Ok(f32_storage(out));
     }
-    out.par_chunks_mut(n)
-        .zip(x.par_chunks(n))
-        .for_each(|(o, r)| {
-            let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = r.iter().map(|&v| (v - max).exp()).sum();
-            for (o, &v) in o.iter_mut().zip(r) {
-                *o = if log {
-                    v - max - sum.ln()
-                } else {
-                    (v - max).exp() / sum
-                };
-            }
-        });
+    out.par_chunks_mut(n).zip(x.par_chunks(n)).for_each(|(o, r)| {
+        let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = r.iter().map(|&v| (v - max).exp()).sum();
+        for (o, &v) in o.iter_mut().zip(r) {
+            *o = if log { v - max - sum.ln() } else { (v - max).exp() / sum };
+        }
+    });
     Ok(f32_storage(out))
 }
 
@@ -47,15 +41,13 @@ pub fn layer_norm(
     if n == 0 {
         return Ok(f32_storage(out));
     }
-    out.par_chunks_mut(n)
-        .zip(x.par_chunks(n))
-        .for_each(|(o, r)| {
-            let mean = r.iter().sum::<f32>() / n as f32;
-            let var = r.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
-            let rstd = 1.0 / (var + eps).sqrt();
-            for i in 0..n {
-                o[i] = (r[i] - mean) * rstd * g[i] + b[i];
-            }
-        });
+    out.par_chunks_mut(n).zip(x.par_chunks(n)).for_each(|(o, r)| {
+        let mean = r.iter().sum::<f32>() / n as f32;
+        let var = r.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for i in 0..n {
+            o[i] = (r[i] - mean) * rstd * g[i] + b[i];
+        }
+    });
     Ok(f32_storage(out))
 }

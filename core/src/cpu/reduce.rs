@@ -15,16 +15,8 @@ pub fn reduce(op: ReduceOp, s: &CpuStorage, l: &Layout, axes: &[usize]) -> Resul
     let order: Vec<usize> = kept.iter().chain(axes.iter()).copied().collect();
     let p = l.permute(&order)?;
     let n_out: usize = kept.iter().map(|&a| l.shape()[a]).product();
-    let inner = Layout::new(
-        p.shape()[kept.len()..].into(),
-        p.strides()[kept.len()..].into(),
-        0,
-    );
-    let outer = Layout::new(
-        p.shape()[..kept.len()].into(),
-        p.strides()[..kept.len()].into(),
-        p.offset(),
-    );
+    let inner = Layout::new(p.shape()[kept.len()..].into(), p.strides()[kept.len()..].into(), 0);
+    let outer = Layout::new(p.shape()[..kept.len()].into(), p.strides()[..kept.len()].into(), p.offset());
     let inner_offs: Vec<usize> = inner.offsets().collect();
     let outer_offs: Vec<usize> = outer.offsets().collect();
     debug_assert_eq!(outer_offs.len(), n_out);

@@ -59,27 +59,18 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
-        .map_err(|e| {
-            Error::Gpu(format!(
-                "could not open a device on {}: {e}",
-                adapter.get_info().name
-            ))
-        })?;
+        .map_err(|e| Error::Gpu(format!("could not open a device on {}: {e}", adapter.get_info().name)))?;
         // Errors the GPU reports asynchronously are kept and returned at the next read-back,
         // instead of wgpu's default of panicking.
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            sink.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(e.to_string());
+            sink.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
         }));
         let fault_buf = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("weft fault flag"),
             size: 16,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         Ok(GpuContext {
@@ -101,27 +92,17 @@ impl GpuContext {
 
     /// The largest buffer a kernel can bind.
     pub(crate) fn max_binding(&self) -> u64 {
-        self.limits
-            .max_storage_buffer_binding_size
-            .min(self.limits.max_buffer_size)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
     /// A buffer of at least `bytes` from the pool, or a new one.
     pub(crate) fn alloc(&self, bytes: u64) -> Result<Arc<PooledBuffer>> {
         let cap = self.max_binding();
         if bytes > cap {
-            return Err(Error::TooLarge {
-                bytes,
-                limit: cap,
-                what: "largest storage buffer binding",
-            });
+            return Err(Error::TooLarge { bytes, limit: cap, what: "largest storage buffer binding" });
         }
         let size = pool::bucket(bytes, cap);
-        let reused = self
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(size);
+        let reused = self.pool.lock().unwrap_or_else(|p| p.into_inner()).take(size);
         let buffer = match reused {
             Some(b) => b,
             None => match self.create(size) {
@@ -133,10 +114,7 @@ impl GpuContext {
                 }
             },
         };
-        self.pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .lend(size);
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).lend(size);
         Ok(Arc::new(pool::loan(&self.pool, buffer, size)))
     }
 
@@ -145,17 +123,12 @@ impl GpuContext {
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         match pollster::block_on(scope.pop()) {
             None => Ok(buffer),
-            Some(_) => Err(Error::OutOfMemory {
-                bytes: size,
-                device: self.describe(),
-            }),
+            Some(_) => Err(Error::OutOfMemory { bytes: size, device: self.describe() }),
         }
     }
 
@@ -176,16 +149,10 @@ impl GpuContext {
     /// The compiled pipeline of a kernel's entry point, compiling it on first use.
     fn pipeline(&self, kernel: &str, entry: &str) -> Result<Arc<wgpu::ComputePipeline>> {
         let key = format!("{kernel}#{entry}");
-        if let Some(p) = self
-            .pipelines
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        if let Some(p) = self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(p.clone());
         }
-        let src = weft_shaders::source(kernel)
-            .ok_or_else(|| Error::Gpu(format!("no kernel named {kernel}")))?;
+        let src = weft_shaders::source(kernel).ok_or_else(|| Error::Gpu(format!("no kernel named {kernel}")))?;
         if src.starts_with("enable f16") && !self.features.contains(wgpu::Features::SHADER_F16) {
             return Err(Error::Gpu(format!(
                 "kernel {kernel} needs the adapter feature shader-f16, which {} lacks",
@@ -193,30 +160,23 @@ impl GpuContext {
             )));
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(kernel),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            });
-        let pipeline = self
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&key),
-                layout: None,
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            });
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(kernel),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&key),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Gpu(format!("kernel {key} failed to compile: {e}")));
         }
         let p = Arc::new(pipeline);
-        self.pipelines
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, p.clone());
+        self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).insert(key, p.clone());
         Ok(p)
     }
 
@@ -240,15 +200,9 @@ impl GpuContext {
         }
         let pipeline = self.pipeline(kernel, entry)?;
         let info_buf = self.upload(bytemuck::cast_slice(info))?;
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: info_buf.buffer.as_entire_binding(),
-        }];
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: info_buf.buffer.as_entire_binding() }];
         for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.buffer.as_entire_binding(),
-            });
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.buffer.as_entire_binding() });
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
@@ -258,12 +212,7 @@ impl GpuContext {
         let mut hold: Vec<Arc<PooledBuffer>> = buffers.iter().map(|b| Arc::clone(b)).collect();
         hold.push(info_buf);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.push(Recorded {
-            pipeline,
-            bind_group,
-            groups,
-            _hold: hold,
-        });
+        pending.push(Recorded { pipeline, bind_group, groups, _hold: hold });
         if pending.len() >= FLUSH_EVERY {
             let batch = self.submit_locked(&mut pending, |_| ());
             drop(pending);
@@ -281,11 +230,7 @@ impl GpuContext {
     /// A grid of `groups` workgroups, spread over x and y when x alone would exceed the limit.
     pub(crate) fn grid_for(&self, groups: usize) -> [u32; 3] {
         let max = self.limits.max_compute_workgroups_per_dimension as usize;
-        if groups <= max {
-            [groups as u32, 1, 1]
-        } else {
-            [max as u32, groups.div_ceil(max) as u32, 1]
-        }
+        if groups <= max { [groups as u32, 1, 1] } else { [max as u32, groups.div_ceil(max) as u32, 1] }
     }
 
     fn replay(encoder: &mut wgpu::CommandEncoder, batch: &[Recorded]) {
@@ -345,10 +290,7 @@ impl GpuContext {
         let msg = errs.join("; ");
         errs.clear();
         if msg.to_lowercase().contains("out of memory") {
-            return Err(Error::OutOfMemory {
-                bytes: 0,
-                device: format!("{} ({msg})", self.describe()),
-            });
+            return Err(Error::OutOfMemory { bytes: 0, device: format!("{} ({msg})", self.describe()) });
         }
         Err(Error::Gpu(msg))
     }
@@ -387,9 +329,7 @@ impl GpuContext {
         rx.recv()
             .map_err(|_| Error::Gpu("read-back was dropped".into()))?
             .map_err(|e| Error::Gpu(format!("mapping a read-back buffer: {e}")))?;
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| Error::Gpu(format!("read-back: {e}")))?;
+        let view = slice.get_mapped_range().map_err(|e| Error::Gpu(format!("read-back: {e}")))?;
         let fault = u32::from_le_bytes(view[size as usize..size as usize + 4].try_into().unwrap());
         let lo = (offset - start) as usize;
         let out = view[lo..lo + len as usize].to_vec();
@@ -412,12 +352,8 @@ impl GpuContext {
     /// Use the matmul kernel named `kernel` (see `MATMUL_VARIANTS`) on this device instead of the
     /// autotuner's choice; for tests and benchmarks.
     pub fn force_matmul(&self, kernel: &str) -> Result<()> {
-        let v = super::matmul::MATMUL_VARIANTS
-            .iter()
-            .find(|v| v.kernel == kernel);
-        let v = v.ok_or_else(|| {
-            Error::invalid("force_matmul", format!("no matmul kernel named {kernel}"))
-        })?;
+        let v = super::matmul::MATMUL_VARIANTS.iter().find(|v| v.kernel == kernel);
+        let v = v.ok_or_else(|| Error::invalid("force_matmul", format!("no matmul kernel named {kernel}")))?;
         *self.matmul.lock().unwrap_or_else(|p| p.into_inner()) = Some(*v);
         Ok(())
     }
@@ -438,9 +374,6 @@ impl GpuContext {
 
     /// e.g. `gpu:0 (llvmpipe (LLVM 15.0.6, 256 bits), Vulkan, Cpu)`.
     pub fn describe(&self) -> String {
-        format!(
-            "gpu:{} ({}, {:?}, {:?})",
-            self.adapter_index, self.info.name, self.info.backend, self.info.device_type
-        )
+        format!("gpu:{} ({}, {:?}, {:?})", self.adapter_index, self.info.name, self.info.backend, self.info.device_type)
     }
 }

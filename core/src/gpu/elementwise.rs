@@ -24,49 +24,19 @@ pub fn unary(op: UnaryOp, s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
     check_rank(op.name(), l)?;
     let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?;
     let [p0, p1] = op.params();
-    let info = strided_info(
-        vec![
-            l.numel() as u32,
-            0,
-            l.offset() as u32,
-            p0.to_bits(),
-            p1.to_bits(),
-        ],
-        &[l],
-    );
+    let info = strided_info(vec![l.numel() as u32, 0, l.offset() as u32, p0.to_bits(), p1.to_bits()], &[l]);
     let kernel = format!("unary/{}", op.name());
-    s.ctx.dispatch(
-        &kernel,
-        "main",
-        &info,
-        &[&s.buf, &out.buf],
-        s.ctx.grid_1d(l.numel()),
-    )?;
+    s.ctx.dispatch(&kernel, "main", &info, &[&s.buf, &out.buf], s.ctx.grid_1d(l.numel()))?;
     Ok(out)
 }
 
 /// `op(a, b)` for two layouts of one shape.
-pub fn binary(
-    op: BinaryOp,
-    a: &GpuStorage,
-    la: &Layout,
-    b: &GpuStorage,
-    lb: &Layout,
-) -> Result<GpuStorage> {
+pub fn binary(op: BinaryOp, a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
     check_rank(op.name(), la)?;
     let out = GpuStorage::alloc(&a.ctx, la.numel(), DType::F32)?;
-    let info = strided_info(
-        vec![la.numel() as u32, 0, la.offset() as u32, lb.offset() as u32],
-        &[la, lb],
-    );
+    let info = strided_info(vec![la.numel() as u32, 0, la.offset() as u32, lb.offset() as u32], &[la, lb]);
     let kernel = format!("binary/{}", op.name());
-    a.ctx.dispatch(
-        &kernel,
-        "main",
-        &info,
-        &[&a.buf, &b.buf, &out.buf],
-        a.ctx.grid_1d(la.numel()),
-    )?;
+    a.ctx.dispatch(&kernel, "main", &info, &[&a.buf, &b.buf, &out.buf], a.ctx.grid_1d(la.numel()))?;
     Ok(out)
 }
 
@@ -81,38 +51,17 @@ pub fn where_cond(
 ) -> Result<GpuStorage> {
     check_rank("where_cond", la)?;
     let out = GpuStorage::alloc(&a.ctx, la.numel(), DType::F32)?;
-    let head = vec![
-        la.numel() as u32,
-        0,
-        lm.offset() as u32,
-        la.offset() as u32,
-        lb.offset() as u32,
-    ];
+    let head = vec![la.numel() as u32, 0, lm.offset() as u32, la.offset() as u32, lb.offset() as u32];
     let info = strided_info(head, &[lm, la, lb]);
-    a.ctx.dispatch(
-        "where",
-        "main",
-        &info,
-        &[&m.buf, &a.buf, &b.buf, &out.buf],
-        a.ctx.grid_1d(la.numel()),
-    )?;
+    a.ctx.dispatch("where", "main", &info, &[&m.buf, &a.buf, &b.buf, &out.buf], a.ctx.grid_1d(la.numel()))?;
     Ok(out)
 }
 
 /// Copy the 32-bit elements of `src` (layout `ls`) to the positions of `ld` in `dst`.
 pub fn copy_into(src: &GpuStorage, ls: &Layout, dst: &GpuStorage, ld: &Layout) -> Result<()> {
     check_rank("copy", ls)?;
-    let info = strided_info(
-        vec![ls.numel() as u32, 0, ls.offset() as u32, ld.offset() as u32],
-        &[ls, ld],
-    );
-    src.ctx.dispatch(
-        "copy",
-        "main",
-        &info,
-        &[&src.buf, &dst.buf],
-        src.ctx.grid_1d(ls.numel()),
-    )
+    let info = strided_info(vec![ls.numel() as u32, 0, ls.offset() as u32, ld.offset() as u32], &[ls, ld]);
+    src.ctx.dispatch("copy", "main", &info, &[&src.buf, &dst.buf], src.ctx.grid_1d(ls.numel()))
 }
 
 /// Convert a strided tensor to another dtype (contiguous output).
@@ -133,55 +82,27 @@ pub fn cast(s: &GpuStorage, l: &Layout, from: DType, to: DType) -> Result<GpuSto
     push_dims(&mut info, l.strides(), 0);
     let kernel = match (from, to) {
         (DType::F16, t) if t != DType::F32 => {
-            return cast(
-                &cast(s, l, from, DType::F32)?,
-                &Layout::contiguous(l.shape()),
-                DType::F32,
-                to,
-            );
+            return cast(&cast(s, l, from, DType::F32)?, &Layout::contiguous(l.shape()), DType::F32, to);
         }
         (f, DType::F16) if f != DType::F32 => {
-            return cast(
-                &cast(s, l, from, DType::F32)?,
-                &Layout::contiguous(l.shape()),
-                DType::F32,
-                to,
-            );
+            return cast(&cast(s, l, from, DType::F32)?, &Layout::contiguous(l.shape()), DType::F32, to);
         }
         _ => format!("cast/{}_{}", from.name(), to.name()),
     };
-    s.ctx.dispatch(
-        &kernel,
-        "main",
-        &info,
-        &[&s.buf, &out.buf],
-        s.ctx.grid_1d(l.numel()),
-    )?;
+    s.ctx.dispatch(&kernel, "main", &info, &[&s.buf, &out.buf], s.ctx.grid_1d(l.numel()))?;
     Ok(out)
 }
 
 /// A buffer of `n` 32-bit elements all set to `bits`.
 pub fn fill(ctx: &Arc<GpuContext>, n: usize, bits: u32) -> Result<GpuStorage> {
     let out = GpuStorage::alloc(ctx, n, DType::F32)?;
-    ctx.dispatch(
-        "fill",
-        "main",
-        &[n as u32, bits],
-        &[&out.buf],
-        ctx.grid_1d(n),
-    )?;
+    ctx.dispatch("fill", "main", &[n as u32, bits], &[&out.buf], ctx.grid_1d(n))?;
     Ok(out)
 }
 
 /// `n` uniform values in [0, 1) of stream `key` from counter `start` (the Cpu's `rng::uniform`).
 pub fn rand_uniform(ctx: &Arc<GpuContext>, n: usize, key: u32, start: u32) -> Result<GpuStorage> {
     let out = GpuStorage::alloc(ctx, n, DType::F32)?;
-    ctx.dispatch(
-        "rand",
-        "main",
-        &[n as u32, key, start],
-        &[&out.buf],
-        ctx.grid_1d(n),
-    )?;
+    ctx.dispatch("rand", "main", &[n as u32, key, start], &[&out.buf], ctx.grid_1d(n))?;
     Ok(out)
 }

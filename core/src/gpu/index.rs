@@ -5,19 +5,11 @@ use super::{GpuStorage, contiguous};
 use crate::{DType, Layout, Result};
 
 fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    (
-        shape[..axis].iter().product(),
-        shape[axis],
-        shape[axis + 1..].iter().product(),
-    )
+    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
 }
 
 fn contig(s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
-    if l.is_contiguous() && l.offset() == 0 {
-        Ok(s.clone())
-    } else {
-        contiguous(s, l)
-    }
+    if l.is_contiguous() && l.offset() == 0 { Ok(s.clone()) } else { contiguous(s, l) }
 }
 
 fn run(
@@ -28,65 +20,29 @@ fn run(
     n: usize,
     info: [usize; 4],
 ) -> Result<()> {
-    let kernel = if entry.ends_with("_add") {
-        "index_add"
-    } else {
-        "index"
-    };
+    let kernel = if entry.ends_with("_add") { "index_add" } else { "index" };
     let info: Vec<u32> = std::iter::once(n).chain(info).map(|x| x as u32).collect();
     let ctx = &src.ctx;
-    ctx.dispatch(
-        kernel,
-        entry,
-        &info,
-        &[&src.buf, &ids.buf, &out.buf, &ctx.fault],
-        ctx.grid_1d(n),
-    )
+    ctx.dispatch(kernel, entry, &info, &[&src.buf, &ids.buf, &out.buf, &ctx.fault], ctx.grid_1d(n))
 }
 
 /// Entries `ids` (1-D) of `axis`.
-pub fn index_select(
-    s: &GpuStorage,
-    l: &Layout,
-    ids: &GpuStorage,
-    li: &Layout,
-    axis: usize,
-) -> Result<GpuStorage> {
+pub fn index_select(s: &GpuStorage, l: &Layout, ids: &GpuStorage, li: &Layout, axis: usize) -> Result<GpuStorage> {
     let (outer, size, inner) = split(l.shape(), axis);
     let (src, ids) = (contig(s, l)?, contig(ids, li)?);
     let n = outer * li.numel() * inner;
     let out = GpuStorage::alloc(&s.ctx, n, DType::F32)?;
-    run(
-        "index_select",
-        &src,
-        &ids,
-        &out,
-        n,
-        [outer, size, inner, li.numel()],
-    )?;
+    run("index_select", &src, &ids, &out, n, [outer, size, inner, li.numel()])?;
     Ok(out)
 }
 
 /// torch.gather along `axis`: `ids` has the output's shape.
-pub fn gather(
-    s: &GpuStorage,
-    l: &Layout,
-    ids: &GpuStorage,
-    li: &Layout,
-    axis: usize,
-) -> Result<GpuStorage> {
+pub fn gather(s: &GpuStorage, l: &Layout, ids: &GpuStorage, li: &Layout, axis: usize) -> Result<GpuStorage> {
     let (outer, size, inner) = split(l.shape(), axis);
     let (src, ids) = (contig(s, l)?, contig(ids, li)?);
     let n = li.numel();
     let out = GpuStorage::alloc(&s.ctx, n, DType::F32)?;
-    run(
-        "gather",
-        &src,
-        &ids,
-        &out,
-        n,
-        [outer, size, inner, li.shape()[axis]],
-    )?;
+    run("gather", &src, &ids, &out, n, [outer, size, inner, li.shape()[axis]])?;
     Ok(out)
 }
 
@@ -102,14 +58,7 @@ pub fn index_add(
     let (outer, size, inner) = split(shape, axis);
     let (x, ids) = (contig(src, ls)?, contig(ids, li)?);
     let out = super::fill(&src.ctx, outer * size * inner, 0)?;
-    run(
-        "index_add",
-        &x,
-        &ids,
-        &out,
-        ls.numel(),
-        [outer, size, inner, li.numel()],
-    )?;
+    run("index_add", &x, &ids, &out, ls.numel(), [outer, size, inner, li.numel()])?;
     Ok(out)
 }
 
@@ -125,13 +74,6 @@ pub fn scatter_add(
     let (outer, size, inner) = split(shape, axis);
     let (x, ids) = (contig(src, ls)?, contig(ids, li)?);
     let out = super::fill(&src.ctx, outer * size * inner, 0)?;
-    run(
-        "scatter_add",
-        &x,
-        &ids,
-        &out,
-        ls.numel(),
-        [outer, size, inner, li.shape()[axis]],
-    )?;
+    run("scatter_add", &x, &ids, &out, ls.numel(), [outer, size, inner, li.shape()[axis]])?;
     Ok(out)
 }

@@ -23,30 +23,17 @@ pub struct MatmulVariant {
     pub tile_m: usize,
     /// Columns of C per workgroup.
     pub tile_n: usize,
+    /// Reads A and B as vec4: needs both row-major with every offset, stride, K and N a multiple of 4.
+    pub vec4: bool,
 }
 
 /// Every matmul kernel, smallest tile first.
 pub const MATMUL_VARIANTS: &[MatmulVariant] = &[
-    MatmulVariant {
-        kernel: "matmul/tiled",
-        tile_m: 64,
-        tile_n: 64,
-    },
-    MatmulVariant {
-        kernel: "matmul/direct4x4",
-        tile_m: 64,
-        tile_n: 64,
-    },
-    MatmulVariant {
-        kernel: "matmul/direct8x8",
-        tile_m: 128,
-        tile_n: 128,
-    },
-    MatmulVariant {
-        kernel: "matmul/direct16x16",
-        tile_m: 256,
-        tile_n: 256,
-    },
+    MatmulVariant { kernel: "matmul/tiled", tile_m: 64, tile_n: 64, vec4: false },
+    MatmulVariant { kernel: "matmul/tiled_vec4", tile_m: 64, tile_n: 64, vec4: true },
+    MatmulVariant { kernel: "matmul/direct4x4", tile_m: 64, tile_n: 64, vec4: false },
+    MatmulVariant { kernel: "matmul/direct8x8", tile_m: 128, tile_n: 128, vec4: false },
+    MatmulVariant { kernel: "matmul/direct16x16", tile_m: 256, tile_n: 256, vec4: false },
 ];
 
 /// Rankings by adapter, fastest first, so virtual devices on one adapter tune once.
@@ -57,35 +44,23 @@ fn rankings() -> &'static Mutex<HashMap<usize, Vec<MatmulVariant>>> {
 
 /// The ranking of an adapter's matmul variants, fastest first (tuning it on first use).
 pub fn matmul_ranking(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
-    if let Some(r) = rankings()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&ctx.adapter_index)
-    {
+    if let Some(r) = rankings().lock().unwrap_or_else(|p| p.into_inner()).get(&ctx.adapter_index) {
         return Ok(r.clone());
     }
     let ranked = autotune(ctx)?;
-    rankings()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(ctx.adapter_index, ranked.clone());
+    rankings().lock().unwrap_or_else(|p| p.into_inner()).insert(ctx.adapter_index, ranked.clone());
     Ok(ranked)
 }
 
 fn autotune(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
     if let Ok(name) = std::env::var("WEFT_MATMUL_KERNEL") {
         let v = MATMUL_VARIANTS.iter().find(|v| v.kernel == name);
-        return v.map(|v| vec![*v]).ok_or_else(|| {
-            Error::invalid(
-                "matmul",
-                format!("WEFT_MATMUL_KERNEL={name} names no kernel"),
-            )
-        });
+        return v
+            .map(|v| vec![*v])
+            .ok_or_else(|| Error::invalid("matmul", format!("WEFT_MATMUL_KERNEL={name} names no kernel")));
     }
     let (m, k, n) = (256, 512, 512);
-    let host: Vec<f32> = (0..m.max(n) * k)
-        .map(|i| ((i * 7919) % 13) as f32 * 0.1 - 0.6)
-        .collect();
+    let host: Vec<f32> = (0..m.max(n) * k).map(|i| ((i * 7919) % 13) as f32 * 0.1 - 0.6).collect();
     let a = GpuStorage::from_bytes(ctx, bytemuck::cast_slice(&host[..m * k]))?;
     let b = GpuStorage::from_bytes(ctx, bytemuck::cast_slice(&host[..k * n]))?;
     let (la, lb) = (Layout::contiguous(&[m, k]), Layout::contiguous(&[k, n]));
@@ -102,10 +77,7 @@ fn autotune(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
         let vals: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
         match &reference {
             None => reference = Some(vals),
-            Some(r)
-                if r.iter()
-                    .zip(&vals)
-                    .all(|(x, y)| (x - y).abs() <= 1e-3 * x.abs().max(1.0)) => {}
+            Some(r) if r.iter().zip(&vals).all(|(x, y)| (x - y).abs() <= 1e-3 * x.abs().max(1.0)) => {}
             Some(_) => continue,
         }
         let start = std::time::Instant::now();
@@ -117,54 +89,62 @@ fn autotune(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
     }
     timed.sort_by(|x, y| x.0.total_cmp(&y.0));
     if timed.is_empty() {
-        return Err(Error::Gpu(format!(
-            "no matmul kernel runs correctly on {}",
-            ctx.describe()
-        )));
+        return Err(Error::Gpu(format!("no matmul kernel runs correctly on {}", ctx.describe())));
     }
     Ok(timed.into_iter().map(|t| t.1).collect())
 }
 
-/// The variant for an `m x n` output: the best-ranked one whose tile the output fills at least
-/// halfway in both directions, else the one with the smallest tile.
-fn choose(ranked: &[MatmulVariant], m: usize, n: usize) -> MatmulVariant {
+/// Whether vec4 loads fit these layouts: both operands row-major along the loaded direction,
+/// and every offset, stride, K and N a multiple of 4 (so no vec4 straddles a row or an edge).
+fn vec4_ok(la: &Layout, lb: &Layout) -> bool {
+    let r = la.rank();
+    let (k, n) = (la.shape()[r - 1], lb.shape()[r - 1]);
+    let aligned = |l: &Layout| {
+        l.offset().is_multiple_of(4)
+            && l.strides()[..r - 1].iter().zip(l.shape()).all(|(s, d)| s.is_multiple_of(4) || *d == 1)
+    };
+    la.strides()[r - 1] == 1
+        && lb.strides()[r - 1] == 1
+        && k.is_multiple_of(4)
+        && n.is_multiple_of(4)
+        && aligned(la)
+        && aligned(lb)
+}
+
+/// The variant for these layouts: the best-ranked one that applies and whose tile the `m x n`
+/// output fills at least halfway in both directions, else the applicable one with the smallest tile.
+fn choose(ranked: &[MatmulVariant], la: &Layout, lb: &Layout) -> MatmulVariant {
+    let r = la.rank();
+    let (m, n) = (la.shape()[r - 2], lb.shape()[r - 1]);
+    let usable = |v: &&MatmulVariant| !v.vec4 || vec4_ok(la, lb);
     ranked
         .iter()
+        .filter(usable)
         .find(|v| 2 * m >= v.tile_m && 2 * n >= v.tile_n)
-        .or_else(|| ranked.iter().min_by_key(|v| v.tile_m * v.tile_n))
+        .or_else(|| ranked.iter().filter(usable).min_by_key(|v| v.tile_m * v.tile_n))
         .copied()
         .unwrap_or(MATMUL_VARIANTS[0])
 }
 
 /// `a @ b` for `[batch.., m, k]` and `[batch.., k, n]` layouts with one batch shape.
 pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
-    let r = la.rank();
-    let (m, n) = (la.shape()[r - 2], lb.shape()[r - 1]);
     let ranked = match a.ctx.forced_matmul() {
-        Some(v) => vec![v],
+        // A forced vec4 kernel still falls back to the plain tiled one on layouts it cannot read.
+        Some(v) => vec![v, MATMUL_VARIANTS[0]],
         None => matmul_ranking(&a.ctx)?,
     };
-    run(a, la, b, lb, choose(&ranked, m, n))
+    run(a, la, b, lb, choose(&ranked, la, lb))
 }
 
 /// Run one variant.
-fn run(
-    a: &GpuStorage,
-    la: &Layout,
-    b: &GpuStorage,
-    lb: &Layout,
-    v: MatmulVariant,
-) -> Result<GpuStorage> {
+fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVariant) -> Result<GpuStorage> {
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch_shape = &la.shape()[..r - 2];
     if batch_shape.len() > MAX_BATCH_RANK {
         return Err(Error::invalid(
             "matmul",
-            format!(
-                "at most {MAX_BATCH_RANK} batch axes on the GPU, got shape {:?}",
-                la.shape()
-            ),
+            format!("at most {MAX_BATCH_RANK} batch axes on the GPU, got shape {:?}", la.shape()),
         ));
     }
     let nb: usize = batch_shape.iter().product();
@@ -201,13 +181,7 @@ fn run(
         push4(&mut info, &la.strides()[..r - 2], 0);
         push4(&mut info, &lb.strides()[..r - 2], 0);
         info.push(batch_shape.len() as u32);
-        a.ctx.dispatch(
-            v.kernel,
-            "main",
-            &info,
-            &[&a.buf, &b.buf, &out.buf],
-            [groups[0], groups[1], count as u32],
-        )?;
+        a.ctx.dispatch(v.kernel, "main", &info, &[&a.buf, &b.buf, &out.buf], [groups[0], groups[1], count as u32])?;
         start += count;
     }
     Ok(out)

@@ -34,29 +34,19 @@ impl std::fmt::Debug for GpuStorage {
 impl GpuStorage {
     /// Upload host bytes.
     pub fn from_bytes(ctx: &Arc<GpuContext>, bytes: &[u8]) -> Result<Self> {
-        Ok(GpuStorage {
-            buf: ctx.upload(bytes)?,
-            ctx: ctx.clone(),
-        })
+        Ok(GpuStorage { buf: ctx.upload(bytes)?, ctx: ctx.clone() })
     }
 
     /// A new uninitialised buffer for `n` elements of `dtype`.
     pub(crate) fn alloc(ctx: &Arc<GpuContext>, n: usize, dtype: DType) -> Result<Self> {
-        Ok(GpuStorage {
-            buf: ctx.alloc((n * dtype.size_in_bytes()) as u64)?,
-            ctx: ctx.clone(),
-        })
+        Ok(GpuStorage { buf: ctx.alloc((n * dtype.size_in_bytes()) as u64)?, ctx: ctx.clone() })
     }
 
     /// Read the elements of a layout back to the host as raw bytes (contiguous, row-major).
     pub fn read_bytes(&self, layout: &Layout, dtype: DType) -> Result<Vec<u8>> {
         let size = dtype.size_in_bytes() as u64;
         if layout.is_contiguous() {
-            return self.ctx.read(
-                &self.buf,
-                layout.offset() as u64 * size,
-                layout.numel() as u64 * size,
-            );
+            return self.ctx.read(&self.buf, layout.offset() as u64 * size, layout.numel() as u64 * size);
         }
         if dtype == DType::F16 {
             // The copy kernel moves 32-bit words; read the whole span and pick on the host.
@@ -92,10 +82,7 @@ pub(crate) fn check_rank(op: &'static str, l: &Layout) -> Result<()> {
     if l.rank() > MAX_RANK {
         return Err(Error::invalid(
             op,
-            format!(
-                "GPU kernels take at most {MAX_RANK} dimensions, got shape {:?}",
-                l.shape()
-            ),
+            format!("GPU kernels take at most {MAX_RANK} dimensions, got shape {:?}", l.shape()),
         ));
     }
     Ok(())
@@ -103,16 +90,13 @@ pub(crate) fn check_rank(op: &'static str, l: &Layout) -> Result<()> {
 
 fn instance() -> &'static wgpu::Instance {
     static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
-    INSTANCE
-        .get_or_init(|| wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle()))
+    INSTANCE.get_or_init(|| wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle()))
 }
 
 /// Every adapter wgpu finds, in its order (the `N` of `gpu:N`).
 pub fn adapters() -> Vec<wgpu::Adapter> {
     static ADAPTERS: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
-    ADAPTERS
-        .get_or_init(|| pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all())))
-        .clone()
+    ADAPTERS.get_or_init(|| pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()))).clone()
 }
 
 /// Open a new device on adapter `index` (each call opens another: a "virtual device").
@@ -135,13 +119,7 @@ pub fn fma_peak(ctx: &Arc<GpuContext>) -> Result<f64> {
     let iters = 512u32;
     let out = GpuStorage::alloc(ctx, invocations, DType::F32)?;
     let run = || -> Result<()> {
-        ctx.dispatch(
-            "fma_peak",
-            "main",
-            &[iters],
-            &[&out.buf],
-            ctx.grid_1d(invocations),
-        )?;
+        ctx.dispatch("fma_peak", "main", &[iters], &[&out.buf], ctx.grid_1d(invocations))?;
         ctx.synchronize()
     };
     run()?;

@@ -44,10 +44,7 @@ impl Drop for PooledBuffer {
             let mut p = pool.lock().unwrap_or_else(|e| e.into_inner());
             p.stats.in_use -= self.size;
             p.stats.pooled += self.size;
-            p.free
-                .entry(self.size)
-                .or_default()
-                .push(self.buffer.clone());
+            p.free.entry(self.size).or_default().push(self.buffer.clone());
         }
     }
 }
@@ -82,20 +79,12 @@ impl PoolInner {
 
 /// Wrap a buffer as a loan from `pool`.
 pub(crate) fn loan(pool: &Pool, buffer: wgpu::Buffer, size: u64) -> PooledBuffer {
-    PooledBuffer {
-        buffer,
-        size,
-        pool: Some(Arc::downgrade(pool)),
-    }
+    PooledBuffer { buffer, size, pool: Some(Arc::downgrade(pool)) }
 }
 
 /// Wrap a buffer that never returns to a pool.
 pub(crate) fn unpooled(buffer: wgpu::Buffer, size: u64) -> PooledBuffer {
-    PooledBuffer {
-        buffer,
-        size,
-        pool: None,
-    }
+    PooledBuffer { buffer, size, pool: None }
 }
 
 #[cfg(test)]

@@ -112,16 +112,8 @@ impl Tensor {
         rhs.expect_f32(op.name())?;
         let shape = broadcast_shape(op.name(), self.dims(), rhs.dims())?;
         let (a, b) = (self.broadcast_to(&shape)?, rhs.broadcast_to(&shape)?);
-        let storage = a
-            .storage()
-            .binary(op, a.layout(), &b.storage(), b.layout())?;
-        Ok(Tensor::from_storage(
-            storage,
-            &shape,
-            self.dtype(),
-            self.device().clone(),
-            Some(Op::Binary(a, b, op)),
-        ))
+        let storage = a.storage().binary(op, a.layout(), &b.storage(), b.layout())?;
+        Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(Op::Binary(a, b, op))))
     }
 
     /// x * mul + add, in one kernel.
@@ -151,10 +143,7 @@ impl Tensor {
     /// min(max(x, lo), hi)
     pub fn clamp(&self, lo: f32, hi: f32) -> Result<Tensor> {
         if lo > hi {
-            return Err(Error::invalid(
-                "clamp",
-                format!("lower bound {lo} is above upper bound {hi}"),
-            ));
+            return Err(Error::invalid("clamp", format!("lower bound {lo} is above upper bound {hi}")));
         }
         self.unary(UnaryOp::Clamp { lo, hi })
     }
@@ -173,25 +162,9 @@ impl Tensor {
         }
         let s = broadcast_shape("where_cond", mask.dims(), on_true.dims())?;
         let shape = broadcast_shape("where_cond", &s, on_false.dims())?;
-        let (m, a, b) = (
-            mask.broadcast_to(&shape)?,
-            on_true.broadcast_to(&shape)?,
-            on_false.broadcast_to(&shape)?,
-        );
-        let storage = m.storage().where_cond(
-            m.layout(),
-            &a.storage(),
-            a.layout(),
-            &b.storage(),
-            b.layout(),
-        )?;
-        Ok(Tensor::from_storage(
-            storage,
-            &shape,
-            DType::F32,
-            mask.device().clone(),
-            Some(Op::Where(m.detach(), a, b)),
-        ))
+        let (m, a, b) = (mask.broadcast_to(&shape)?, on_true.broadcast_to(&shape)?, on_false.broadcast_to(&shape)?);
+        let storage = m.storage().where_cond(m.layout(), &a.storage(), a.layout(), &b.storage(), b.layout())?;
+        Ok(Tensor::from_storage(storage, &shape, DType::F32, mask.device().clone(), Some(Op::Where(m.detach(), a, b))))
     }
 
     /// Replace elements where `mask != 0` by `value` (e.g. -inf above the diagonal for a causal mask).
@@ -205,12 +178,6 @@ impl Tensor {
             return Ok(self.clone());
         }
         let storage = self.storage().cast(self.layout(), self.dtype(), dtype)?;
-        Ok(Tensor::from_storage(
-            storage,
-            self.dims(),
-            dtype,
-            self.device().clone(),
-            Some(Op::Cast(self.clone())),
-        ))
+        Ok(Tensor::from_storage(storage, self.dims(), dtype, self.device().clone(), Some(Op::Cast(self.clone()))))
     }
 }

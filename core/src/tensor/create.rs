@@ -14,10 +14,7 @@ pub(crate) fn storage_from_bytes(dtype: DType, bytes: &[u8], device: &Device) ->
             if dtype == DType::F16 && !device.supports_f16() {
                 return Err(Error::invalid(
                     "from_vec",
-                    format!(
-                        "{} lacks shader-f16, so it cannot hold f16 tensors",
-                        ctx.describe()
-                    ),
+                    format!("{} lacks shader-f16, so it cannot hold f16 tensors", ctx.describe()),
                 ));
             }
             Storage::Gpu(GpuStorage::from_bytes(ctx, bytes)?)
@@ -28,38 +25,21 @@ pub(crate) fn storage_from_bytes(dtype: DType, bytes: &[u8], device: &Device) ->
 
 impl Tensor {
     /// A tensor of `shape` from row-major host data.
-    pub fn from_vec<T: WithDType>(
-        data: Vec<T>,
-        shape: &[usize],
-        device: &Device,
-    ) -> Result<Tensor> {
+    pub fn from_vec<T: WithDType>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
         Tensor::from_slice(&data, shape, device)
     }
 
     /// A tensor of `shape` from a row-major host slice.
-    pub fn from_slice<T: WithDType>(
-        data: &[T],
-        shape: &[usize],
-        device: &Device,
-    ) -> Result<Tensor> {
+    pub fn from_slice<T: WithDType>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
         let n: usize = shape.iter().product();
         if data.len() != n {
             return Err(Error::invalid(
                 "from_vec",
-                format!(
-                    "{} values cannot fill shape {shape:?} ({n} elements)",
-                    data.len()
-                ),
+                format!("{} values cannot fill shape {shape:?} ({n} elements)", data.len()),
             ));
         }
         let storage = storage_from_bytes(T::DTYPE, bytemuck::cast_slice(data), device)?;
-        Ok(Tensor::from_storage(
-            storage,
-            shape,
-            T::DTYPE,
-            device.clone(),
-            None,
-        ))
+        Ok(Tensor::from_storage(storage, shape, T::DTYPE, device.clone(), None))
     }
 
     /// A 0-dimensional f32 tensor.
@@ -79,13 +59,7 @@ impl Tensor {
             Device::Gpu(ctx) => Storage::Gpu(gpu::fill(ctx, n, v.to_bits())?),
             Device::Meta => Storage::Meta,
         };
-        Ok(Tensor::from_storage(
-            storage,
-            shape,
-            DType::F32,
-            device.clone(),
-            None,
-        ))
+        Ok(Tensor::from_storage(storage, shape, DType::F32, device.clone(), None))
     }
 
     /// Zeros (f32).
@@ -111,10 +85,7 @@ impl Tensor {
     /// `start, start + step, ...` below `end` (f32).
     pub fn arange(start: f32, end: f32, step: f32, device: &Device) -> Result<Tensor> {
         if step == 0.0 || (end - start) / step < 0.0 {
-            return Err(Error::invalid(
-                "arange",
-                format!("cannot step from {start} to {end} by {step}"),
-            ));
+            return Err(Error::invalid("arange", format!("cannot step from {start} to {end} by {step}")));
         }
         let n = ((end - start) / step).ceil() as usize;
         let v: Vec<f32> = (0..n).map(|i| start + i as f32 * step).collect();
@@ -125,25 +96,15 @@ impl Tensor {
     pub fn rand(lo: f32, hi: f32, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
         let key = crate::rng::seed_key(seed);
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n as u32)
-            .map(|i| lo + (hi - lo) * crate::rng::uniform(key, i))
-            .collect();
+        let v: Vec<f32> = (0..n as u32).map(|i| lo + (hi - lo) * crate::rng::uniform(key, i)).collect();
         Tensor::from_vec(v, shape, device)
     }
 
     /// Normal values with `mean` and `std` from `seed`: the same values on every device.
-    pub fn randn(
-        mean: f32,
-        std: f32,
-        shape: &[usize],
-        seed: u64,
-        device: &Device,
-    ) -> Result<Tensor> {
+    pub fn randn(mean: f32, std: f32, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
         let key = crate::rng::seed_key(seed);
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n as u32)
-            .map(|i| mean + std * crate::rng::normal(key, i))
-            .collect();
+        let v: Vec<f32> = (0..n as u32).map(|i| mean + std * crate::rng::normal(key, i)).collect();
         Tensor::from_vec(v, shape, device)
     }
 
@@ -157,12 +118,6 @@ impl Tensor {
             Device::Gpu(ctx) => Storage::Gpu(gpu::rand_uniform(ctx, n, key, 0)?),
             Device::Meta => Storage::Meta,
         };
-        Ok(Tensor::from_storage(
-            storage,
-            shape,
-            DType::F32,
-            device.clone(),
-            None,
-        ))
+        Ok(Tensor::from_storage(storage, shape, DType::F32, device.clone(), None))
     }
 }

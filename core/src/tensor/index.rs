@@ -9,11 +9,7 @@ use crate::{DType, Error, Result};
 fn expect_index(t: &Tensor, op: &'static str) -> Result<()> {
     match t.dtype() {
         DType::U32 | DType::I32 => Ok(()),
-        got => Err(Error::DType {
-            op,
-            expected: "u32 or i32",
-            got,
-        }),
+        got => Err(Error::DType { op, expected: "u32 or i32", got }),
     }
 }
 
@@ -25,16 +21,11 @@ impl Tensor {
         self.expect_f32("index_select")?;
         expect_index(ids, "index_select")?;
         if ids.rank() != 1 {
-            return Err(Error::invalid(
-                "index_select",
-                format!("ids must be 1-D, got shape {:?}", ids.dims()),
-            ));
+            return Err(Error::invalid("index_select", format!("ids must be 1-D, got shape {:?}", ids.dims())));
         }
         let mut shape = self.dims().to_vec();
         shape[axis] = ids.numel();
-        let storage =
-            self.storage()
-                .index_select(self.layout(), &ids.storage(), ids.layout(), axis)?;
+        let storage = self.storage().index_select(self.layout(), &ids.storage(), ids.layout(), axis)?;
         Ok(Tensor::from_storage(
             storage,
             &shape,
@@ -47,10 +38,7 @@ impl Tensor {
     /// Embedding lookup: rows of this `[vocab, dim]` table for `ids` of any shape -> `[..ids, dim]`.
     pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
         if self.rank() != 2 {
-            return Err(Error::invalid(
-                "embedding",
-                format!("the table must be [vocab, dim], got {:?}", self.dims()),
-            ));
+            return Err(Error::invalid("embedding", format!("the table must be [vocab, dim], got {:?}", self.dims())));
         }
         let rows = self.index_select(&ids.flatten_all()?, 0)?;
         let shape: Vec<usize> = ids.dims().iter().copied().chain([self.dims()[1]]).collect();
@@ -64,18 +52,11 @@ impl Tensor {
         self.same_device(ids, "gather")?;
         self.expect_f32("gather")?;
         expect_index(ids, "gather")?;
-        let ok = ids.rank() == self.rank()
-            && (0..self.rank()).all(|a| a == axis || ids.dims()[a] == self.dims()[a]);
+        let ok = ids.rank() == self.rank() && (0..self.rank()).all(|a| a == axis || ids.dims()[a] == self.dims()[a]);
         if !ok {
-            return Err(Error::ShapeMismatch {
-                op: "gather",
-                lhs: self.dims().to_vec(),
-                rhs: ids.dims().to_vec(),
-            });
+            return Err(Error::ShapeMismatch { op: "gather", lhs: self.dims().to_vec(), rhs: ids.dims().to_vec() });
         }
-        let storage = self
-            .storage()
-            .gather(self.layout(), &ids.storage(), ids.layout(), axis)?;
+        let storage = self.storage().gather(self.layout(), &ids.storage(), ids.layout(), axis)?;
         Ok(Tensor::from_storage(
             storage,
             ids.dims(),
@@ -91,22 +72,13 @@ impl Tensor {
         expect_index(ids, "index_add")?;
         let mut want = shape.to_vec();
         if axis >= want.len() {
-            return Err(Error::invalid(
-                "index_add",
-                format!("axis {axis} out of range for shape {shape:?}"),
-            ));
+            return Err(Error::invalid("index_add", format!("axis {axis} out of range for shape {shape:?}")));
         }
         want[axis] = ids.numel();
         if want != self.dims() || ids.rank() != 1 {
-            return Err(Error::ShapeMismatch {
-                op: "index_add",
-                lhs: self.dims().to_vec(),
-                rhs: want,
-            });
+            return Err(Error::ShapeMismatch { op: "index_add", lhs: self.dims().to_vec(), rhs: want });
         }
-        let storage =
-            self.storage()
-                .index_add(self.layout(), shape, axis, &ids.storage(), ids.layout())?;
+        let storage = self.storage().index_add(self.layout(), shape, axis, &ids.storage(), ids.layout())?;
         Ok(Tensor::from_storage(
             storage,
             shape,
@@ -125,15 +97,9 @@ impl Tensor {
             && axis < shape.len()
             && (0..shape.len()).all(|a| a == axis || shape[a] == self.dims()[a]);
         if !ok {
-            return Err(Error::ShapeMismatch {
-                op: "scatter_add",
-                lhs: self.dims().to_vec(),
-                rhs: shape.to_vec(),
-            });
+            return Err(Error::ShapeMismatch { op: "scatter_add", lhs: self.dims().to_vec(), rhs: shape.to_vec() });
         }
-        let storage =
-            self.storage()
-                .scatter_add(self.layout(), shape, axis, &ids.storage(), ids.layout())?;
+        let storage = self.storage().scatter_add(self.layout(), shape, axis, &ids.storage(), ids.layout())?;
         Ok(Tensor::from_storage(
             storage,
             shape,
@@ -145,33 +111,23 @@ impl Tensor {
 
     /// Join tensors along an existing axis.
     pub fn concat(tensors: &[Tensor], axis: isize) -> Result<Tensor> {
-        let first = tensors
-            .first()
-            .ok_or_else(|| Error::invalid("concat", "no tensors given"))?;
+        let first = tensors.first().ok_or_else(|| Error::invalid("concat", "no tensors given"))?;
         let axis = resolve_axis("concat", axis, first.rank())?;
         let mut shape = first.dims().to_vec();
         shape[axis] = 0;
         for t in tensors {
             first.same_device(t, "concat")?;
             t.expect_f32("concat")?;
-            let same = t.rank() == first.rank()
-                && (0..t.rank()).all(|a| a == axis || t.dims()[a] == first.dims()[a]);
+            let same = t.rank() == first.rank() && (0..t.rank()).all(|a| a == axis || t.dims()[a] == first.dims()[a]);
             if !same {
-                return Err(Error::ShapeMismatch {
-                    op: "concat",
-                    lhs: first.dims().to_vec(),
-                    rhs: t.dims().to_vec(),
-                });
+                return Err(Error::ShapeMismatch { op: "concat", lhs: first.dims().to_vec(), rhs: t.dims().to_vec() });
             }
             shape[axis] += t.dims()[axis];
         }
         if tensors.len() == 1 {
             return Ok(first.clone());
         }
-        let parts: Vec<(Storage, crate::Layout)> = tensors
-            .iter()
-            .map(|t| (t.storage(), t.layout().clone()))
-            .collect();
+        let parts: Vec<(Storage, crate::Layout)> = tensors.iter().map(|t| (t.storage(), t.layout().clone())).collect();
         let storage = Storage::concat(&parts, &shape, axis)?;
         Ok(Tensor::from_storage(
             storage,
@@ -184,14 +140,9 @@ impl Tensor {
 
     /// Join tensors of one shape along a new axis.
     pub fn stack(tensors: &[Tensor], axis: isize) -> Result<Tensor> {
-        let first = tensors
-            .first()
-            .ok_or_else(|| Error::invalid("stack", "no tensors given"))?;
+        let first = tensors.first().ok_or_else(|| Error::invalid("stack", "no tensors given"))?;
         let axis = resolve_axis("stack", axis, first.rank() + 1)? as isize;
-        let parts = tensors
-            .iter()
-            .map(|t| t.unsqueeze(axis))
-            .collect::<Result<Vec<_>>>()?;
+        let parts = tensors.iter().map(|t| t.unsqueeze(axis)).collect::<Result<Vec<_>>>()?;
         Tensor::concat(&parts, axis)
     }
 }

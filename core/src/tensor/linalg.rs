@@ -13,11 +13,7 @@ impl Tensor {
         self.same_device(rhs, "matmul")?;
         self.expect_f32("matmul")?;
         rhs.expect_f32("matmul")?;
-        let err = || Error::ShapeMismatch {
-            op: "matmul",
-            lhs: self.dims().to_vec(),
-            rhs: rhs.dims().to_vec(),
-        };
+        let err = || Error::ShapeMismatch { op: "matmul", lhs: self.dims().to_vec(), rhs: rhs.dims().to_vec() };
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(err());
         }
@@ -33,19 +29,12 @@ impl Tensor {
         if k != k2 {
             return Err(err());
         }
-        let batch = broadcast_shape("matmul", &self.dims()[..ra - 2], &rhs.dims()[..rb - 2])
-            .map_err(|_| err())?;
+        let batch = broadcast_shape("matmul", &self.dims()[..ra - 2], &rhs.dims()[..rb - 2]).map_err(|_| err())?;
         let shape_a: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
         let shape_b: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
         let (a, b) = (self.broadcast_to(&shape_a)?, rhs.broadcast_to(&shape_b)?);
         let storage = a.storage().matmul(a.layout(), &b.storage(), b.layout())?;
         let shape: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
-        Ok(Tensor::from_storage(
-            storage,
-            &shape,
-            self.dtype(),
-            self.device().clone(),
-            Some(Op::Matmul(a, b)),
-        ))
+        Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(Op::Matmul(a, b))))
     }
 }

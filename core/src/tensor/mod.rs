@@ -56,13 +56,7 @@ pub struct Tensor(pub(crate) Arc<TensorInner>);
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Tensor[{:?}, {:?}, {}]",
-            self.dims(),
-            self.dtype(),
-            self.device().describe()
-        )
+        write!(f, "Tensor[{:?}, {:?}, {}]", self.dims(), self.dtype(), self.device().describe())
     }
 }
 
@@ -79,18 +73,8 @@ impl Tensor {
         if let Some(op) = &op {
             crate::trace::record(id, op, layout.shape(), dtype);
         }
-        let op = op.filter(|op| {
-            crate::backprop::grad_enabled() && op.inputs().iter().any(|t| t.tracks_grad())
-        });
-        Tensor(Arc::new(TensorInner {
-            id,
-            storage,
-            layout,
-            dtype,
-            device,
-            op,
-            is_var: false,
-        }))
+        let op = op.filter(|op| crate::backprop::grad_enabled() && op.inputs().iter().any(|t| t.tracks_grad()));
+        Tensor(Arc::new(TensorInner { id, storage, layout, dtype, device, op, is_var: false }))
     }
 
     /// A fresh contiguous tensor holding `storage`, made by `op`.
@@ -101,33 +85,17 @@ impl Tensor {
         device: Device,
         op: Option<Op>,
     ) -> Tensor {
-        Tensor::make(
-            Arc::new(RwLock::new(storage)),
-            Layout::contiguous(shape),
-            dtype,
-            device,
-            op,
-        )
+        Tensor::make(Arc::new(RwLock::new(storage)), Layout::contiguous(shape), dtype, device, op)
     }
 
     /// A view of this tensor's storage with another layout, made by `op`.
     pub(crate) fn view(&self, layout: Layout, op: Op) -> Tensor {
-        Tensor::make(
-            self.0.storage.clone(),
-            layout,
-            self.dtype(),
-            self.device().clone(),
-            Some(op),
-        )
+        Tensor::make(self.0.storage.clone(), layout, self.dtype(), self.device().clone(), Some(op))
     }
 
     /// A copy of the storage handle (not the data), released from the lock.
     pub(crate) fn storage(&self) -> Storage {
-        self.0
-            .storage
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.0.storage.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// This tensor's id.
@@ -198,11 +166,7 @@ impl Tensor {
     /// The elements in row-major order, copied to the host. `T` must match the dtype.
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            return Err(Error::DType {
-                op: "to_vec",
-                expected: T::DTYPE.name(),
-                got: self.dtype(),
-            });
+            return Err(Error::DType { op: "to_vec", expected: T::DTYPE.name(), got: self.dtype() });
         }
         let bytes = self.storage().read_bytes(self.layout(), self.dtype())?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
@@ -213,11 +177,7 @@ impl Tensor {
         if self.numel() != 1 {
             return Err(Error::invalid(
                 "to_scalar",
-                format!(
-                    "tensor of shape {:?} has {} elements, not 1",
-                    self.dims(),
-                    self.numel()
-                ),
+                format!("tensor of shape {:?} has {} elements, not 1", self.dims(), self.numel()),
             ));
         }
         Ok(self.to_vec::<T>()?[0])
@@ -235,23 +195,13 @@ impl Tensor {
                 create::storage_from_bytes(self.dtype(), &bytes, device)?
             }
         };
-        Ok(Tensor::from_storage(
-            storage,
-            self.dims(),
-            self.dtype(),
-            device.clone(),
-            Some(Op::ToDevice(self.clone())),
-        ))
+        Ok(Tensor::from_storage(storage, self.dims(), self.dtype(), device.clone(), Some(Op::ToDevice(self.clone()))))
     }
 
     /// Check that `other` is on the same device, naming `op` if not.
     pub(crate) fn same_device(&self, other: &Tensor, op: &'static str) -> Result<()> {
         if self.device() != other.device() {
-            return Err(Error::DeviceMismatch {
-                op,
-                lhs: self.device().describe(),
-                rhs: other.device().describe(),
-            });
+            return Err(Error::DeviceMismatch { op, lhs: self.device().describe(), rhs: other.device().describe() });
         }
         Ok(())
     }
@@ -259,11 +209,7 @@ impl Tensor {
     /// Check the dtype is f32, naming `op` if not.
     pub(crate) fn expect_f32(&self, op: &'static str) -> Result<()> {
         if self.dtype() != DType::F32 {
-            return Err(Error::DType {
-                op,
-                expected: "f32",
-                got: self.dtype(),
-            });
+            return Err(Error::DType { op, expected: "f32", got: self.dtype() });
         }
         Ok(())
     }

@@ -22,18 +22,8 @@ impl Tensor {
             return Err(Error::invalid("softmax", "needs at least one axis"));
         }
         let storage = self.storage().softmax(self.layout(), log)?;
-        let op = if log {
-            Op::LogSoftmax(self.clone())
-        } else {
-            Op::Softmax(self.clone())
-        };
-        Ok(Tensor::from_storage(
-            storage,
-            self.dims(),
-            DType::F32,
-            self.device().clone(),
-            Some(op),
-        ))
+        let op = if log { Op::LogSoftmax(self.clone()) } else { Op::Softmax(self.clone()) };
+        Ok(Tensor::from_storage(storage, self.dims(), DType::F32, self.device().clone(), Some(op)))
     }
 
     /// Softmax along `axis`, numerically stable.
@@ -50,10 +40,7 @@ impl Tensor {
     /// with `gamma` and `beta` of shape `[last]`. One fused kernel forward.
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
         self.expect_f32("layer_norm")?;
-        let n = *self
-            .dims()
-            .last()
-            .ok_or_else(|| Error::invalid("layer_norm", "needs at least one axis"))?;
+        let n = *self.dims().last().ok_or_else(|| Error::invalid("layer_norm", "needs at least one axis"))?;
         for p in [gamma, beta] {
             self.same_device(p, "layer_norm")?;
             p.expect_f32("layer_norm")?;
@@ -66,25 +53,14 @@ impl Tensor {
             }
         }
         let (g, b) = (gamma.contiguous_from_zero()?, beta.contiguous_from_zero()?);
-        let storage = self.storage().layer_norm(
-            self.layout(),
-            &g.storage(),
-            g.layout(),
-            &b.storage(),
-            b.layout(),
-            eps,
-        )?;
+        let storage =
+            self.storage().layer_norm(self.layout(), &g.storage(), g.layout(), &b.storage(), b.layout(), eps)?;
         Ok(Tensor::from_storage(
             storage,
             self.dims(),
             DType::F32,
             self.device().clone(),
-            Some(Op::LayerNorm {
-                x: self.clone(),
-                gamma: gamma.clone(),
-                beta: beta.clone(),
-                eps,
-            }),
+            Some(Op::LayerNorm { x: self.clone(), gamma: gamma.clone(), beta: beta.clone(), eps }),
         ))
     }
 
@@ -106,11 +82,7 @@ impl Tensor {
     /// One-hot rows: integer labels of any shape -> f32 `[..labels, classes]`.
     pub fn one_hot(labels: &Tensor, classes: usize) -> Result<Tensor> {
         if !matches!(labels.dtype(), DType::U32 | DType::I32) {
-            return Err(Error::DType {
-                op: "one_hot",
-                expected: "u32 or i32",
-                got: labels.dtype(),
-            });
+            return Err(Error::DType { op: "one_hot", expected: "u32 or i32", got: labels.dtype() });
         }
         let l = labels.to_dtype(DType::F32)?.unsqueeze(-1)?;
         let range = Tensor::arange(0.0, classes as f32, 1.0, labels.device())?;
@@ -122,18 +94,13 @@ impl Tensor {
     /// With `training == false` (or p == 0) the input is returned as is.
     pub fn dropout(&self, p: f32, seed: u64, training: bool) -> Result<Tensor> {
         if !(0.0..1.0).contains(&p) {
-            return Err(Error::invalid(
-                "dropout",
-                format!("rate {p} must be in [0, 1)"),
-            ));
+            return Err(Error::invalid("dropout", format!("rate {p} must be in [0, 1)")));
         }
         if !training || p == 0.0 {
             return Ok(self.clone());
         }
         let u = Tensor::rand_on_device(self.dims(), seed, self.device())?;
-        let keep = u
-            .cmp_scalar(crate::ops::BinaryOp::Ge, p)?
-            .mul_scalar(1.0 / (1.0 - p))?;
+        let keep = u.cmp_scalar(crate::ops::BinaryOp::Ge, p)?.mul_scalar(1.0 / (1.0 - p))?;
         self.mul(&keep)
     }
 

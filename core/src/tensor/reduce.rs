@@ -28,29 +28,12 @@ impl Tensor {
             shape[a] = 1;
         }
         if axes.iter().any(|&a| self.dims()[a] == 0) && op != ReduceOp::Sum {
-            return Err(Error::invalid(
-                op.name(),
-                format!("cannot reduce an empty axis of shape {:?}", self.dims()),
-            ));
+            return Err(Error::invalid(op.name(), format!("cannot reduce an empty axis of shape {:?}", self.dims())));
         }
         let storage = self.storage().reduce(op, self.layout(), axes)?;
-        let dtype = if op == ReduceOp::ArgMax {
-            DType::U32
-        } else {
-            DType::F32
-        };
-        let rec = if op == ReduceOp::ArgMax {
-            None
-        } else {
-            Some(Op::Reduce(self.clone(), op, axes.into()))
-        };
-        Ok(Tensor::from_storage(
-            storage,
-            &shape,
-            dtype,
-            self.device().clone(),
-            rec,
-        ))
+        let dtype = if op == ReduceOp::ArgMax { DType::U32 } else { DType::F32 };
+        let rec = if op == ReduceOp::ArgMax { None } else { Some(Op::Reduce(self.clone(), op, axes.into())) };
+        Ok(Tensor::from_storage(storage, &shape, dtype, self.device().clone(), rec))
     }
 
     fn reduce(&self, op: ReduceOp, axes: &[isize], keepdim: bool) -> Result<Tensor> {
@@ -59,10 +42,7 @@ impl Tensor {
         if keepdim {
             return Ok(out);
         }
-        let shape: Vec<usize> = (0..self.rank())
-            .filter(|a| !axes.contains(a))
-            .map(|a| self.dims()[a])
-            .collect();
+        let shape: Vec<usize> = (0..self.rank()).filter(|a| !axes.contains(a)).map(|a| self.dims()[a]).collect();
         out.reshape(&shape)
     }
 

@@ -10,10 +10,7 @@ impl Tensor {
     /// Swap two axes (negative counts from the end).
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
         let r = self.rank();
-        let (a, b) = (
-            resolve_axis("transpose", a, r)?,
-            resolve_axis("transpose", b, r)?,
-        );
+        let (a, b) = (resolve_axis("transpose", a, r)?, resolve_axis("transpose", b, r)?);
         let mut dims: Vec<usize> = (0..r).collect();
         dims.swap(a, b);
         self.permute(&dims)
@@ -22,10 +19,7 @@ impl Tensor {
     /// Swap the last two axes.
     pub fn t(&self) -> Result<Tensor> {
         if self.rank() < 2 {
-            return Err(Error::invalid(
-                "t",
-                format!("needs at least 2 dimensions, got shape {:?}", self.dims()),
-            ));
+            return Err(Error::invalid("t", format!("needs at least 2 dimensions, got shape {:?}", self.dims())));
         }
         self.transpose(-2, -1)
     }
@@ -63,11 +57,7 @@ impl Tensor {
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let n: usize = shape.iter().product();
         if n != self.numel() {
-            return Err(Error::ShapeMismatch {
-                op: "reshape",
-                lhs: self.dims().to_vec(),
-                rhs: shape.to_vec(),
-            });
+            return Err(Error::ShapeMismatch { op: "reshape", lhs: self.dims().to_vec(), rhs: shape.to_vec() });
         }
         if shape == self.dims() {
             return Ok(self.clone());
@@ -80,28 +70,13 @@ impl Tensor {
 
     /// Reshape where one entry may be -1, inferred from the others.
     pub fn reshape_infer(&self, shape: &[isize]) -> Result<Tensor> {
-        let known: usize = shape
-            .iter()
-            .filter(|&&d| d >= 0)
-            .map(|&d| d as usize)
-            .product();
+        let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
         let holes = shape.iter().filter(|&&d| d < 0).count();
         if holes > 1 || (holes == 1 && (known == 0 || !self.numel().is_multiple_of(known))) {
-            return Err(Error::invalid(
-                "reshape",
-                format!("cannot reshape {:?} to {shape:?}", self.dims()),
-            ));
+            return Err(Error::invalid("reshape", format!("cannot reshape {:?} to {shape:?}", self.dims())));
         }
-        let dims: Vec<usize> = shape
-            .iter()
-            .map(|&d| {
-                if d < 0 {
-                    self.numel() / known.max(1)
-                } else {
-                    d as usize
-                }
-            })
-            .collect();
+        let dims: Vec<usize> =
+            shape.iter().map(|&d| if d < 0 { self.numel() / known.max(1) } else { d as usize }).collect();
         self.reshape(&dims)
     }
 
@@ -129,10 +104,7 @@ impl Tensor {
         if start > end || end >= self.rank() {
             return Err(Error::invalid(
                 "flatten",
-                format!(
-                    "axes {start}..={end} out of range for shape {:?}",
-                    self.dims()
-                ),
+                format!("axes {start}..={end} out of range for shape {:?}", self.dims()),
             ));
         }
         let d = self.dims();

@@ -30,10 +30,7 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let ok = (g - w).abs() <= tol * w.abs().max(1.0) || (g.is_nan() && w.is_nan()) || g == w;
-        assert!(
-            ok,
-            "{what}: element {i}: got {g}, want {w} (tolerance {tol})"
-        );
+        assert!(ok, "{what}: element {i}: got {g}, want {w} (tolerance {tol})");
     }
 }
 
@@ -44,8 +41,5 @@ pub fn vals(t: &Tensor) -> Vec<f32> {
 
 /// The same data on two devices.
 pub fn pair(data: &[f32], shape: &[usize], a: &Device, b: &Device) -> Result<(Tensor, Tensor)> {
-    Ok((
-        Tensor::from_slice(data, shape, a)?,
-        Tensor::from_slice(data, shape, b)?,
-    ))
+    Ok((Tensor::from_slice(data, shape, a)?, Tensor::from_slice(data, shape, b)?))
 }
