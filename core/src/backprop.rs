@@ -15,39 +15,62 @@ pub type BackwardFn = Arc<dyn Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send 
 /// How a tensor was made.
 #[derive(Clone)]
 pub enum Op {
+    /// An elementwise unary op.
     Unary(Tensor, UnaryOp),
+    /// An elementwise binary op (operands already broadcast).
     Binary(Tensor, Tensor, BinaryOp),
     /// Keepdim reduction over the axes.
     Reduce(Tensor, ReduceOp, Vec<usize>),
+    /// Batched matmul (operands already broadcast).
     Matmul(Tensor, Tensor),
+    /// A reshape, squeeze or unsqueeze.
     Reshape(Tensor),
+    /// An axis permutation.
     Permute(Tensor, Vec<usize>),
+    /// A broadcast view.
     Broadcast(Tensor),
     /// Input, axis, start.
     Narrow(Tensor, usize, usize),
+    /// A contiguous copy.
     Copy(Tensor),
+    /// A dtype conversion.
     Cast(Tensor),
+    /// A copy to another device.
     ToDevice(Tensor),
+    /// Softmax over the last axis.
     Softmax(Tensor),
+    /// Log-softmax over the last axis.
     LogSoftmax(Tensor),
+    /// Layer norm over the last axis.
     LayerNorm {
+        /// Input.
         x: Tensor,
+        /// Scale.
         gamma: Tensor,
+        /// Shift.
         beta: Tensor,
+        /// Added to the variance.
         eps: f32,
     },
     /// Source, ids, axis.
     IndexSelect(Tensor, Tensor, usize),
+    /// torch.gather: source, ids, axis.
     Gather(Tensor, Tensor, usize),
+    /// Adjoint of index_select: source rows, ids, axis.
     IndexAdd(Tensor, Tensor, usize),
+    /// Adjoint of gather: source, ids, axis.
     ScatterAdd(Tensor, Tensor, usize),
+    /// Concatenation along an axis.
     Concat(Vec<Tensor>, usize),
     /// Mask (no gradient), on_true, on_false.
     Where(Tensor, Tensor, Tensor),
     /// An op defined elsewhere, with its own backward.
     Custom {
+        /// Name shown in traces.
         name: &'static str,
+        /// Inputs, in the order `backward` returns their gradients.
         inputs: Vec<Tensor>,
+        /// Output gradient to input gradients.
         backward: BackwardFn,
     },
 }

@@ -3,6 +3,9 @@
 use std::fmt;
 
 /// Everything that can go wrong in weft-core.
+// Fields are named for what they hold (the op, both shapes, the byte counts); each variant's doc
+// and its Display say what they mean.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Error {
     /// Operands whose shapes do not fit together: names the op and both shapes.

@@ -13,6 +13,8 @@
 //! # Ok::<(), weft_core::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backprop;
 pub mod collectives;
 pub mod cpu;

@@ -6,23 +6,37 @@
 pub enum UnaryOp {
     /// Copy (used by `contiguous`).
     Identity,
+    /// -x
     Neg,
+    /// |x|
     Abs,
+    /// e^x
     Exp,
+    /// Natural logarithm.
     Log,
+    /// Square root.
     Sqrt,
+    /// 1 / sqrt(x)
     Rsqrt,
+    /// x * x
     Square,
+    /// 1 / x
     Recip,
+    /// Hyperbolic tangent.
     Tanh,
+    /// 1 / (1 + e^-x)
     Sigmoid,
+    /// max(x, 0)
     Relu,
     /// GELU, tanh approximation.
     GeluTanh,
     /// GELU with the error function (exact form).
     GeluErf,
+    /// x * sigmoid(x)
     Silu,
+    /// Sine.
     Sin,
+    /// Cosine.
     Cos,
     /// 1 where x > 0, else 0 (relu's derivative).
     Step,
@@ -32,14 +46,18 @@ pub enum UnaryOp {
     Erf,
     /// `x * mul + add`.
     Affine {
+        /// Multiplier.
         mul: f32,
+        /// Offset.
         add: f32,
     },
     /// `x ^ e`.
     Powf(f32),
     /// `min(max(x, lo), hi)`.
     Clamp {
+        /// Lower bound.
         lo: f32,
+        /// Upper bound.
         hi: f32,
     },
 }
@@ -149,18 +167,31 @@ pub fn erf(x: f32) -> f32 {
 /// Elementwise binary ops (operands broadcast to one shape first). Comparisons give 1.0 or 0.0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// a + b
     Add,
+    /// a - b
     Sub,
+    /// a * b
     Mul,
+    /// a / b
     Div,
+    /// a ^ b
     Pow,
+    /// max(a, b)
     Maximum,
+    /// min(a, b)
     Minimum,
+    /// a == b
     Eq,
+    /// a != b
     Ne,
+    /// a < b
     Lt,
+    /// a <= b
     Le,
+    /// a > b
     Gt,
+    /// a >= b
     Ge,
 }
 
@@ -215,8 +246,11 @@ impl BinaryOp {
 /// Reductions over a set of axes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// Sum.
     Sum,
+    /// Largest value.
     Max,
+    /// Smallest value.
     Min,
     /// Index of the largest value (first on ties), over one axis; u32 output.
     ArgMax,

@@ -22,9 +22,13 @@ use std::sync::Arc;
 /// Host memory of one tensor. Cheap to clone (the data is shared).
 #[derive(Debug, Clone)]
 pub enum CpuStorage {
+    /// f32 values.
     F32(Arc<HostBuf>),
+    /// f16 values.
     F16(Arc<Vec<f16>>),
+    /// u32 values.
     U32(Arc<Vec<u32>>),
+    /// i32 values.
     I32(Arc<Vec<i32>>),
 }
 

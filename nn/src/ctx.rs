@@ -1,0 +1,34 @@
+//! The context a layer is called with: training or inference, and where its randomness comes from.
+
+/// Passed to every `Layer::call`.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// True during `fit`: dropout is active.
+    pub training: bool,
+    /// Base seed for initializers and dropout.
+    pub seed: u64,
+    /// Counts calls, so each training step draws a fresh dropout mask from the same seed.
+    pub step: u64,
+}
+
+impl Ctx {
+    /// Inference context.
+    pub fn inference() -> Self {
+        Ctx { training: false, seed: 0, step: 0 }
+    }
+
+    /// Training context with a seed.
+    pub fn training(seed: u64) -> Self {
+        Ctx { training: true, seed, step: 0 }
+    }
+
+    /// A seed for the layer at `path`, different per path and per step, stable across runs.
+    pub fn seed_for(&self, path: &str) -> u64 {
+        // FNV-1a over the path, mixed with the base seed and the step.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in path.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^ self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ self.step.rotate_left(32)
+    }
+}

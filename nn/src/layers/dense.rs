@@ -1,0 +1,119 @@
+//! Dense: `activation(x @ kernel + bias)` over the last axis.
+
+use crate::{Activation, Ctx, Initializer, Layer};
+use std::sync::OnceLock;
+use weft_core::{Error, Result, Tensor, Var, trace};
+
+/// A fully connected layer: `y = activation(x @ kernel + bias)`, `kernel: [in, units]`.
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::{layers::Dense, Activation, Ctx, Layer};
+/// let layer = Dense::new(4).activation(Activation::Relu);
+/// let x = Tensor::ones(&[2, 3], &Device::Cpu)?;
+/// let y = layer.call(&x, &mut Ctx::inference())?;
+/// assert_eq!(y.dims(), &[2, 4]);
+/// assert_eq!(layer.variables()[0].1.dims(), &[3, 4]); // built from the input: kernel [3, 4]
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub struct Dense {
+    name: String,
+    units: usize,
+    activation: Activation,
+    use_bias: bool,
+    kernel_init: Initializer,
+    bias_init: Initializer,
+    vars: OnceLock<(Var, Option<Var>)>,
+}
+
+impl Dense {
+    /// `units` outputs, no activation, with bias, Glorot-uniform kernel.
+    pub fn new(units: usize) -> Self {
+        Dense {
+            name: String::new(),
+            units,
+            activation: Activation::Linear,
+            use_bias: true,
+            kernel_init: Initializer::GlorotUniform,
+            bias_init: Initializer::Zeros,
+            vars: OnceLock::new(),
+        }
+    }
+    /// Set the activation.
+    pub fn activation(mut self, a: Activation) -> Self {
+        self.activation = a;
+        self
+    }
+    /// With or without a bias.
+    pub fn use_bias(mut self, b: bool) -> Self {
+        self.use_bias = b;
+        self
+    }
+    /// The kernel's initializer.
+    pub fn kernel_initializer(mut self, i: Initializer) -> Self {
+        self.kernel_init = i;
+        self
+    }
+    /// The bias's initializer.
+    pub fn bias_initializer(mut self, i: Initializer) -> Self {
+        self.bias_init = i;
+        self
+    }
+    /// Give the layer a name (else Sequential names it `dense`, `dense_1`, ...).
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+}
+
+impl Layer for Dense {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let _scope = trace::scope(&self.name);
+        let path = trace::current_scope();
+        let in_dim = *x.dims().last().ok_or_else(|| Error::invalid("Dense", format!("{path}: input has no axes")))?;
+        let (kernel, bias) = match self.vars.get() {
+            Some(v) => v,
+            None => {
+                let k = Var::new(self.kernel_init.init(&[in_dim, self.units], ctx.seed_for(&path), x.device())?)?;
+                let b = match self.use_bias {
+                    true => Some(Var::new(self.bias_init.init(&[self.units], ctx.seed_for(&path) ^ 1, x.device())?)?),
+                    false => None,
+                };
+                let _ = self.vars.set((k, b));
+                self.vars.get().expect("just set")
+            }
+        };
+        if kernel.dims()[0] != in_dim {
+            return Err(Error::invalid(
+                "Dense",
+                format!("{path}: input of shape {:?} does not fit kernel of shape {:?}", x.dims(), kernel.dims()),
+            ));
+        }
+        let mut y = x.matmul(kernel)?;
+        if let Some(b) = bias {
+            y = y.add(b)?;
+        }
+        self.activation.apply(&y)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "Dense"
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        match self.vars.get() {
+            None => Vec::new(),
+            Some((k, b)) => {
+                let mut v = vec![("kernel".to_string(), k.clone())];
+                if let Some(b) = b {
+                    v.push(("bias".to_string(), b.clone()));
+                }
+                v
+            }
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! `Model`: a layer plus an optimizer, a loss and metrics, with Keras' `compile`, `fit`,
+//! `evaluate`, `predict` and `summary`.
+
+use crate::layer::join;
+use crate::optim::Optimizer;
+use crate::{Ctx, Layer, Loss, Metric};
+use std::collections::BTreeMap;
+use weft_core::{DType, Device, Error, Result, Tensor, Var, no_grad, trace};
+
+/// Options of [`Model::fit`].
+#[derive(Debug, Clone)]
+pub struct FitOptions {
+    /// Passes over the data.
+    pub epochs: usize,
+    /// Samples per training step.
+    pub batch_size: usize,
+    /// Shuffle the samples every epoch (seeded by `seed`).
+    pub shuffle: bool,
+    /// Seed of the shuffle, the dropout masks and the initial weights.
+    pub seed: u64,
+    /// Hold out this fraction of the samples (the last ones, as Keras does) for validation.
+    pub validation_split: f32,
+    /// Validation data given explicitly (wins over `validation_split`).
+    pub validation_data: Option<(Tensor, Tensor)>,
+    /// Print one line per epoch.
+    pub verbose: bool,
+}
+
+impl Default for FitOptions {
+    fn default() -> Self {
+        FitOptions {
+            epochs: 1,
+            batch_size: 32,
+            shuffle: true,
+            seed: 0,
+            validation_split: 0.0,
+            validation_data: None,
+            verbose: true,
+        }
+    }
+}
+
+/// Per-epoch figures from [`Model::fit`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    /// Mean training loss of each epoch.
+    pub loss: Vec<f32>,
+    /// Training metrics of each epoch, by name.
+    pub metrics: BTreeMap<String, Vec<f32>>,
+    /// Validation loss of each epoch (empty without validation data).
+    pub val_loss: Vec<f32>,
+    /// Validation metrics of each epoch, by name.
+    pub val_metrics: BTreeMap<String, Vec<f32>>,
+}
+
+/// A trainable model.
+pub struct Model {
+    net: Box<dyn Layer>,
+    device: Device,
+    optimizer: Option<Box<dyn Optimizer>>,
+    loss: Option<Loss>,
+    metrics: Vec<Metric>,
+    ctx: Ctx,
+}
+
+impl Model {
+    /// A model running `net` on `device`.
+    pub fn new(net: impl Layer + 'static, device: &Device) -> Self {
+        Model {
+            net: Box::new(net),
+            device: device.clone(),
+            optimizer: None,
+            loss: None,
+            metrics: Vec::new(),
+            ctx: Ctx::training(0),
+        }
+    }
+
+    /// Choose the optimizer, the loss and the metrics.
+    pub fn compile(&mut self, optimizer: impl Optimizer + 'static, loss: Loss, metrics: &[Metric]) {
+        self.optimizer = Some(Box::new(optimizer));
+        self.loss = Some(loss);
+        self.metrics = metrics.to_vec();
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The optimizer, once compiled (to read its slots and learning rate).
+    pub fn optimizer(&self) -> Option<&dyn Optimizer> {
+        self.optimizer.as_deref()
+    }
+
+    /// Every variable with its full path, e.g. `sequential/dense/kernel`.
+    pub fn variables(&self) -> Vec<(String, Var)> {
+        self.net.variables().into_iter().map(|(p, v)| (join(self.net.name(), &p), v)).collect()
+    }
+
+    /// The forward pass in inference mode.
+    pub fn call(&self, x: &Tensor) -> Result<Tensor> {
+        let mut ctx = Ctx::inference();
+        self.net.call(&x.to_device(&self.device)?, &mut ctx)
+    }
+
+    fn parts(&mut self) -> Result<(&mut Box<dyn Optimizer>, Loss)> {
+        match (self.optimizer.as_mut(), self.loss) {
+            (Some(o), Some(l)) => Ok((o, l)),
+            _ => Err(Error::invalid("fit", "call compile(optimizer, loss, metrics) first")),
+        }
+    }
+
+    /// One optimizer step on one batch; returns the batch loss.
+    pub fn train_on_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<f32> {
+        let (x, y) = (x.to_device(&self.device)?, y.to_device(&self.device)?);
+        Ok(self.step(&x, &y, &mut [])?.0)
+    }
+
+    /// Forward, loss, backward and update; returns the loss and the prediction.
+    fn step(&mut self, x: &Tensor, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<(f32, Tensor)> {
+        self.ctx.training = true;
+        self.ctx.step += 1;
+        let pred = self.net.call(x, &mut self.ctx)?;
+        let (_, loss_fn) = self.parts()?;
+        let loss = loss_fn.compute(&pred, y)?;
+        let grads = loss.backward()?;
+        let vars = self.variables();
+        self.parts()?.0.apply(&vars, &grads)?;
+        for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
+            let (hit, total) = m.count(&pred, y)?;
+            c.0 += hit;
+            c.1 += total;
+        }
+        Ok((loss.to_scalar::<f32>()?, pred))
+    }
+
+    /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples). Integer labels are
+    /// accepted for sparse losses.
+    pub fn fit(&mut self, x: &Tensor, y: &Tensor, opts: FitOptions) -> Result<History> {
+        self.parts()?;
+        if x.rank() == 0 || y.rank() == 0 || x.dims()[0] != y.dims()[0] {
+            return Err(Error::ShapeMismatch { op: "fit", lhs: x.dims().to_vec(), rhs: y.dims().to_vec() });
+        }
+        if opts.batch_size == 0 {
+            return Err(Error::invalid("fit", "batch_size must be at least 1"));
+        }
+        self.ctx.seed = opts.seed;
+        // Data moves to the device once; labels travel as f32 so batches are gathered with one kernel.
+        let x = x.to_device(&self.device)?;
+        let y = as_f32(&y.to_device(&self.device)?)?;
+        let n = x.dims()[0];
+        let (train_n, val) = match (&opts.validation_data, opts.validation_split) {
+            (Some((vx, vy)), _) => (n, Some((vx.to_device(&self.device)?, as_f32(&vy.to_device(&self.device)?)?))),
+            (None, s) if s > 0.0 => {
+                let keep = n - ((n as f32 * s) as usize).min(n - 1);
+                (keep, Some((x.narrow(0, keep, n - keep)?, y.narrow(0, keep, n - keep)?)))
+            }
+            _ => (n, None),
+        };
+        let mut history = History::default();
+        let mut order: Vec<u32> = (0..train_n as u32).collect();
+        for epoch in 0..opts.epochs {
+            let start = std::time::Instant::now();
+            if opts.shuffle {
+                shuffle(&mut order, opts.seed.wrapping_add(epoch as u64));
+            }
+            let mut loss_sum = 0f64;
+            let mut counts = vec![(0f64, 0f64); self.metrics.len()];
+            for chunk in order.chunks(opts.batch_size) {
+                let ids = Tensor::from_slice(chunk, &[chunk.len()], &self.device)?;
+                let (bx, by) = (x.index_select(&ids, 0)?, y.index_select(&ids, 0)?);
+                let (l, _) = self.step(&bx, &by, &mut counts)?;
+                if !l.is_finite() {
+                    return Err(Error::invalid("fit", format!("the loss became {l} at epoch {}", epoch + 1)));
+                }
+                loss_sum += l as f64 * chunk.len() as f64;
+            }
+            history.loss.push((loss_sum / train_n as f64) as f32);
+            for (m, c) in self.metrics.iter().zip(&counts) {
+                history.metrics.entry(m.name().to_string()).or_default().push((c.0 / c.1.max(1.0)) as f32);
+            }
+            if let Some((vx, vy)) = &val {
+                let (vl, vm) = self.evaluate(vx, vy, opts.batch_size)?;
+                history.val_loss.push(vl);
+                for (name, v) in vm {
+                    history.val_metrics.entry(name).or_default().push(v);
+                }
+            }
+            if opts.verbose {
+                println!("{}", epoch_line(epoch, opts.epochs, &history, start.elapsed()));
+            }
+        }
+        Ok(history)
+    }
+
+    /// Mean loss and metrics over `(x, y)`, in batches, without training.
+    pub fn evaluate(&mut self, x: &Tensor, y: &Tensor, batch_size: usize) -> Result<(f32, Vec<(String, f32)>)> {
+        let loss_fn = self.parts()?.1;
+        let (x, y) = (x.to_device(&self.device)?, as_f32(&y.to_device(&self.device)?)?);
+        let n = x.dims().first().copied().unwrap_or(0);
+        let mut loss_sum = 0f64;
+        let mut counts = vec![(0f64, 0f64); self.metrics.len()];
+        no_grad(|| -> Result<()> {
+            let mut ctx = Ctx::inference();
+            for s in (0..n).step_by(batch_size.max(1)) {
+                let len = batch_size.min(n - s);
+                let (bx, by) = (x.narrow(0, s, len)?, y.narrow(0, s, len)?);
+                let pred = self.net.call(&bx, &mut ctx)?;
+                loss_sum += loss_fn.compute(&pred, &by)?.to_scalar::<f32>()? as f64 * len as f64;
+                for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
+                    let (hit, total) = m.count(&pred, &by)?;
+                    c.0 += hit;
+                    c.1 += total;
+                }
+            }
+            Ok(())
+        })?;
+        let metrics =
+            self.metrics.iter().zip(&counts).map(|(m, c)| (m.name().to_string(), (c.0 / c.1.max(1.0)) as f32));
+        Ok(((loss_sum / n.max(1) as f64) as f32, metrics.collect()))
+    }
+
+    /// Outputs for `x`, computed in batches, without training.
+    pub fn predict(&self, x: &Tensor, batch_size: usize) -> Result<Tensor> {
+        let x = x.to_device(&self.device)?;
+        let n = x.dims().first().copied().unwrap_or(0);
+        no_grad(|| {
+            let mut ctx = Ctx::inference();
+            let mut outs = Vec::new();
+            for s in (0..n).step_by(batch_size.max(1)) {
+                outs.push(self.net.call(&x.narrow(0, s, batch_size.min(n - s))?, &mut ctx)?);
+            }
+            Tensor::concat(&outs, 0)
+        })
+    }
+
+    /// A Keras-style table: each layer's path and kind, its output shape for one sample
+    /// (`None` stands for the batch axis), and its parameter count; then the totals.
+    pub fn summary(&self, input_shape: &[usize]) -> Result<String> {
+        let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
+        let x = Tensor::zeros(&shape, &self.device)?;
+        let (_, nodes) = no_grad(|| trace::trace(|| self.net.call(&x, &mut Ctx::inference())))?;
+        let mut rows: Vec<(String, String, usize)> = Vec::new();
+        fn walk(l: &dyn Layer, prefix: &str, nodes: &[trace::TraceNode], rows: &mut Vec<(String, String, usize)>) {
+            let path = join(prefix, l.name());
+            let out = nodes.iter().rev().find(|n| n.scope == path || n.scope.starts_with(&format!("{path}/")));
+            let shape = out.map_or("?".to_string(), |n| {
+                let dims: Vec<String> = n.shape.iter().skip(1).map(|d| d.to_string()).collect();
+                format!("(None, {})", dims.join(", "))
+            });
+            let subs = l.sublayers();
+            let own: usize = if subs.is_empty() { l.variables().iter().map(|(_, v)| v.numel()).sum() } else { 0 };
+            if !subs.is_empty() && prefix.is_empty() {
+                // The root container is the table's title, not a row.
+            } else {
+                rows.push((format!("{path} ({})", l.kind()), shape, own));
+            }
+            for s in subs {
+                walk(s, &path, nodes, rows);
+            }
+        }
+        walk(self.net.as_ref(), "", &nodes, &mut rows);
+        let total: usize = self.variables().iter().map(|(_, v)| v.numel()).sum();
+        let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(12) + 2;
+        let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max(12) + 2;
+        let rule = "=".repeat(w0 + w1 + 12);
+        let mut s = format!(
+            "Model: \"{}\"\n{rule}\n{:<w0$}{:<w1$}{:>12}\n{rule}\n",
+            self.net.name(),
+            "Layer (type)",
+            "Output Shape",
+            "Param #"
+        );
+        for (name, shape, params) in &rows {
+            s += &format!("{name:<w0$}{shape:<w1$}{:>12}\n", thousands(*params));
+        }
+        s += &format!("{rule}\nTotal params: {} ({})\n", thousands(total), bytes(total * 4));
+        s += &format!("Trainable params: {} ({})\nNon-trainable params: 0 (0 B)\n", thousands(total), bytes(total * 4));
+        Ok(s)
+    }
+}
+
+fn as_f32(t: &Tensor) -> Result<Tensor> {
+    if t.dtype() == DType::F32 { Ok(t.clone()) } else { t.to_dtype(DType::F32) }
+}
+
+/// Fisher–Yates with the counter-based generator: the same seed, the same order everywhere.
+fn shuffle(v: &mut [u32], seed: u64) {
+    let key = weft_core::rng::seed_key(seed);
+    for i in (1..v.len()).rev() {
+        let j = (weft_core::rng::uniform(key, i as u32) * (i + 1) as f32) as usize;
+        v.swap(i, j.min(i));
+    }
+}
+
+fn thousands(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn bytes(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 => format!("{:.2} MB", n as f64 / (1 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.2} KB", n as f64 / (1 << 10) as f64),
+        n => format!("{n} B"),
+    }
+}
+
+fn epoch_line(epoch: usize, epochs: usize, h: &History, took: std::time::Duration) -> String {
+    let mut s = format!("Epoch {}/{epochs} - {:.1}s - loss: {:.4}", epoch + 1, took.as_secs_f32(), h.loss[epoch]);
+    for (k, v) in &h.metrics {
+        s += &format!(" - {k}: {:.4}", v[epoch]);
+    }
+    if let Some(v) = h.val_loss.get(epoch) {
+        s += &format!(" - val_loss: {v:.4}");
+    }
+    for (k, v) in &h.val_metrics {
+        s += &format!(" - val_{k}: {:.4}", v[epoch]);
+    }
+    s
+}

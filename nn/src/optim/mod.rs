@@ -1,0 +1,8 @@
+//! Optimizers. Each keeps its state in named slots per variable path (`m`, `v`, `momentum`),
+//! inspectable with `slot`, and reads its learning-rate schedule at every step.
+
+mod rules;
+mod schedule;
+
+pub use rules::{Adam, AdamW, Optimizer, RMSprop, Sgd};
+pub use schedule::LearningRate;

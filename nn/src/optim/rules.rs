@@ -1,0 +1,251 @@
+//! The `Optimizer` trait, the shared step (gradient clipping, decoupled weight decay, slots),
+//! and the update rules of SGD, Adam, AdamW and RMSprop (Keras' formulas and defaults).
+
+use super::LearningRate;
+use std::collections::HashMap;
+use weft_core::{Error, GradStore, Result, Tensor, Var, no_grad};
+
+/// Updates variables from their gradients.
+pub trait Optimizer: Send {
+    /// One update of `params` (path, variable) from `grads`; variables without a gradient are left alone.
+    fn apply(&mut self, params: &[(String, Var)], grads: &GradStore) -> Result<()>;
+    /// Steps taken so far.
+    fn iterations(&self) -> u64;
+    /// The learning rate the next step will use.
+    fn learning_rate(&self) -> f32;
+    /// A state slot of the variable at `path` (e.g. `m` and `v` for Adam).
+    fn slot(&self, path: &str, name: &str) -> Option<Tensor>;
+}
+
+/// What every optimizer shares: schedule, clipping, weight decay, step count, slots.
+#[derive(Default)]
+struct Base {
+    lr: Option<LearningRate>,
+    clip_global_norm: Option<f32>,
+    weight_decay: f32,
+    iterations: u64,
+    slots: HashMap<String, HashMap<&'static str, Tensor>>,
+}
+
+impl Base {
+    fn new(lr: LearningRate) -> Self {
+        Base { lr: Some(lr), ..Default::default() }
+    }
+    fn lr(&self) -> f32 {
+        self.lr.as_ref().map_or(0.0, |l| l.at(self.iterations))
+    }
+    fn slot(&mut self, path: &str, name: &'static str, like: &Tensor) -> Result<Tensor> {
+        let s = self.slots.entry(path.to_string()).or_default();
+        if let Some(t) = s.get(name) {
+            return Ok(t.clone());
+        }
+        let z = Tensor::zeros(like.dims(), like.device())?;
+        s.insert(name, z.clone());
+        Ok(z)
+    }
+    fn set_slot(&mut self, path: &str, name: &'static str, t: Tensor) {
+        self.slots.entry(path.to_string()).or_default().insert(name, t);
+    }
+
+    /// Run one step: gather gradients, clip them by global norm, decay weights, then call
+    /// `rule(base, path, weight, grad, lr)` for the new weight of each variable.
+    fn step(
+        &mut self,
+        params: &[(String, Var)],
+        grads: &GradStore,
+        mut rule: impl FnMut(&mut Base, &str, &Tensor, &Tensor, f32) -> Result<Tensor>,
+    ) -> Result<()> {
+        no_grad(|| {
+            let mut pairs: Vec<(&String, &Var, Tensor)> = Vec::new();
+            for (path, var) in params {
+                if let Some(g) = grads.get(var) {
+                    if g.dims() != var.dims() {
+                        return Err(Error::invalid(
+                            "optimizer",
+                            format!(
+                                "{path}: gradient of shape {:?} for a variable of shape {:?}",
+                                g.dims(),
+                                var.dims()
+                            ),
+                        ));
+                    }
+                    pairs.push((path, var, g.clone()));
+                }
+            }
+            if let Some(clip) = self.clip_global_norm {
+                let mut sq = 0f32;
+                for (_, _, g) in &pairs {
+                    sq += g.square()?.sum_all()?.to_scalar::<f32>()?;
+                }
+                let norm = sq.sqrt();
+                if norm > clip {
+                    for p in pairs.iter_mut() {
+                        p.2 = p.2.mul_scalar(clip / norm)?;
+                    }
+                }
+            }
+            let lr = self.lr();
+            for (path, var, g) in pairs {
+                let mut w = var.as_tensor().clone();
+                if self.weight_decay != 0.0 {
+                    w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
+                }
+                let new = rule(self, path, &w, &g, lr)?;
+                var.set(&new)?;
+            }
+            self.iterations += 1;
+            Ok(())
+        })
+    }
+}
+
+macro_rules! optimizer_common {
+    ($t:ident) => {
+        impl $t {
+            /// Clip gradients so their global L2 norm (over all variables) is at most `max_norm`.
+            pub fn clip_global_norm(mut self, max_norm: f32) -> Self {
+                self.base.clip_global_norm = Some(max_norm);
+                self
+            }
+            /// Decoupled weight decay: each step scales weights by `1 - lr * wd` before the update.
+            pub fn weight_decay(mut self, wd: f32) -> Self {
+                self.base.weight_decay = wd;
+                self
+            }
+        }
+    };
+}
+
+macro_rules! optimizer_trait {
+    ($t:ident) => {
+        impl Optimizer for $t {
+            fn apply(&mut self, params: &[(String, Var)], grads: &GradStore) -> Result<()> {
+                let hp = self.hyper();
+                self.base.step(params, grads, |b, path, w, g, lr| Self::rule(&hp, b, path, w, g, lr))
+            }
+            fn iterations(&self) -> u64 {
+                self.base.iterations
+            }
+            fn learning_rate(&self) -> f32 {
+                self.base.lr()
+            }
+            fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
+                self.base.slots.get(path)?.get(name).cloned()
+            }
+        }
+    };
+}
+
+/// Stochastic gradient descent, with optional (Nesterov) momentum.
+pub struct Sgd {
+    base: Base,
+    momentum: f32,
+    nesterov: bool,
+}
+
+impl Sgd {
+    /// Plain SGD at `lr` (a number or a schedule).
+    pub fn new(lr: impl Into<LearningRate>) -> Self {
+        Sgd { base: Base::new(lr.into()), momentum: 0.0, nesterov: false }
+    }
+    /// Momentum: `v = momentum * v - lr * g; w += v`.
+    pub fn momentum(mut self, m: f32) -> Self {
+        self.momentum = m;
+        self
+    }
+    /// Nesterov momentum: `w += momentum * v - lr * g`.
+    pub fn nesterov(mut self, on: bool) -> Self {
+        self.nesterov = on;
+        self
+    }
+    fn hyper(&self) -> (f32, bool) {
+        (self.momentum, self.nesterov)
+    }
+    fn rule(hp: &(f32, bool), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
+        let (momentum, nesterov) = *hp;
+        if momentum == 0.0 {
+            return w.sub(&g.mul_scalar(lr)?);
+        }
+        let v = b.slot(path, "momentum", w)?.mul_scalar(momentum)?.sub(&g.mul_scalar(lr)?)?;
+        b.set_slot(path, "momentum", v.clone());
+        if nesterov { w.add(&v.mul_scalar(momentum)?)?.sub(&g.mul_scalar(lr)?) } else { w.add(&v) }
+    }
+}
+optimizer_common!(Sgd);
+optimizer_trait!(Sgd);
+
+/// Adam (Kingma & Ba), with Keras' defaults: beta1 0.9, beta2 0.999, epsilon 1e-7.
+pub struct Adam {
+    base: Base,
+    beta1: f32,
+    beta2: f32,
+    epsilon: f32,
+}
+
+impl Adam {
+    /// Adam at `lr` (a number or a schedule).
+    pub fn new(lr: impl Into<LearningRate>) -> Self {
+        Adam { base: Base::new(lr.into()), beta1: 0.9, beta2: 0.999, epsilon: 1e-7 }
+    }
+    /// Set beta1, beta2 and epsilon.
+    pub fn betas(mut self, beta1: f32, beta2: f32, epsilon: f32) -> Self {
+        (self.beta1, self.beta2, self.epsilon) = (beta1, beta2, epsilon);
+        self
+    }
+    fn hyper(&self) -> (f32, f32, f32) {
+        (self.beta1, self.beta2, self.epsilon)
+    }
+    fn rule(hp: &(f32, f32, f32), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
+        let (b1, b2, eps) = *hp;
+        // Bias correction folded into the step size, as Keras does.
+        let t = (b.iterations + 1) as i32;
+        let lr_t = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
+        let m = b.slot(path, "m", w)?;
+        let v = b.slot(path, "v", w)?;
+        let m = m.add(&g.sub(&m)?.mul_scalar(1.0 - b1)?)?;
+        let v = v.add(&g.square()?.sub(&v)?.mul_scalar(1.0 - b2)?)?;
+        let update = m.div(&v.sqrt()?.add_scalar(eps)?)?.mul_scalar(lr_t)?;
+        b.set_slot(path, "m", m);
+        b.set_slot(path, "v", v);
+        w.sub(&update)
+    }
+}
+optimizer_common!(Adam);
+optimizer_trait!(Adam);
+
+/// AdamW: Adam with decoupled weight decay (Keras' default decay 0.004).
+pub struct AdamW;
+
+impl AdamW {
+    /// An Adam with weight decay 0.004 at `lr`; change it with `.weight_decay(..)`.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(lr: impl Into<LearningRate>) -> Adam {
+        Adam::new(lr).weight_decay(0.004)
+    }
+}
+
+/// RMSprop with Keras' defaults: rho 0.9, epsilon 1e-7.
+pub struct RMSprop {
+    base: Base,
+    rho: f32,
+    epsilon: f32,
+}
+
+impl RMSprop {
+    /// RMSprop at `lr` (a number or a schedule).
+    pub fn new(lr: impl Into<LearningRate>) -> Self {
+        RMSprop { base: Base::new(lr.into()), rho: 0.9, epsilon: 1e-7 }
+    }
+    fn hyper(&self) -> (f32, f32) {
+        (self.rho, self.epsilon)
+    }
+    fn rule(hp: &(f32, f32), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
+        let (rho, eps) = *hp;
+        let v = b.slot(path, "velocity", w)?.mul_scalar(rho)?.add(&g.square()?.mul_scalar(1.0 - rho)?)?;
+        let update = g.div(&v.sqrt()?.add_scalar(eps)?)?.mul_scalar(lr)?;
+        b.set_slot(path, "velocity", v);
+        w.sub(&update)
+    }
+}
+optimizer_common!(RMSprop);
+optimizer_trait!(RMSprop);

@@ -1,0 +1,79 @@
+//! Learning-rate schedules, read at every step (never frozen to a number).
+
+/// A learning rate as a function of the step (the optimizer's iteration count, from 0).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LearningRate {
+    /// The same rate every step.
+    Constant(f32),
+    /// `initial * rate^(step / decay_steps)` (with `staircase`, the exponent is floored).
+    ExponentialDecay {
+        /// Rate at step 0.
+        initial: f32,
+        /// Steps per factor of `rate`.
+        decay_steps: u64,
+        /// The factor.
+        rate: f32,
+        /// Decay in whole steps of `decay_steps`.
+        staircase: bool,
+    },
+    /// Linear warmup from `initial` to `peak` over `warmup_steps`, then cosine decay from `peak`
+    /// to `peak * alpha` over `decay_steps` (Keras' CosineDecay with a warmup target).
+    CosineDecay {
+        /// Rate at step 0.
+        initial: f32,
+        /// Rate at the end of warmup (equal to `initial` for no warmup).
+        peak: f32,
+        /// Steps of linear warmup.
+        warmup_steps: u64,
+        /// Steps of cosine decay after warmup.
+        decay_steps: u64,
+        /// Final rate as a fraction of `peak`.
+        alpha: f32,
+    },
+    /// `values[i]` while `step < boundaries[i]`, and the last value after the last boundary.
+    PiecewiseConstant {
+        /// Increasing step boundaries.
+        boundaries: Vec<u64>,
+        /// One more value than boundaries.
+        values: Vec<f32>,
+    },
+}
+
+impl From<f32> for LearningRate {
+    fn from(v: f32) -> Self {
+        LearningRate::Constant(v)
+    }
+}
+
+impl LearningRate {
+    /// The rate at `step`.
+    ///
+    /// ```
+    /// use weft_nn::optim::LearningRate;
+    /// let lr = LearningRate::CosineDecay { initial: 0.0, peak: 1.0, warmup_steps: 10, decay_steps: 100, alpha: 0.0 };
+    /// assert_eq!(lr.at(5), 0.5);      // half way through warmup
+    /// assert_eq!(lr.at(10), 1.0);     // the peak
+    /// assert!(lr.at(110).abs() < 1e-6); // fully decayed
+    /// ```
+    pub fn at(&self, step: u64) -> f32 {
+        match self {
+            LearningRate::Constant(v) => *v,
+            LearningRate::ExponentialDecay { initial, decay_steps, rate, staircase } => {
+                let p = step as f32 / (*decay_steps).max(1) as f32;
+                initial * rate.powf(if *staircase { p.floor() } else { p })
+            }
+            LearningRate::CosineDecay { initial, peak, warmup_steps, decay_steps, alpha } => {
+                if step < *warmup_steps {
+                    return initial + (peak - initial) * step as f32 / *warmup_steps as f32;
+                }
+                let t = ((step - warmup_steps) as f32).min(*decay_steps as f32) / (*decay_steps).max(1) as f32;
+                let cosine = 0.5 * (1.0 + (std::f32::consts::PI * t).cos());
+                peak * ((1.0 - alpha) * cosine + alpha)
+            }
+            LearningRate::PiecewiseConstant { boundaries, values } => {
+                let i = boundaries.iter().take_while(|&&b| step >= b).count();
+                values[i.min(values.len().saturating_sub(1))]
+            }
+        }
+    }
+}

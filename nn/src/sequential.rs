@@ -1,0 +1,84 @@
+//! Sequential: layers applied one after another.
+
+use crate::layer::join;
+use crate::{Ctx, Layer};
+use std::collections::HashMap;
+use weft_core::{Result, Tensor, Var, trace};
+
+/// A stack of layers, each fed the previous one's output. Unnamed layers get Keras-style names
+/// (`dense`, `dense_1`, ...), so variable paths are stable: `sequential/dense_1/kernel`.
+pub struct Sequential {
+    name: String,
+    layers: Vec<Box<dyn Layer>>,
+    counts: HashMap<&'static str, usize>,
+}
+
+impl Default for Sequential {
+    fn default() -> Self {
+        Sequential::new()
+    }
+}
+
+impl Sequential {
+    /// An empty stack named `sequential`.
+    pub fn new() -> Self {
+        Sequential { name: "sequential".into(), layers: Vec::new(), counts: HashMap::new() }
+    }
+
+    /// Append a layer (Keras' `model.add`).
+    #[allow(clippy::should_implement_trait)]
+    pub fn add(mut self, mut layer: impl Layer + 'static) -> Self {
+        if layer.name().is_empty() {
+            let kind = layer.kind();
+            let n = self.counts.entry(kind).or_insert(0);
+            let snake = to_snake(kind);
+            layer.set_name(if *n == 0 { snake } else { format!("{snake}_{n}") });
+            *n += 1;
+        }
+        self.layers.push(Box::new(layer));
+        self
+    }
+
+    /// Give the stack a name (default `sequential`).
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+}
+
+fn to_snake(kind: &str) -> String {
+    let mut s = String::new();
+    for (i, c) in kind.chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            s.push('_');
+        }
+        s.push(c.to_ascii_lowercase());
+    }
+    s
+}
+
+impl Layer for Sequential {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let _scope = trace::scope(&self.name);
+        let mut h = x.clone();
+        for l in &self.layers {
+            h = l.call(&h, ctx)?;
+        }
+        Ok(h)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "Sequential"
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        self.layers.iter().flat_map(|l| l.variables().into_iter().map(|(p, v)| (join(l.name(), &p), v))).collect()
+    }
+    fn sublayers(&self) -> Vec<&dyn Layer> {
+        self.layers.iter().map(|l| l.as_ref()).collect()
+    }
+}

@@ -1,0 +1,160 @@
+//! Each optimizer against its formula over several steps, schedules at chosen steps, and
+//! clipping by global norm.
+
+use weft_core::{Device, GradStore, Tensor, Var};
+use weft_nn::optim::{Adam, AdamW, LearningRate, Optimizer, RMSprop, Sgd};
+
+/// Run `opt` for `grads.len()` steps on one scalar variable starting at `w0`, feeding the given
+/// gradients; return the weight after each step.
+fn run(mut opt: impl Optimizer, w0: f32, grads: &[f32]) -> Vec<f32> {
+    let w = Var::new(Tensor::from_vec(vec![w0], &[1], &Device::Cpu).unwrap()).unwrap();
+    let params = vec![("w".to_string(), w.clone())];
+    grads
+        .iter()
+        .map(|&g| {
+            let mut store = GradStore::default();
+            store.insert(w.as_tensor(), Tensor::from_vec(vec![g], &[1], &Device::Cpu).unwrap());
+            opt.apply(&params, &store).unwrap();
+            w.to_vec::<f32>().unwrap()[0]
+        })
+        .collect()
+}
+
+fn close(got: &[f32], want: &[f32]) {
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "got {got:?}, want {want:?}");
+    }
+}
+
+const GRADS: [f32; 4] = [0.5, -1.0, 2.0, 0.25];
+
+#[test]
+fn sgd_plain_momentum_and_nesterov() {
+    let (lr, m) = (0.1f32, 0.9f32);
+    let mut w = 1.0f32;
+    let plain: Vec<f32> = GRADS
+        .iter()
+        .map(|g| {
+            w -= lr * g;
+            w
+        })
+        .collect();
+    close(&run(Sgd::new(lr), 1.0, &GRADS), &plain);
+
+    let (mut w, mut v) = (1.0f32, 0.0f32);
+    let mom: Vec<f32> = GRADS
+        .iter()
+        .map(|g| {
+            v = m * v - lr * g;
+            w += v;
+            w
+        })
+        .collect();
+    close(&run(Sgd::new(lr).momentum(m), 1.0, &GRADS), &mom);
+
+    let (mut w, mut v) = (1.0f32, 0.0f32);
+    let nest: Vec<f32> = GRADS
+        .iter()
+        .map(|g| {
+            v = m * v - lr * g;
+            w += m * v - lr * g;
+            w
+        })
+        .collect();
+    close(&run(Sgd::new(lr).momentum(m).nesterov(true), 1.0, &GRADS), &nest);
+}
+
+#[test]
+fn adam_with_bias_correction() {
+    let (lr, b1, b2, eps) = (0.01f32, 0.9f32, 0.999f32, 1e-7f32);
+    let (mut w, mut m, mut v) = (1.0f32, 0.0f32, 0.0f32);
+    let want: Vec<f32> = GRADS
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let t = (i + 1) as i32;
+            m = b1 * m + (1.0 - b1) * g;
+            v = b2 * v + (1.0 - b2) * g * g;
+            let lr_t = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
+            w -= lr_t * m / (v.sqrt() + eps);
+            w
+        })
+        .collect();
+    close(&run(Adam::new(lr), 1.0, &GRADS), &want);
+    // The first step moves by about lr whatever the gradient's size: the bias correction at work.
+    assert!((1.0 - want[0] - lr).abs() < 1e-4);
+}
+
+#[test]
+fn adamw_decays_weights_before_the_adam_step() {
+    let (lr, wd) = (0.01f32, 0.1f32);
+    let adam = run(Adam::new(lr), 1.0, &[0.0]);
+    let adamw = run(AdamW::new(lr).weight_decay(wd), 1.0, &[0.0]);
+    // With a zero gradient, Adam stays put and AdamW only decays.
+    close(&adam, &[1.0]);
+    close(&adamw, &[1.0 - lr * wd]);
+}
+
+#[test]
+fn rmsprop_formula() {
+    let (lr, rho, eps) = (0.01f32, 0.9f32, 1e-7f32);
+    let (mut w, mut v) = (1.0f32, 0.0f32);
+    let want: Vec<f32> = GRADS
+        .iter()
+        .map(|g| {
+            v = rho * v + (1.0 - rho) * g * g;
+            w -= lr * g / (v.sqrt() + eps);
+            w
+        })
+        .collect();
+    close(&run(RMSprop::new(lr), 1.0, &GRADS), &want);
+}
+
+#[test]
+fn schedules_are_read_every_step() {
+    let exp = LearningRate::ExponentialDecay { initial: 1.0, decay_steps: 10, rate: 0.5, staircase: false };
+    assert!((exp.at(10) - 0.5).abs() < 1e-6 && (exp.at(5) - 0.5f32.sqrt()).abs() < 1e-6);
+    let stair = LearningRate::ExponentialDecay { initial: 1.0, decay_steps: 10, rate: 0.5, staircase: true };
+    assert_eq!((stair.at(9), stair.at(10), stair.at(25)), (1.0, 0.5, 0.25));
+    let cos = LearningRate::CosineDecay { initial: 0.1, peak: 1.0, warmup_steps: 10, decay_steps: 20, alpha: 0.1 };
+    assert!((cos.at(0) - 0.1).abs() < 1e-6 && (cos.at(5) - 0.55).abs() < 1e-6);
+    assert!((cos.at(20) - (0.1 + 0.9 * 0.5)).abs() < 1e-6, "half way through the decay: {}", cos.at(20));
+    assert!((cos.at(30) - 0.1).abs() < 1e-6 && (cos.at(1000) - 0.1).abs() < 1e-6);
+    let pw = LearningRate::PiecewiseConstant { boundaries: vec![3, 6], values: vec![1.0, 0.5, 0.1] };
+    assert_eq!((pw.at(0), pw.at(3), pw.at(5), pw.at(6), pw.at(100)), (1.0, 0.5, 0.5, 0.1, 0.1));
+
+    // The optimizer follows the schedule step by step.
+    let sched = LearningRate::PiecewiseConstant { boundaries: vec![2], values: vec![0.1, 0.01] };
+    let got = run(Sgd::new(sched), 0.0, &[1.0, 1.0, 1.0, 1.0]);
+    close(&got, &[-0.1, -0.2, -0.21, -0.22]);
+}
+
+#[test]
+fn clipping_scales_every_gradient_by_the_global_norm() {
+    let a = Var::new(Tensor::zeros(&[2], &Device::Cpu).unwrap()).unwrap();
+    let b = Var::new(Tensor::zeros(&[1], &Device::Cpu).unwrap()).unwrap();
+    let params = vec![("a".to_string(), a.clone()), ("b".to_string(), b.clone())];
+    let mut store = GradStore::default();
+    // Global norm sqrt(3^2 + 4^2 + 12^2) = 13, clipped to 1.3: every gradient shrinks tenfold.
+    store.insert(a.as_tensor(), Tensor::from_vec(vec![3.0f32, 4.0], &[2], &Device::Cpu).unwrap());
+    store.insert(b.as_tensor(), Tensor::from_vec(vec![12.0f32], &[1], &Device::Cpu).unwrap());
+    let mut opt = Sgd::new(1.0).clip_global_norm(1.3);
+    opt.apply(&params, &store).unwrap();
+    close(&a.to_vec::<f32>().unwrap(), &[-0.3, -0.4]);
+    close(&b.to_vec::<f32>().unwrap(), &[-1.2]);
+    assert_eq!(opt.iterations(), 1);
+    assert!(opt.slot("a", "momentum").is_none());
+}
+
+#[test]
+fn adam_state_is_held_in_named_slots_per_path() {
+    let w = Var::new(Tensor::zeros(&[3], &Device::Cpu).unwrap()).unwrap();
+    let params = vec![("dense/kernel".to_string(), w.clone())];
+    let mut store = GradStore::default();
+    store.insert(w.as_tensor(), Tensor::ones(&[3], &Device::Cpu).unwrap());
+    let mut opt = Adam::new(0.1);
+    opt.apply(&params, &store).unwrap();
+    let m = opt.slot("dense/kernel", "m").expect("first moment").to_vec::<f32>().unwrap();
+    close(&m, &[0.1, 0.1, 0.1]);
+    assert!(opt.slot("dense/kernel", "v").is_some() && opt.slot("other", "m").is_none());
+}
