@@ -19,6 +19,8 @@
 #![warn(missing_docs)]
 
 mod activation;
+pub mod callback;
+pub mod checkpoint;
 mod ctx;
 pub mod data;
 mod init;

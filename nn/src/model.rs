@@ -1,14 +1,15 @@
 //! `Model`: a layer plus an optimizer, a loss and metrics, with Keras' `compile`, `fit`,
 //! `evaluate`, `predict` and `summary`.
 
+use crate::callback::{Callback, Control};
 use crate::layer::join;
 use crate::optim::Optimizer;
 use crate::{Ctx, Layer, Loss, Metric};
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use weft_core::{DType, Device, Error, Result, Tensor, Var, no_grad, trace};
 
 /// Options of [`Model::fit`].
-#[derive(Debug, Clone)]
 pub struct FitOptions {
     /// Passes over the data.
     pub epochs: usize,
@@ -22,8 +23,10 @@ pub struct FitOptions {
     pub validation_split: f32,
     /// Validation data given explicitly (wins over `validation_split`).
     pub validation_data: Option<(Tensor, Tensor)>,
-    /// Print one line per epoch.
+    /// Show progress: a bar per epoch on a terminal, one line per epoch otherwise.
     pub verbose: bool,
+    /// Called after every epoch (EarlyStopping, ModelCheckpoint, closures).
+    pub callbacks: Vec<Box<dyn Callback>>,
 }
 
 impl Default for FitOptions {
@@ -36,6 +39,7 @@ impl Default for FitOptions {
             validation_split: 0.0,
             validation_data: None,
             verbose: true,
+            callbacks: Vec::new(),
         }
     }
 }
@@ -137,7 +141,7 @@ impl Model {
 
     /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples). Integer labels are
     /// accepted for sparse losses.
-    pub fn fit(&mut self, x: &Tensor, y: &Tensor, opts: FitOptions) -> Result<History> {
+    pub fn fit(&mut self, x: &Tensor, y: &Tensor, mut opts: FitOptions) -> Result<History> {
         self.parts()?;
         if x.rank() == 0 || y.rank() == 0 || x.dims()[0] != y.dims()[0] {
             return Err(Error::ShapeMismatch { op: "fit", lhs: x.dims().to_vec(), rhs: y.dims().to_vec() });
@@ -167,6 +171,10 @@ impl Model {
             }
             let mut loss_sum = 0f64;
             let mut counts = vec![(0f64, 0f64); self.metrics.len()];
+            let steps = train_n.div_ceil(opts.batch_size);
+            let bar =
+                (opts.verbose && std::io::stdout().is_terminal()).then(|| progress_bar(epoch, opts.epochs, steps));
+            let mut seen = 0usize;
             for chunk in order.chunks(opts.batch_size) {
                 let ids = Tensor::from_slice(chunk, &[chunk.len()], &self.device)?;
                 let (bx, by) = (x.index_select(&ids, 0)?, y.index_select(&ids, 0)?);
@@ -175,6 +183,14 @@ impl Model {
                     return Err(Error::invalid("fit", format!("the loss became {l} at epoch {}", epoch + 1)));
                 }
                 loss_sum += l as f64 * chunk.len() as f64;
+                seen += chunk.len();
+                if let Some(bar) = &bar {
+                    bar.set_message(running_line(loss_sum / seen as f64, &self.metrics, &counts));
+                    bar.inc(1);
+                }
+            }
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
             }
             history.loss.push((loss_sum / train_n as f64) as f32);
             for (m, c) in self.metrics.iter().zip(&counts) {
@@ -190,6 +206,16 @@ impl Model {
             if opts.verbose {
                 println!("{}", epoch_line(epoch, opts.epochs, &history, start.elapsed()));
             }
+            let mut stop = false;
+            for cb in opts.callbacks.iter_mut() {
+                stop |= cb.on_epoch_end(epoch, &history, self)? == Control::Stop;
+            }
+            if stop {
+                break;
+            }
+        }
+        for cb in opts.callbacks.iter_mut() {
+            cb.on_train_end(&history, self)?;
         }
         Ok(history)
     }
@@ -233,6 +259,57 @@ impl Model {
             }
             Tensor::concat(&outs, 0)
         })
+    }
+
+    /// Build every layer's variables by running the model once on zeros of `[1, input_shape..]`.
+    pub fn build(&self, input_shape: &[usize]) -> Result<()> {
+        let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
+        no_grad(|| self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut Ctx::inference())).map(drop)
+    }
+
+    /// Save every variable, by path, to a safetensors file (written to a temporary file, then renamed).
+    pub fn save_weights(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let vars: Vec<(String, Tensor)> =
+            self.variables().into_iter().map(|(p, v)| (p, v.as_tensor().clone())).collect();
+        if vars.is_empty() {
+            return Err(Error::invalid("save_weights", "the model has no variables yet: build it or train it first"));
+        }
+        crate::checkpoint::save(path, &vars)
+    }
+
+    /// Load weights saved by `save_weights` (or any safetensors file with the same names and
+    /// shapes; f16 and bf16 are converted). Every missing name, unexpected name and wrong shape is
+    /// listed in one `Err`, and then no variable is changed.
+    pub fn load_weights(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let vars = self.variables();
+        if vars.is_empty() {
+            return Err(Error::invalid(
+                "load_weights",
+                "the model has no variables yet: call build(input_shape) first",
+            ));
+        }
+        let file = crate::checkpoint::load(&path)?;
+        let mut problems = Vec::new();
+        for (p, v) in &vars {
+            match file.get(p) {
+                None => problems.push(format!("missing from the file: {p} (shape {:?})", v.dims())),
+                Some((shape, _)) if shape.as_slice() != v.dims() => {
+                    problems.push(format!("{p}: the file has shape {shape:?}, the model {:?}", v.dims()))
+                }
+                Some(_) => {}
+            }
+        }
+        let mut extra: Vec<&String> = file.keys().filter(|k| !vars.iter().any(|(p, _)| p == *k)).collect();
+        extra.sort();
+        problems.extend(extra.into_iter().map(|k| format!("not in the model: {k}")));
+        if !problems.is_empty() {
+            return Err(Error::Msg(format!("load_weights from {}: {}", path.as_ref().display(), problems.join("; "))));
+        }
+        for (p, v) in &vars {
+            let (shape, values) = &file[p];
+            v.set(&Tensor::from_slice(values, shape, v.device())?)?;
+        }
+        Ok(())
     }
 
     /// A Keras-style table: each layer's path and kind, its output shape for one sample
@@ -312,6 +389,26 @@ fn bytes(n: usize) -> String {
         n if n >= 1 << 10 => format!("{:.2} KB", n as f64 / (1 << 10) as f64),
         n => format!("{n} B"),
     }
+}
+
+fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    let style = indicatif::ProgressStyle::with_template(&format!(
+        "Epoch {}/{epochs} {{bar:30}} {{pos}}/{{len}} [{{elapsed}}<{{eta}}, {{per_sec}}] {{msg}}",
+        epoch + 1
+    ));
+    if let Ok(style) = style {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn running_line(loss: f64, metrics: &[Metric], counts: &[(f64, f64)]) -> String {
+    let mut s = format!("loss: {loss:.4}");
+    for (m, c) in metrics.iter().zip(counts) {
+        s += &format!(" - {}: {:.4}", m.name(), c.0 / c.1.max(1.0));
+    }
+    s
 }
 
 fn epoch_line(epoch: usize, epochs: usize, h: &History, took: std::time::Duration) -> String {

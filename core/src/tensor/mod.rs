@@ -163,6 +163,21 @@ impl Tensor {
         }))
     }
 
+    /// A tensor holding this one's current values. Storage is never written in place, only
+    /// replaced (by `Var::set`), so this costs no copy, and later updates of a variable do not
+    /// reach the snapshot. Used to keep the best weights seen during training.
+    pub fn snapshot(&self) -> Tensor {
+        Tensor(Arc::new(TensorInner {
+            id: TensorId::new(),
+            storage: Arc::new(RwLock::new(self.storage())),
+            layout: self.0.layout.clone(),
+            dtype: self.0.dtype,
+            device: self.0.device.clone(),
+            op: None,
+            is_var: false,
+        }))
+    }
+
     /// The elements in row-major order, copied to the host. `T` must match the dtype.
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {

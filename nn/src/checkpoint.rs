@@ -1,0 +1,78 @@
+//! Weights on disk in the safetensors format (the file Python's `safetensors` reads).
+//!
+//! Saving writes a temporary file beside the target and renames it over the target only once
+//! it is complete, so a crash or a full disk never leaves a half-written checkpoint where a good
+//! one was. Loading accepts f32, f16 and bf16 tensors (converted to f32).
+
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use weft_core::{DType, Error, Result, Tensor};
+
+struct HostView {
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &HostView {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn io(path: &Path, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Msg(format!("{what} {}: {e}", path.display()))
+}
+
+/// Write named f32 tensors to `path` (through a temporary file and a rename).
+pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> {
+    let path = path.as_ref();
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let t = if t.dtype() == DType::F32 { t.clone() } else { t.to_dtype(DType::F32)? };
+        let bytes = bytemuck::cast_slice(&t.to_vec::<f32>()?).to_vec();
+        views.push((name.clone(), HostView { shape: t.dims().to_vec(), bytes }));
+    }
+    let data = safetensors::serialize(views.iter().map(|(n, v)| (n.as_str(), v)), None)
+        .map_err(|e| io(path, "encoding", e))?;
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, "creating", e))?;
+    f.write_all(&data).and_then(|_| f.sync_all()).map_err(|e| io(&tmp, "writing", e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| io(path, "replacing", e))
+}
+
+/// Read every tensor of a safetensors file as (shape, f32 values), by name.
+pub fn load(path: impl AsRef<Path>) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| io(path, "reading", e))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| io(path, "not a complete safetensors file:", e))?;
+    let mut out = HashMap::new();
+    for (name, view) in st.tensors() {
+        let data = view.data();
+        let values: Vec<f32> = match view.dtype() {
+            Dtype::F32 => bytemuck::pod_collect_to_vec(data),
+            Dtype::F16 => data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Dtype::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            other => {
+                return Err(Error::Msg(format!(
+                    "{}: tensor {name} has dtype {other:?}; weights must be f32, f16 or bf16",
+                    path.display()
+                )));
+            }
+        };
+        out.insert(name, (view.shape().to_vec(), values));
+    }
+    Ok(out)
+}
