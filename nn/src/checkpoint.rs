@@ -53,8 +53,11 @@ pub fn save(path: impl AsRef<Path>, tensors: &[(String, Tensor)]) -> Result<()> 
     std::fs::rename(&tmp, path).map_err(|e| io(path, "replacing", e))
 }
 
+/// Tensors read from a file: name to (shape, f32 values).
+pub type Loaded = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// Read every tensor of a safetensors file as (shape, f32 values), by name.
-pub fn load(path: impl AsRef<Path>) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>> {
+pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| io(path, "reading", e))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| io(path, "not a complete safetensors file:", e))?;
