@@ -20,6 +20,8 @@ pub enum Initializer {
     Ones,
     /// Normal with the given std.
     Normal(f32),
+    /// Uniform in ±the given limit (Keras' default for embeddings: 0.05).
+    Uniform(f32),
     /// Normal with the given std, redrawn beyond two std (as Keras does).
     TruncatedNormal(f32),
 }
@@ -47,6 +49,7 @@ impl Initializer {
             Initializer::Zeros => Tensor::zeros(shape, device),
             Initializer::Ones => Tensor::ones(shape, device),
             Initializer::Normal(std) => Tensor::randn(0.0, std, shape, seed, device),
+            Initializer::Uniform(l) => Tensor::rand(-l, l, shape, seed, device),
             Initializer::TruncatedNormal(std) => {
                 // Draw on the host, redraw values beyond two std, then upload.
                 let n: usize = shape.iter().product();

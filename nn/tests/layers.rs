@@ -83,3 +83,91 @@ fn losses_match_their_formulas() {
     let err = Loss::MeanSquaredError.compute(&p, &labels).unwrap_err().to_string();
     assert!(err.contains("[2, 3]") && err.contains("[2]"), "{err}");
 }
+
+use weft_nn::layers::{EinsumDense, Embedding, LayerNormalization, Reshape};
+
+fn close(a: &Tensor, b: &Tensor) {
+    assert_eq!(a.dims(), b.dims());
+    for (x, y) in a.to_vec::<f32>().unwrap().iter().zip(b.to_vec::<f32>().unwrap()) {
+        assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+    }
+}
+
+fn kernel_and_bias(l: &dyn Layer) -> (Tensor, Tensor) {
+    let v = l.variables();
+    (v[0].1.as_tensor().clone(), v[1].1.as_tensor().clone())
+}
+
+#[test]
+fn einsum_dense_matches_the_equivalent_matmuls() {
+    let dev = Device::Cpu;
+    let x = Tensor::rand(-1.0, 1.0, &[2, 3, 4], 1, &dev).unwrap();
+    let ctx = &mut Ctx::inference();
+    let rand_bias = |l: &dyn Layer| {
+        let b = &l.variables()[1].1;
+        b.set(&Tensor::rand(-1.0, 1.0, b.dims(), 9, &dev).unwrap()).unwrap();
+    };
+
+    // A Dense over the last axis of a 3-D input.
+    let l = EinsumDense::new("abc,cd->abd", &[3, 5]).bias_axes("d");
+    l.call(&x, ctx).unwrap();
+    rand_bias(&l);
+    let (k, b) = kernel_and_bias(&l);
+    close(&l.call(&x, ctx).unwrap(), &x.matmul(&k).unwrap().add(&b).unwrap());
+
+    // Projection to heads: a 3-D kernel, bias over both new axes.
+    let l = EinsumDense::new("abc,cde->abde", &[3, 2, 6]).bias_axes("de");
+    l.call(&x, ctx).unwrap();
+    rand_bias(&l);
+    let (k, b) = kernel_and_bias(&l);
+    assert_eq!((k.dims(), b.dims()), (&[4usize, 2, 6][..], &[2usize, 6][..]));
+    let want = x.matmul(&k.reshape(&[4, 12]).unwrap()).unwrap().reshape(&[2, 3, 2, 6]).unwrap().add(&b).unwrap();
+    close(&l.call(&x, ctx).unwrap(), &want);
+
+    // Heads back to the model width.
+    let h = Tensor::rand(-1.0, 1.0, &[2, 3, 2, 6], 2, &dev).unwrap();
+    let l = EinsumDense::new("abcd,cde->abe", &[3, 4]).bias_axes("e");
+    l.call(&h, ctx).unwrap();
+    rand_bias(&l);
+    let (k, b) = kernel_and_bias(&l);
+    let want = h.reshape(&[2, 3, 12]).unwrap().matmul(&k.reshape(&[12, 4]).unwrap()).unwrap().add(&b).unwrap();
+    close(&l.call(&h, ctx).unwrap(), &want);
+
+    // A bias on a middle axis spans the rest of the output with size 1 (Keras' rule).
+    let l = EinsumDense::new("abc,cd->abd", &[3, 5]).bias_axes("b");
+    l.call(&x, ctx).unwrap();
+    rand_bias(&l);
+    let (k, b) = kernel_and_bias(&l);
+    assert_eq!(b.dims(), &[3, 1]);
+    close(&l.call(&x, ctx).unwrap(), &x.matmul(&k).unwrap().add(&b).unwrap());
+
+    let err = EinsumDense::new("abc,cd->abd", &[3, 5]).call(&Tensor::ones(&[2, 4], &dev).unwrap(), ctx).unwrap_err();
+    assert!(err.to_string().contains("rank-3"), "{err}");
+}
+
+#[test]
+fn embedding_layer_norm_and_reshape() {
+    let dev = Device::Cpu;
+    let ctx = &mut Ctx::inference();
+    let emb = Embedding::new(5, 3);
+    let ids = Tensor::from_vec(vec![4u32, 0, 4, 1], &[2, 2], &dev).unwrap();
+    let out = emb.call(&ids, ctx).unwrap();
+    assert_eq!(out.dims(), &[2, 2, 3]);
+    let table = emb.table().unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(out.to_vec::<f32>().unwrap()[..3], table[12..15]);
+    assert!(table.iter().all(|v| v.abs() <= 0.05));
+    let bad = Tensor::from_vec(vec![5u32], &[1], &dev).unwrap();
+    assert!(emb.call(&bad, ctx).is_err(), "id 5 is past a vocabulary of 5");
+
+    let x = Tensor::rand(-2.0, 2.0, &[4, 6], 3, &dev).unwrap();
+    let ln = LayerNormalization::new();
+    let y = ln.call(&x, ctx).unwrap();
+    let mean = x.mean(&[-1], true).unwrap();
+    let var = x.var(&[-1], true).unwrap();
+    close(&y, &x.sub(&mean).unwrap().div(&var.add_scalar(1e-3).unwrap().sqrt().unwrap()).unwrap());
+    assert_eq!(ln.variables().iter().map(|v| v.0.as_str()).collect::<Vec<_>>(), ["gamma", "beta"]);
+
+    let r = Reshape::new(&[3, -1]).call(&x, ctx).unwrap();
+    assert_eq!(r.dims(), &[4, 3, 2]);
+    assert!(Reshape::new(&[5, -1]).call(&x, ctx).is_err());
+}

@@ -1,7 +1,13 @@
 //! The built-in layers.
 
 mod dense;
+mod einsum_dense;
+mod embedding;
+mod layer_norm;
 mod simple;
 
 pub use dense::Dense;
-pub use simple::{ActivationLayer, Dropout, Flatten};
+pub use einsum_dense::EinsumDense;
+pub use embedding::Embedding;
+pub use layer_norm::LayerNormalization;
+pub use simple::{ActivationLayer, Dropout, Flatten, Reshape};

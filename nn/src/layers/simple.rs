@@ -87,3 +87,25 @@ impl Flatten {
     }
 }
 stateless!(Flatten, "Flatten");
+
+/// Reshapes every axis after the batch axis to `target` (one entry may be -1).
+pub struct Reshape {
+    name: String,
+    target: Vec<isize>,
+}
+
+impl Reshape {
+    /// Reshape to `[batch, target..]`.
+    pub fn new(target: &[isize]) -> Self {
+        Reshape { name: String::new(), target: target.to_vec() }
+    }
+    fn forward(&self, x: &Tensor, _ctx: &mut Ctx) -> Result<Tensor> {
+        let batch = *x
+            .dims()
+            .first()
+            .ok_or_else(|| Error::invalid("Reshape", format!("{}: input has no batch axis", trace::current_scope())))?;
+        let shape: Vec<isize> = std::iter::once(batch as isize).chain(self.target.iter().copied()).collect();
+        x.reshape_infer(&shape).map_err(|e| Error::invalid("Reshape", format!("{}: {e}", trace::current_scope())))
+    }
+}
+stateless!(Reshape, "Reshape");

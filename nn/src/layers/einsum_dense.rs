@@ -1,0 +1,171 @@
+//! EinsumDense: a dense layer whose product is any einsum equation, with Keras' semantics.
+
+use crate::{Activation, Ctx, Initializer, Layer};
+use std::sync::OnceLock;
+use weft_core::{Error, Result, Tensor, Var, trace};
+
+/// `activation(einsum(equation, x, kernel) + bias)`, as Keras' EinsumDense.
+///
+/// The equation names the input, the kernel and the output, e.g. `abc,cd->abd` (a Dense over
+/// the last axis of a 3-D input) or `abc,cde->abde` (a projection to heads). `output_shape` gives
+/// the output's sizes without the batch axis; kernel sizes come from the input for letters it has
+/// and from `output_shape` for the rest. `bias_axes` names the output letters the bias spans
+/// (empty: no bias).
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::{layers::EinsumDense, Ctx, Layer};
+/// let heads = EinsumDense::new("abc,cde->abde", &[5, 2, 4]).bias_axes("de");
+/// let y = heads.call(&Tensor::ones(&[3, 5, 8], &Device::Cpu)?, &mut Ctx::inference())?;
+/// assert_eq!(y.dims(), &[3, 5, 2, 4]);
+/// assert_eq!(heads.variables()[0].1.dims(), &[8, 2, 4]);
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub struct EinsumDense {
+    name: String,
+    equation: String,
+    output_shape: Vec<usize>,
+    bias_axes: String,
+    activation: Activation,
+    kernel_init: Initializer,
+    vars: OnceLock<(Var, Option<Var>)>,
+}
+
+impl EinsumDense {
+    /// A layer for `equation` with the output sizes after the batch axis.
+    pub fn new(equation: &str, output_shape: &[usize]) -> Self {
+        EinsumDense {
+            name: String::new(),
+            equation: equation.replace(' ', ""),
+            output_shape: output_shape.to_vec(),
+            bias_axes: String::new(),
+            activation: Activation::Linear,
+            kernel_init: Initializer::GlorotUniform,
+            vars: OnceLock::new(),
+        }
+    }
+    /// Output letters the bias spans.
+    pub fn bias_axes(mut self, axes: &str) -> Self {
+        self.bias_axes = axes.to_string();
+        self
+    }
+    /// Set the activation.
+    pub fn activation(mut self, a: Activation) -> Self {
+        self.activation = a;
+        self
+    }
+    /// The kernel's initializer.
+    pub fn kernel_initializer(mut self, i: Initializer) -> Self {
+        self.kernel_init = i;
+        self
+    }
+    /// Give the layer a name.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    /// (input, kernel, output) letters.
+    fn spec(&self) -> Result<(Vec<char>, Vec<char>, Vec<char>)> {
+        let bad = || {
+            Error::invalid("EinsumDense", format!("equation {:?} is not of the form `in,kernel->out`", self.equation))
+        };
+        let (lhs, out) = self.equation.split_once("->").ok_or_else(bad)?;
+        let (inp, ker) = lhs.split_once(',').ok_or_else(bad)?;
+        Ok((inp.chars().collect(), ker.chars().collect(), out.chars().collect()))
+    }
+
+    fn build(&self, x: &Tensor, path: &str, ctx: &Ctx) -> Result<(Var, Option<Var>)> {
+        let (inp, ker, out) = self.spec()?;
+        let err = |msg: String| Error::invalid("EinsumDense", format!("{path}: {msg}"));
+        if inp.len() != x.rank() {
+            return Err(err(format!(
+                "equation {:?} wants a rank-{} input, got shape {:?}",
+                self.equation,
+                inp.len(),
+                x.dims()
+            )));
+        }
+        if self.output_shape.len() + 1 != out.len() {
+            return Err(err(format!(
+                "output_shape {:?} must give the {} output axes after the batch",
+                self.output_shape,
+                out.len() - 1
+            )));
+        }
+        let size_of = |c: char| -> Result<usize> {
+            if let Some(i) = inp.iter().position(|&l| l == c) {
+                Ok(x.dims()[i])
+            } else if let Some(i) = out.iter().position(|&l| l == c).filter(|&i| i > 0) {
+                Ok(self.output_shape[i - 1])
+            } else {
+                Err(err(format!("kernel axis '{c}' is in neither the input nor the output")))
+            }
+        };
+        let kshape = ker.iter().map(|&c| size_of(c)).collect::<Result<Vec<_>>>()?;
+        let kernel = Var::new(self.kernel_init.init(&kshape, ctx.seed_for(path), x.device())?)?;
+        let bias = if self.bias_axes.is_empty() {
+            None
+        } else {
+            // Keras: the bias spans the output from its first bias axis to the end, size 1 where
+            // an axis is not a bias axis, so it broadcasts over the rest.
+            let first = out.iter().position(|c| self.bias_axes.contains(*c)).ok_or_else(|| {
+                err(format!("bias axes {:?} are not output axes of {:?}", self.bias_axes, self.equation))
+            })?;
+            let bshape: Vec<usize> = out[first..]
+                .iter()
+                .map(|&c| {
+                    if self.bias_axes.contains(c) {
+                        self.output_shape[out.iter().position(|&l| l == c).unwrap() - 1]
+                    } else {
+                        1
+                    }
+                })
+                .collect();
+            Some(Var::new(Tensor::zeros(&bshape, x.device())?)?)
+        };
+        Ok((kernel, bias))
+    }
+}
+
+impl Layer for EinsumDense {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let _scope = trace::scope(&self.name);
+        let path = trace::current_scope();
+        let (kernel, bias) = match self.vars.get() {
+            Some(v) => v,
+            None => {
+                let built = self.build(x, &path, ctx)?;
+                let _ = self.vars.set(built);
+                self.vars.get().expect("just set")
+            }
+        };
+        let mut y = Tensor::einsum(&self.equation, &[x, kernel.as_tensor()])
+            .map_err(|e| Error::invalid("EinsumDense", format!("{path}: {e}")))?;
+        if let Some(b) = bias {
+            y = y.add(b)?;
+        }
+        self.activation.apply(&y)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "EinsumDense"
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        match self.vars.get() {
+            None => Vec::new(),
+            Some((k, b)) => {
+                let mut v = vec![("kernel".to_string(), k.clone())];
+                if let Some(b) = b {
+                    v.push(("bias".to_string(), b.clone()));
+                }
+                v
+            }
+        }
+    }
+}
