@@ -25,6 +25,7 @@ mod error;
 pub mod gpu;
 pub mod layout;
 pub mod ops;
+pub mod optim_ops;
 pub mod rng;
 pub mod storage;
 mod tensor;

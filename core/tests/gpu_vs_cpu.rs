@@ -287,6 +287,23 @@ fn every_matmul_variant_covers_several_workgroups() {
 }
 
 #[test]
+fn the_fused_adam_step_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let p = weft_core::optim_ops::AdamStep { lr_t: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-7, decay: 0.999 };
+    let run = |dev: &Device| -> Vec<Vec<f32>> {
+        let [w, gr, m] = [1, 2, 3].map(|s| Tensor::rand(-1.0, 1.0, &[129, 7], s, dev).unwrap());
+        let v = Tensor::rand(0.0, 1.0, &[129, 7], 4, dev).unwrap();
+        // A transposed-back view of the gradient exercises the contiguous copy on the way in.
+        let (a, b, c) = w.adam_step(&gr.t().unwrap().contiguous().unwrap().t().unwrap(), &m, &v, p).unwrap();
+        [a, b, c].iter().map(vals).collect()
+    };
+    let (want, got) = (run(&Device::Cpu), run(&g));
+    for (w, gt) in want.iter().zip(&got) {
+        assert_close(gt, w, ELEMENTWISE_TOL, "adam_step");
+    }
+}
+
+#[test]
 fn dropout_masks_are_identical_on_every_backend() {
     let Some(g) = gpu() else { return };
     let run = |dev: &Device| vals(&Tensor::ones(&[129, 7], dev).unwrap().dropout(0.3, 1234, true).unwrap());

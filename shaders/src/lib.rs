@@ -42,6 +42,8 @@ pub const INDEX_ADD: &str = include_str!("../wgsl/index_add.wgsl");
 pub const MATMUL_VEC4: &str = include_str!("../wgsl/matmul_vec4.wgsl");
 /// Register-blocked batched matmul without workgroup memory.
 pub const MATMUL_DIRECT: &str = include_str!("../wgsl/matmul_direct.wgsl");
+/// Fused Adam update.
+pub const ADAM: &str = include_str!("../wgsl/adam.wgsl");
 /// A pure-FMA loop: the adapter's arithmetic ceiling, for benchmarks.
 pub const FMA_PEAK: &str = include_str!("../wgsl/fma_peak.wgsl");
 
@@ -215,6 +217,7 @@ pub fn source(name: &str) -> Option<String> {
         "index" if variant.is_empty() => INDEX.to_string(),
         "index_add" if variant.is_empty() => INDEX_ADD.to_string(),
         "fma_peak" if variant.is_empty() => FMA_PEAK.to_string(),
+        "adam" if variant.is_empty() => ADAM.to_string(),
         _ => return None,
     };
     Some(with_common(&body))
@@ -232,12 +235,15 @@ pub fn all_kernels() -> Vec<String> {
             "softmax/softmax",
             "softmax/log",
             "matmul/tiled",
+            "matmul/tiled_vec4",
             "matmul/direct4x4",
             "matmul/direct8x8",
             "matmul/direct16x16",
         ]
         .map(String::from),
     );
-    names.extend(["where", "copy", "fill", "rand", "layer_norm", "index", "index_add"].map(String::from));
+    names.extend(
+        ["where", "copy", "fill", "rand", "layer_norm", "index", "index_add", "fma_peak", "adam"].map(String::from),
+    );
     names
 }

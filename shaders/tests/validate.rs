@@ -45,6 +45,7 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("index", weft_shaders::INDEX),
         ("index_add", weft_shaders::INDEX_ADD),
         ("fma_peak", weft_shaders::FMA_PEAK),
+        ("adam", weft_shaders::ADAM),
     ] {
         let head: Vec<&str> = src.lines().take_while(|l| l.starts_with("//")).collect();
         assert!(head.len() >= 3, "{name}.wgsl must open with a comment on its algorithm");

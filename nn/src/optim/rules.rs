@@ -3,6 +3,7 @@
 
 use super::LearningRate;
 use std::collections::HashMap;
+use weft_core::optim_ops::AdamStep;
 use weft_core::{Error, GradStore, Result, Tensor, Var, no_grad};
 
 /// Updates variables from their gradients.
@@ -200,14 +201,13 @@ impl Adam {
         // Bias correction folded into the step size, as Keras does.
         let t = (b.iterations + 1) as i32;
         let lr_t = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
-        let m = b.slot(path, "m", w)?;
-        let v = b.slot(path, "v", w)?;
-        let m = m.add(&g.sub(&m)?.mul_scalar(1.0 - b1)?)?;
-        let v = v.add(&g.square()?.sub(&v)?.mul_scalar(1.0 - b2)?)?;
-        let update = m.div(&v.sqrt()?.add_scalar(eps)?)?.mul_scalar(lr_t)?;
+        let (m, v) = (b.slot(path, "m", w)?, b.slot(path, "v", w)?);
+        // One fused pass: m' = m + (g - m)(1 - b1), v' = v + (g² - v)(1 - b2), w' = w - lr_t m' / (sqrt(v') + eps).
+        let step = AdamStep { lr_t, beta1: b1, beta2: b2, eps, decay: 1.0 };
+        let (w, m, v) = w.adam_step(g, &m, &v, step)?;
         b.set_slot(path, "m", m);
         b.set_slot(path, "v", v);
-        w.sub(&update)
+        Ok(w)
     }
 }
 optimizer_common!(Adam);

@@ -1,0 +1,31 @@
+//! MLP 784-1024-1024-10 (ReLU, softmax cross-entropy, Adam, batch 256, random data): training
+//! steps/s and inference samples/s on every device found. `cargo bench --bench train_step`
+
+mod common;
+
+use std::time::Duration;
+use weft::nn::layers::Dense;
+use weft::nn::optim::Adam;
+use weft::nn::{Activation, Loss, Model, Sequential};
+use weft::prelude::*;
+
+fn main() -> Result<()> {
+    for dev in common::devices() {
+        let net = Sequential::new()
+            .add(Dense::new(1024).activation(Activation::Relu))
+            .add(Dense::new(1024).activation(Activation::Relu))
+            .add(Dense::new(10));
+        let mut model = Model::new(net, &dev);
+        model.compile(Adam::new(1e-3), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[]);
+        let x = Tensor::rand(0.0, 1.0, &[256, 784], 1, &dev)?;
+        let labels: Vec<u32> = (0..256).map(|i| (i * 7 % 10) as u32).collect();
+        let y = Tensor::from_vec(labels, &[256], &dev)?;
+        let budget = Duration::from_secs(if dev.is_gpu() { 6 } else { 3 });
+        // train_on_batch reads the loss back, so each step is waited for.
+        let step = common::time_per_call(&dev, budget, 2, || model.train_on_batch(&x, &y).map(drop))?;
+        common::report("train_step", &dev, "mlp784-1024-1024-10/b256", 1.0 / step, "steps/s");
+        let infer = common::time_per_call(&dev, budget, 2, || model.predict(&x, 256)?.to_vec::<f32>().map(drop))?;
+        common::report("inference", &dev, "mlp784-1024-1024-10/b256", 256.0 / infer, "samples/s");
+    }
+    Ok(())
+}
