@@ -8,8 +8,8 @@ use weft_core::{Error, Result, Tensor, Var, trace};
 ///
 /// The equation names the input, the kernel and the output, e.g. `abc,cd->abd` (a Dense over
 /// the last axis of a 3-D input) or `abc,cde->abde` (a projection to heads). `output_shape` gives
-/// the output's sizes without the batch axis; kernel sizes come from the input for letters it has
-/// and from `output_shape` for the rest. `bias_axes` names the output letters the bias spans
+/// the output's sizes without the batch axis (0 where the size comes from the input, Keras' `None`);
+/// kernel sizes come from the input for letters it has and from `output_shape` for the rest. `bias_axes` names the output letters the bias spans
 /// (empty: no bias).
 ///
 /// ```

@@ -1,13 +1,17 @@
 //! The built-in layers.
 
+mod attention;
 mod dense;
 mod einsum_dense;
 mod embedding;
 mod layer_norm;
 mod simple;
+mod transformer;
 
+pub use attention::MultiHeadAttention;
 pub use dense::Dense;
 pub use einsum_dense::EinsumDense;
 pub use embedding::Embedding;
 pub use layer_norm::LayerNormalization;
 pub use simple::{ActivationLayer, Dropout, Flatten, Reshape};
+pub use transformer::TransformerBlock;
