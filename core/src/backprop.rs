@@ -313,14 +313,14 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
                 U::Sigmoid => g.mul(&out.mul(&out.affine(-1.0, 1.0)?)?)?,
                 U::Relu => g.mul(&x.unary(U::Step)?)?,
                 U::GeluTanh => {
+                    // With u = C (x + 0.044715 x³) and s = sigmoid(2u) (so tanh(u) = 2s - 1):
+                    // d/dx = s + 2 x s (1 - s) du/dx.
                     const C: f32 = 0.797_884_6;
                     let x2 = x.square()?;
-                    let inner = x.mul(&x2.affine(0.044715, 1.0)?)?.mul_scalar(C)?;
-                    let t = inner.tanh()?;
-                    let left = t.affine(0.5, 0.5)?;
-                    let dinner = x2.affine(3.0 * 0.044715 * C, C)?;
-                    let right = x.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&dinner)?.mul_scalar(0.5)?;
-                    g.mul(&left.add(&right)?)?
+                    let s = x.mul(&x2.affine(0.044715, 1.0)?)?.mul_scalar(2.0 * C)?.sigmoid()?;
+                    let du = x2.affine(3.0 * 0.044715 * C, C)?;
+                    let right = x.mul(&s.mul(&s.affine(-1.0, 1.0)?)?)?.mul(&du)?.mul_scalar(2.0)?;
+                    g.mul(&s.add(&right)?)?
                 }
                 U::GeluErf => {
                     let cdf = x.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?;

@@ -119,7 +119,8 @@ impl UnaryOp {
             Tanh => x.tanh(),
             Sigmoid => 1.0 / (1.0 + (-x).exp()),
             Relu => x.max(0.0),
-            GeluTanh => 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh()),
+            // 0.5 x (1 + tanh(u)) written as x * sigmoid(2u): one exp instead of a (slow) tanh.
+            GeluTanh => x / (1.0 + (-1.595_769_2 * (x + 0.044715 * x * x * x)).exp()),
             GeluErf => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
             Silu => x / (1.0 + (-x).exp()),
             Sin => x.sin(),

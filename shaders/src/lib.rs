@@ -61,7 +61,7 @@ pub const UNARY_OPS: &[(&str, &str)] = &[
     ("tanh", "tanh_(x)"),
     ("sigmoid", "1.0 / (1.0 + exp(-x))"),
     ("relu", "max(x, 0.0)"),
-    ("gelu_tanh", "0.5 * x * (1.0 + tanh_(0.7978846 * (x + 0.044715 * x * x * x)))"),
+    ("gelu_tanh", "x / (1.0 + exp(-1.5957692 * (x + 0.044715 * x * x * x)))"),
     ("gelu_erf", "0.5 * x * (1.0 + erf_(x * 0.70710677))"),
     ("silu", "x / (1.0 + exp(-x))"),
     ("sin", "sin(x)"),

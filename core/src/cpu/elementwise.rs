@@ -83,15 +83,21 @@ pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
         };
     }
     // Matching here, outside the loop, compiles one loop per op.
-    match op {
-        UnaryOp::Identity => go!(|v: f32| v),
-        UnaryOp::Neg => go!(|v: f32| -v),
-        UnaryOp::Relu => go!(|v: f32| v.max(0.0)),
-        UnaryOp::Square => go!(|v: f32| v * v),
-        UnaryOp::Exp => go!(|v: f32| v.exp()),
-        UnaryOp::Affine { mul, add } => go!(|v: f32| v * mul + add),
-        other => go!(|v: f32| other.apply(v)),
+    // `UnaryOp::X.apply` with a constant `X` inlines to that op alone, so each arm is its own loop.
+    macro_rules! each {
+        ($($v:ident),*) => {
+            match op {
+                $(UnaryOp::$v => go!(|v: f32| UnaryOp::$v.apply(v)),)*
+                UnaryOp::Affine { mul, add } => go!(|v: f32| v * mul + add),
+                UnaryOp::Powf(e) => go!(|v: f32| v.powf(e)),
+                UnaryOp::Clamp { lo, hi } => go!(|v: f32| v.max(lo).min(hi)),
+            }
+        };
     }
+    each!(
+        Identity, Neg, Abs, Exp, Log, Sqrt, Rsqrt, Square, Recip, Tanh, Sigmoid, Relu, GeluTanh, GeluErf, Silu, Sin,
+        Cos, Step, Sign, Erf
+    );
     Ok(f32_storage(out))
 }
 

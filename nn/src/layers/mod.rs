@@ -5,6 +5,7 @@ mod dense;
 mod einsum_dense;
 mod embedding;
 mod layer_norm;
+mod position;
 mod simple;
 mod transformer;
 
@@ -13,5 +14,6 @@ pub use dense::Dense;
 pub use einsum_dense::EinsumDense;
 pub use embedding::Embedding;
 pub use layer_norm::LayerNormalization;
+pub use position::PositionEmbedding;
 pub use simple::{ActivationLayer, Dropout, Flatten, Reshape};
 pub use transformer::TransformerBlock;
