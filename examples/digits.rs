@@ -50,5 +50,20 @@ fn main() -> Result<()> {
         start.elapsed().as_secs_f32(),
         dev.describe()
     );
+
+    // A checkpoint in the safetensors format, loaded back into a fresh model.
+    let path = std::env::temp_dir().join("weft_digits.safetensors");
+    model.save_weights(&path)?;
+    let fresh = Model::new(
+        Sequential::new()
+            .add(Dense::new(128).activation(Activation::Relu))
+            .add(Dense::new(64).activation(Activation::Relu))
+            .add(Dense::new(10)),
+        &dev,
+    );
+    fresh.build(&[cols - 1])?;
+    fresh.load_weights(&path)?;
+    let same = fresh.predict(&x_test, 256)?.to_vec::<f32>()? == model.predict(&x_test, 256)?.to_vec::<f32>()?;
+    println!("saved {} and loaded it into a fresh model: predictions identical: {same}", path.display());
     Ok(())
 }

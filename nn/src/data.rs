@@ -1,6 +1,6 @@
 //! Data helpers: CSV loading and seeded splits.
 
-use weft_core::{Error, Result};
+use weft_core::{DType, Error, Result, Tensor};
 
 /// Rows of numbers from a CSV file (no header, comma-separated): the values row-major, with the
 /// row and column counts. A ragged row or a field that is not a number is an `Err` naming its line.
@@ -29,15 +29,101 @@ pub fn read_csv(path: impl AsRef<std::path::Path>) -> Result<(Vec<f32>, usize, u
     Ok((values, rows, cols))
 }
 
-/// A seeded shuffle of `0..n` cut into (first `1 - test_fraction`, last `test_fraction`).
-pub fn train_test_split(n: usize, test_fraction: f32, seed: u64) -> (Vec<u32>, Vec<u32>) {
+/// `0..n` in a seeded random order (Fisher–Yates with the counter-based generator, so the same
+/// seed gives the same order on every machine).
+pub fn shuffled(n: usize, seed: u64) -> Vec<u32> {
     let mut order: Vec<u32> = (0..n as u32).collect();
     let key = weft_core::rng::seed_key(seed);
     for i in (1..n).rev() {
         let j = ((weft_core::rng::uniform(key, i as u32) * (i + 1) as f32) as usize).min(i);
         order.swap(i, j);
     }
+    order
+}
+
+/// A seeded shuffle of `0..n` cut into (first `1 - test_fraction`, last `test_fraction`).
+pub fn train_test_split(n: usize, test_fraction: f32, seed: u64) -> (Vec<u32>, Vec<u32>) {
+    let mut order = shuffled(n, seed);
     let test = ((n as f32) * test_fraction).round() as usize;
     let train = order.split_off(n - test);
     (order, train)
+}
+
+/// Samples in memory: inputs and targets sharing their first axis, cut into batches on their
+/// device (one gather per batch). Integer targets are carried as f32 (exact below 2^24) so a
+/// batch is gathered with one kernel; the sparse losses and metrics read them back as labels.
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::data::Dataset;
+/// let x = Tensor::rand(0.0, 1.0, &[10, 3], 0, &Device::Cpu)?;
+/// let y = Tensor::from_vec((0..10u32).collect(), &[10], &Device::Cpu)?;
+/// let data = Dataset::new(&x, &y)?;
+/// let sizes: Vec<usize> = data.batches(4, Some(7)).map(|b| b.map(|(x, _)| x.dims()[0])).collect::<Result<_, _>>()?;
+/// assert_eq!(sizes, [4, 4, 2]);
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Dataset {
+    x: Tensor,
+    y: Tensor,
+}
+
+impl Dataset {
+    /// Pair inputs and targets (their first axes must match).
+    pub fn new(x: &Tensor, y: &Tensor) -> Result<Self> {
+        if x.rank() == 0 || y.rank() == 0 || x.dims()[0] != y.dims()[0] {
+            return Err(Error::ShapeMismatch { op: "Dataset", lhs: x.dims().to_vec(), rhs: y.dims().to_vec() });
+        }
+        let y = if y.dtype() == DType::F32 { y.clone() } else { y.to_dtype(DType::F32)? };
+        Ok(Dataset { x: x.clone(), y: y.to_device(x.device())? })
+    }
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.x.dims()[0]
+    }
+    /// Whether there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Inputs and targets.
+    pub fn tensors(&self) -> (&Tensor, &Tensor) {
+        (&self.x, &self.y)
+    }
+    /// The samples `start..start + len`, in order.
+    pub fn slice(&self, start: usize, len: usize) -> Result<Dataset> {
+        Ok(Dataset { x: self.x.narrow(0, start, len)?, y: self.y.narrow(0, start, len)? })
+    }
+    /// Batches of `batch_size` (the last may be smaller), in order or shuffled by `shuffle_seed`.
+    pub fn batches(&self, batch_size: usize, shuffle_seed: Option<u64>) -> Batches<'_> {
+        let order = match shuffle_seed {
+            Some(seed) => shuffled(self.len(), seed),
+            None => (0..self.len() as u32).collect(),
+        };
+        Batches { data: self, order, pos: 0, batch_size: batch_size.max(1) }
+    }
+}
+
+/// Iterator over the batches of a [`Dataset`].
+pub struct Batches<'a> {
+    data: &'a Dataset,
+    order: Vec<u32>,
+    pos: usize,
+    batch_size: usize,
+}
+
+impl Iterator for Batches<'_> {
+    type Item = Result<(Tensor, Tensor)>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.pos >= self.order.len() {
+            return None;
+        }
+        let ids = &self.order[self.pos..(self.pos + self.batch_size).min(self.order.len())];
+        self.pos += ids.len();
+        let gather = || -> Result<(Tensor, Tensor)> {
+            let t = Tensor::from_slice(ids, &[ids.len()], self.data.x.device())?;
+            Ok((self.data.x.index_select(&t, 0)?, self.data.y.index_select(&t, 0)?))
+        };
+        Some(gather())
+    }
 }

@@ -3,17 +3,26 @@
 use crate::Ctx;
 use weft_core::{Result, Tensor, Var};
 
-/// One row of a model summary.
+/// What a layer is, for summaries and the planner: its name and kind, the shapes of its own
+/// variables (by relative path), and the same for each sublayer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerInfo {
-    /// Scope path, e.g. `sequential/dense_1`.
-    pub path: String,
+    /// The layer's name (one path segment).
+    pub name: String,
     /// Layer kind, e.g. `Dense`.
     pub kind: String,
-    /// Output shape for a batch of one (the batch axis is shown as `?`).
-    pub output_shape: Vec<usize>,
-    /// Number of parameters of the layer itself (not its sublayers).
-    pub params: usize,
+    /// The layer's own variables (not its sublayers'), as (relative path, shape).
+    pub variables: Vec<(String, Vec<usize>)>,
+    /// The sublayers, described the same way.
+    pub sublayers: Vec<LayerInfo>,
+}
+
+impl LayerInfo {
+    /// Parameters of this layer and all its sublayers.
+    pub fn total_params(&self) -> usize {
+        self.variables.iter().map(|(_, s)| s.iter().product::<usize>()).sum::<usize>()
+            + self.sublayers.iter().map(LayerInfo::total_params).sum::<usize>()
+    }
 }
 
 /// A layer: a function of its input and its variables.
@@ -36,6 +45,22 @@ pub trait Layer: Send + Sync {
     /// Direct sublayers.
     fn sublayers(&self) -> Vec<&dyn Layer> {
         Vec::new()
+    }
+    /// Kind, own variable shapes and sublayers (variables appear once built).
+    fn describe(&self) -> LayerInfo {
+        let subs = self.sublayers();
+        let own = self
+            .variables()
+            .into_iter()
+            .filter(|(p, _)| !subs.iter().any(|s| p.starts_with(&format!("{}/", s.name()))))
+            .map(|(p, v)| (p, v.dims().to_vec()))
+            .collect();
+        LayerInfo {
+            name: self.name().to_string(),
+            kind: self.kind().to_string(),
+            variables: own,
+            sublayers: subs.iter().map(|s| s.describe()).collect(),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! `evaluate`, `predict` and `summary`.
 
 use crate::callback::{Callback, Control};
+use crate::data::Dataset;
 use crate::layer::join;
 use crate::optim::Optimizer;
 use crate::{Ctx, Layer, Loss, Metric};
@@ -150,40 +151,38 @@ impl Model {
             return Err(Error::invalid("fit", "batch_size must be at least 1"));
         }
         self.ctx.seed = opts.seed;
-        // Data moves to the device once; labels travel as f32 so batches are gathered with one kernel.
-        let x = x.to_device(&self.device)?;
-        let y = as_f32(&y.to_device(&self.device)?)?;
-        let n = x.dims()[0];
-        let (train_n, val) = match (&opts.validation_data, opts.validation_split) {
-            (Some((vx, vy)), _) => (n, Some((vx.to_device(&self.device)?, as_f32(&vy.to_device(&self.device)?)?))),
+        // Data moves to the device once; each batch is then one gather there.
+        let all = Dataset::new(&x.to_device(&self.device)?, y)?;
+        let n = all.len();
+        let (train, val) = match (&opts.validation_data, opts.validation_split) {
+            (Some((vx, vy)), _) => (all, Some(Dataset::new(&vx.to_device(&self.device)?, vy)?)),
             (None, s) if s > 0.0 => {
+                // The last samples, as Keras does.
                 let keep = n - ((n as f32 * s) as usize).min(n - 1);
-                (keep, Some((x.narrow(0, keep, n - keep)?, y.narrow(0, keep, n - keep)?)))
+                (all.slice(0, keep)?, Some(all.slice(keep, n - keep)?))
             }
-            _ => (n, None),
+            _ => (all, None),
         };
+        let train_n = train.len();
         let mut history = History::default();
-        let mut order: Vec<u32> = (0..train_n as u32).collect();
         for epoch in 0..opts.epochs {
             let start = std::time::Instant::now();
-            if opts.shuffle {
-                shuffle(&mut order, opts.seed.wrapping_add(epoch as u64));
-            }
             let mut loss_sum = 0f64;
             let mut counts = vec![(0f64, 0f64); self.metrics.len()];
             let steps = train_n.div_ceil(opts.batch_size);
             let bar =
                 (opts.verbose && std::io::stdout().is_terminal()).then(|| progress_bar(epoch, opts.epochs, steps));
             let mut seen = 0usize;
-            for chunk in order.chunks(opts.batch_size) {
-                let ids = Tensor::from_slice(chunk, &[chunk.len()], &self.device)?;
-                let (bx, by) = (x.index_select(&ids, 0)?, y.index_select(&ids, 0)?);
+            let shuffle = opts.shuffle.then(|| opts.seed.wrapping_add(epoch as u64));
+            for b in train.batches(opts.batch_size, shuffle) {
+                let (bx, by) = b?;
+                let len = bx.dims()[0];
                 let (l, _) = self.step(&bx, &by, &mut counts)?;
                 if !l.is_finite() {
                     return Err(Error::invalid("fit", format!("the loss became {l} at epoch {}", epoch + 1)));
                 }
-                loss_sum += l as f64 * chunk.len() as f64;
-                seen += chunk.len();
+                loss_sum += l as f64 * len as f64;
+                seen += len;
                 if let Some(bar) = &bar {
                     bar.set_message(running_line(loss_sum / seen as f64, &self.metrics, &counts));
                     bar.inc(1);
@@ -196,7 +195,8 @@ impl Model {
             for (m, c) in self.metrics.iter().zip(&counts) {
                 history.metrics.entry(m.name().to_string()).or_default().push((c.0 / c.1.max(1.0)) as f32);
             }
-            if let Some((vx, vy)) = &val {
+            if let Some(v) = &val {
+                let (vx, vy) = v.tensors();
                 let (vl, vm) = self.evaluate(vx, vy, opts.batch_size)?;
                 history.val_loss.push(vl);
                 for (name, v) in vm {
@@ -360,15 +360,6 @@ impl Model {
 
 fn as_f32(t: &Tensor) -> Result<Tensor> {
     if t.dtype() == DType::F32 { Ok(t.clone()) } else { t.to_dtype(DType::F32) }
-}
-
-/// Fisher–Yates with the counter-based generator: the same seed, the same order everywhere.
-fn shuffle(v: &mut [u32], seed: u64) {
-    let key = weft_core::rng::seed_key(seed);
-    for i in (1..v.len()).rev() {
-        let j = (weft_core::rng::uniform(key, i as u32) * (i + 1) as f32) as usize;
-        v.swap(i, j.min(i));
-    }
 }
 
 fn thousands(n: usize) -> String {

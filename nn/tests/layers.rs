@@ -37,6 +37,51 @@ fn sequential_names_layers_and_variable_paths() {
 }
 
 #[test]
+fn describe_lists_kinds_variables_and_sublayers() {
+    let net = Sequential::new().add(Dense::new(4)).add(Dense::new(2).use_bias(false));
+    net.call(&Tensor::ones(&[1, 3], &Device::Cpu).unwrap(), &mut Ctx::inference()).unwrap();
+    let info = net.describe();
+    assert_eq!((info.name.as_str(), info.kind.as_str()), ("sequential", "Sequential"));
+    assert!(info.variables.is_empty());
+    let kinds: Vec<(&str, &str)> = info.sublayers.iter().map(|s| (s.name.as_str(), s.kind.as_str())).collect();
+    assert_eq!(kinds, [("dense", "Dense"), ("dense_1", "Dense")]);
+    assert_eq!(info.sublayers[0].variables, vec![("kernel".to_string(), vec![3, 4]), ("bias".to_string(), vec![4])]);
+    assert_eq!(info.total_params(), 3 * 4 + 4 + 4 * 2);
+}
+
+#[test]
+fn initializers_have_the_right_spread() {
+    let dev = Device::Cpu;
+    let stats = |i: Initializer, shape: &[usize]| {
+        let v = i.init(shape, 5, &dev).unwrap().to_vec::<f32>().unwrap();
+        let n = v.len() as f32;
+        let mean = v.iter().sum::<f32>() / n;
+        let std = (v.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / n).sqrt();
+        let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        (mean, std, max)
+    };
+    let (fan_in, fan_out) = (200usize, 100usize);
+    let glorot = (6.0 / (fan_in + fan_out) as f32).sqrt();
+    let (m, s, max) = stats(Initializer::GlorotUniform, &[fan_in, fan_out]);
+    assert!(m.abs() < 0.01 && (s - glorot / 3f32.sqrt()).abs() < 0.01 && max <= glorot, "{m} {s} {max}");
+    let (_, s, _) = stats(Initializer::GlorotNormal, &[fan_in, fan_out]);
+    assert!((s - (2.0 / 300f32).sqrt()).abs() < 0.01);
+    let (_, s, max) = stats(Initializer::HeUniform, &[fan_in, fan_out]);
+    assert!((s - (6.0 / 200f32).sqrt() / 3f32.sqrt()).abs() < 0.01 && max <= (6.0 / 200f32).sqrt());
+    let (_, s, _) = stats(Initializer::HeNormal, &[fan_in, fan_out]);
+    assert!((s - 0.1).abs() < 0.01);
+    let (_, _, max) = stats(Initializer::TruncatedNormal(0.5), &[fan_in, fan_out]);
+    assert!(max <= 1.0, "truncated at two std: {max}");
+    let (_, s, _) = stats(Initializer::Normal(0.3), &[fan_in, fan_out]);
+    assert!((s - 0.3).abs() < 0.01);
+    assert_eq!(stats(Initializer::Zeros, &[3]).2, 0.0);
+    assert_eq!(stats(Initializer::Ones, &[3]), (1.0, 0.0, 1.0));
+    // Seeded: the same seed gives the same weights.
+    let a = Initializer::GlorotUniform.init(&[4, 4], 9, &dev).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(a, Initializer::GlorotUniform.init(&[4, 4], 9, &dev).unwrap().to_vec::<f32>().unwrap());
+}
+
+#[test]
 fn a_wrong_input_shape_names_the_layer_path_and_both_shapes() {
     let net = Sequential::new().add(Dense::new(4)).add(Dense::new(2));
     net.call(&Tensor::ones(&[1, 5], &Device::Cpu).unwrap(), &mut Ctx::inference()).unwrap();
