@@ -93,3 +93,42 @@ fn every_variable_of_a_transformer_block_gets_a_gradient() {
         assert_eq!(g.dims(), v.dims(), "{p}");
     }
 }
+
+/// Finite differences through whole layers: the gradient `backward()` gives each variable of a
+/// transformer block (attention, layer norms, MLP) matches (L(w + e) - L(w - e)) / 2e.
+#[test]
+fn layer_gradients_match_finite_differences() {
+    let dev = Device::Cpu;
+    let block = TransformerBlock::new(2, 3, 8).causal(true);
+    let x = Tensor::rand(-1.0, 1.0, &[2, 4, 6], 7, &dev).unwrap();
+    let weights = Tensor::rand(0.5, 1.5, &[2, 4, 6], 8, &dev).unwrap();
+    let loss = || block.call(&x, &mut Ctx::inference()).unwrap().mul(&weights).unwrap().sum_all().unwrap();
+    loss();
+    // Random biases and norms, so every variable matters.
+    for (i, (_, v)) in block.variables().iter().enumerate() {
+        v.set(&Tensor::rand(-0.5, 0.5, v.dims(), 20 + i as u64, &dev).unwrap().add(&v.as_tensor().clone()).unwrap())
+            .unwrap();
+    }
+    let grads = loss().backward().unwrap();
+    let eps = 1e-2f32;
+    for (path, v) in block.variables() {
+        let analytic = grads.get(&v).unwrap().to_vec::<f32>().unwrap();
+        let base = v.to_vec::<f32>().unwrap();
+        // Three entries of each variable: first, middle, last.
+        for &j in &[0, base.len() / 2, base.len() - 1] {
+            let at = |d: f32| {
+                let mut w = base.clone();
+                w[j] += d;
+                v.set(&Tensor::from_vec(w, v.dims(), &dev).unwrap()).unwrap();
+                loss().to_scalar::<f32>().unwrap()
+            };
+            let numeric = (at(eps) - at(-eps)) / (2.0 * eps);
+            v.set(&Tensor::from_vec(base.clone(), v.dims(), &dev).unwrap()).unwrap();
+            let a = analytic[j];
+            assert!(
+                (numeric - a).abs() <= 2e-2 * a.abs().max(1.0),
+                "{path}[{j}]: backward {a}, finite difference {numeric}"
+            );
+        }
+    }
+}
