@@ -64,6 +64,19 @@ pub trait Layer: Send + Sync {
     }
 }
 
+/// The variables of `layers`, each path prefixed with its layer's name (what containers return).
+pub(crate) fn sublayer_variables(layers: Vec<&dyn Layer>) -> Vec<(String, Var)> {
+    layers.into_iter().flat_map(|l| l.variables().into_iter().map(move |(p, v)| (join(l.name(), &p), v))).collect()
+}
+
+/// `kernel` and, if present, `bias`, as a layer's variables.
+pub(crate) fn kernel_and_bias(vars: Option<&(Var, Option<Var>)>) -> Vec<(String, Var)> {
+    let Some((k, b)) = vars else { return Vec::new() };
+    std::iter::once(("kernel".to_string(), k.clone()))
+        .chain(b.iter().map(|b| ("bias".to_string(), b.clone())))
+        .collect()
+}
+
 /// Join path segments with `/`.
 pub(crate) fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() { name.to_string() } else { format!("{prefix}/{name}") }

@@ -1,6 +1,6 @@
 //! Sequential: layers applied one after another.
 
-use crate::layer::join;
+use crate::layer::sublayer_variables;
 use crate::{Ctx, Layer};
 use std::collections::HashMap;
 use weft_core::{Result, Tensor, Var, trace};
@@ -76,7 +76,7 @@ impl Layer for Sequential {
         "Sequential"
     }
     fn variables(&self) -> Vec<(String, Var)> {
-        self.layers.iter().flat_map(|l| l.variables().into_iter().map(|(p, v)| (join(l.name(), &p), v))).collect()
+        sublayer_variables(self.sublayers())
     }
     fn sublayers(&self) -> Vec<&dyn Layer> {
         self.layers.iter().map(|l| l.as_ref()).collect()

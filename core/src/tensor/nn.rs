@@ -66,17 +66,7 @@ impl Tensor {
 
     /// Contiguous and starting at element 0 of its storage (what kernels that index a vector directly need).
     pub(crate) fn contiguous_from_zero(&self) -> Result<Tensor> {
-        if self.is_compact() {
-            return Ok(self.clone());
-        }
-        let storage = self.storage().contiguous(self.layout(), self.dtype())?;
-        Ok(Tensor::from_storage(
-            storage,
-            self.dims(),
-            self.dtype(),
-            self.device().clone(),
-            Some(Op::Copy(self.clone())),
-        ))
+        if self.is_compact() { Ok(self.clone()) } else { self.copy() }
     }
 
     /// One-hot rows: integer labels of any shape -> f32 `[..labels, classes]`.

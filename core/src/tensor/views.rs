@@ -116,9 +116,11 @@ impl Tensor {
 
     /// A row-major copy, or this tensor itself when it is already contiguous.
     pub fn contiguous(&self) -> Result<Tensor> {
-        if self.is_contiguous() {
-            return Ok(self.clone());
-        }
+        if self.is_contiguous() { Ok(self.clone()) } else { self.copy() }
+    }
+
+    /// A row-major copy in fresh storage (differentiable: the gradient passes straight through).
+    pub(crate) fn copy(&self) -> Result<Tensor> {
         let storage = self.storage().contiguous(self.layout(), self.dtype())?;
         Ok(Tensor::from_storage(
             storage,

@@ -3,7 +3,7 @@
 //! projection from the heads back to the model width (`abcd,cde->abe`).
 
 use super::{Dropout, EinsumDense};
-use crate::layer::join;
+use crate::layer::sublayer_variables;
 use crate::{Ctx, Layer};
 use weft_core::{Error, Result, Tensor, Var, trace};
 
@@ -108,10 +108,7 @@ impl Layer for MultiHeadAttention {
         "MultiHeadAttention"
     }
     fn variables(&self) -> Vec<(String, Var)> {
-        self.sublayers()
-            .into_iter()
-            .flat_map(|l| l.variables().into_iter().map(|(p, v)| (join(l.name(), &p), v)))
-            .collect()
+        sublayer_variables(self.sublayers())
     }
     fn sublayers(&self) -> Vec<&dyn Layer> {
         let mut v: Vec<&dyn Layer> = vec![&self.query, &self.key, &self.value];

@@ -1,5 +1,6 @@
 //! EinsumDense: a dense layer whose product is any einsum equation, with Keras' semantics.
 
+use crate::layer::kernel_and_bias;
 use crate::{Activation, Ctx, Initializer, Layer};
 use std::sync::OnceLock;
 use weft_core::{Error, Result, Tensor, Var, trace};
@@ -157,15 +158,6 @@ impl Layer for EinsumDense {
         "EinsumDense"
     }
     fn variables(&self) -> Vec<(String, Var)> {
-        match self.vars.get() {
-            None => Vec::new(),
-            Some((k, b)) => {
-                let mut v = vec![("kernel".to_string(), k.clone())];
-                if let Some(b) = b {
-                    v.push(("bias".to_string(), b.clone()));
-                }
-                v
-            }
-        }
+        kernel_and_bias(self.vars.get())
     }
 }

@@ -2,7 +2,7 @@
 //! LayerNorm -> Dense up (gelu) -> Dense down -> residual.
 
 use super::{Dense, Dropout, LayerNormalization, MultiHeadAttention};
-use crate::layer::join;
+use crate::layer::sublayer_variables;
 use crate::{Activation, Ctx, Layer};
 use weft_core::{Result, Tensor, Var, trace};
 
@@ -71,10 +71,7 @@ impl Layer for TransformerBlock {
         "TransformerBlock"
     }
     fn variables(&self) -> Vec<(String, Var)> {
-        self.sublayers()
-            .into_iter()
-            .flat_map(|l| l.variables().into_iter().map(|(p, v)| (join(l.name(), &p), v)))
-            .collect()
+        sublayer_variables(self.sublayers())
     }
     fn sublayers(&self) -> Vec<&dyn Layer> {
         let mut v: Vec<&dyn Layer> = vec![&self.ln_1, &self.attention, &self.ln_2];
