@@ -18,8 +18,14 @@ const FLUSH_EVERY: usize = 64;
 /// workgroups keep lavapipe's per-workgroup cost (it runs them as CPU tasks) negligible.
 const MAX_1D_GROUPS: usize = 1024;
 
+/// A compiled kernel entry point and its bind group layout, fetched once rather than per dispatch.
+struct Kernel {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
 struct Recorded {
-    pipeline: Arc<wgpu::ComputePipeline>,
+    kernel: Arc<Kernel>,
     bind_group: wgpu::BindGroup,
     groups: [u32; 3],
     _hold: Vec<Arc<PooledBuffer>>,
@@ -34,7 +40,7 @@ pub struct GpuContext {
     pub(crate) queue: wgpu::Queue,
     pub(crate) limits: wgpu::Limits,
     pub(crate) features: wgpu::Features,
-    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<String, Arc<Kernel>>>,
     pool: Pool,
     pending: Mutex<Vec<Recorded>>,
     /// Raised by index kernels on an out-of-range index; checked at every read-back.
@@ -147,7 +153,7 @@ impl GpuContext {
     }
 
     /// The compiled pipeline of a kernel's entry point, compiling it on first use.
-    fn pipeline(&self, kernel: &str, entry: &str) -> Result<Arc<wgpu::ComputePipeline>> {
+    fn pipeline(&self, kernel: &str, entry: &str) -> Result<Arc<Kernel>> {
         let key = format!("{kernel}#{entry}");
         if let Some(p) = self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(p.clone());
@@ -175,7 +181,8 @@ impl GpuContext {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Gpu(format!("kernel {key} failed to compile: {e}")));
         }
-        let p = Arc::new(pipeline);
+        let layout = pipeline.get_bind_group_layout(0);
+        let p = Arc::new(Kernel { pipeline, layout });
         self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).insert(key, p.clone());
         Ok(p)
     }
@@ -206,13 +213,13 @@ impl GpuContext {
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &pipeline.get_bind_group_layout(0),
+            layout: &pipeline.layout,
             entries: &entries,
         });
         let mut hold: Vec<Arc<PooledBuffer>> = buffers.iter().map(|b| Arc::clone(b)).collect();
         hold.push(info_buf);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.push(Recorded { pipeline, bind_group, groups, _hold: hold });
+        pending.push(Recorded { kernel: pipeline, bind_group, groups, _hold: hold });
         if pending.len() >= FLUSH_EVERY {
             let batch = self.submit_locked(&mut pending, |_| ());
             drop(pending);
@@ -239,7 +246,7 @@ impl GpuContext {
         }
         let mut pass = encoder.begin_compute_pass(&Default::default());
         for r in batch {
-            pass.set_pipeline(&r.pipeline);
+            pass.set_pipeline(&r.kernel.pipeline);
             pass.set_bind_group(0, &r.bind_group, &[]);
             pass.dispatch_workgroups(r.groups[0], r.groups[1], r.groups[2]);
         }

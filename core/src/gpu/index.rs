@@ -55,11 +55,7 @@ pub fn index_add(
     src: &GpuStorage,
     ls: &Layout,
 ) -> Result<GpuStorage> {
-    let (outer, size, inner) = split(shape, axis);
-    let (x, ids) = (contig(src, ls)?, contig(ids, li)?);
-    let out = super::fill(&src.ctx, outer * size * inner, 0)?;
-    run("index_add", &x, &ids, &out, ls.numel(), [outer, size, inner, li.numel()])?;
-    Ok(out)
+    accumulate("index_add", shape, axis, ids, li, src, ls, li.numel())
 }
 
 /// Zeros of `shape` with each `src[p]` added where `ids[p]` points along `axis`.
@@ -71,9 +67,24 @@ pub fn scatter_add(
     src: &GpuStorage,
     ls: &Layout,
 ) -> Result<GpuStorage> {
+    accumulate("scatter_add", shape, axis, ids, li, src, ls, li.shape()[axis])
+}
+
+/// The adjoints share everything but the entry point and how many ids lie along the axis.
+#[allow(clippy::too_many_arguments)]
+fn accumulate(
+    entry: &'static str,
+    shape: &[usize],
+    axis: usize,
+    ids: &GpuStorage,
+    li: &Layout,
+    src: &GpuStorage,
+    ls: &Layout,
+    n_ids: usize,
+) -> Result<GpuStorage> {
     let (outer, size, inner) = split(shape, axis);
     let (x, ids) = (contig(src, ls)?, contig(ids, li)?);
     let out = super::fill(&src.ctx, outer * size * inner, 0)?;
-    run("scatter_add", &x, &ids, &out, ls.numel(), [outer, size, inner, li.shape()[axis]])?;
+    run(entry, &x, &ids, &out, ls.numel(), [outer, size, inner, n_ids])?;
     Ok(out)
 }
