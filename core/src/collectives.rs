@@ -16,6 +16,8 @@ pub enum ReduceKind {
     Sum,
     /// Elementwise mean.
     Mean,
+    /// Elementwise maximum.
+    Max,
 }
 
 /// Collective communication among the ranks of one group. Every rank must call the same

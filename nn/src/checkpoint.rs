@@ -79,3 +79,49 @@ pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
     }
     Ok(out)
 }
+
+/// Names in a checkpoint that hold optimizer state start with this.
+pub const OPTIMIZER_PREFIX: &str = "optimizer/";
+/// The optimizer's step counter (stored as a one-element f32 tensor: exact to 2^24 steps).
+pub const ITERATIONS_KEY: &str = "optimizer/iterations";
+
+/// The name of optimizer slot `slot` of the variable at `var_path`: `optimizer/m/sequential/dense/kernel`.
+pub fn slot_key(slot: &str, var_path: &str) -> String {
+    format!("{OPTIMIZER_PREFIX}{slot}/{var_path}")
+}
+
+/// Split a slot name back into (slot, variable path).
+pub fn parse_slot_key(key: &str) -> Option<(&str, &str)> {
+    key.strip_prefix(OPTIMIZER_PREFIX).filter(|_| key != ITERATIONS_KEY)?.split_once('/')
+}
+
+/// Check that `file` holds a tensor of the right shape for every expected (name, shape) and
+/// nothing else (optimizer entries aside); every problem is listed in one `Err`.
+pub fn check_weights(file: &Loaded, expected: &[(String, Vec<usize>)], source: &Path) -> Result<()> {
+    let mut problems = Vec::new();
+    for (p, dims) in expected {
+        match file.get(p) {
+            None => problems.push(format!("missing from the file: {p} (shape {dims:?})")),
+            Some((shape, _)) if shape != dims => {
+                problems.push(format!("{p}: the file has shape {shape:?}, the model {dims:?}"))
+            }
+            Some(_) => {}
+        }
+    }
+    let mut extra: Vec<&String> =
+        file.keys().filter(|k| !k.starts_with(OPTIMIZER_PREFIX) && !expected.iter().any(|(p, _)| p == *k)).collect();
+    extra.sort();
+    problems.extend(extra.into_iter().map(|k| format!("not in the model: {k}")));
+    for k in file.keys().filter(|k| k.starts_with(OPTIMIZER_PREFIX)) {
+        if let Some((_, var)) = parse_slot_key(k)
+            && !expected.iter().any(|(p, _)| p == var)
+        {
+            problems.push(format!("optimizer state for a variable not in the model: {k}"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Msg(format!("loading {}: {}", source.display(), problems.join("; "))))
+    }
+}

@@ -9,17 +9,22 @@ pub struct Ctx {
     pub seed: u64,
     /// Counts calls, so each training step draws a fresh dropout mask from the same seed.
     pub step: u64,
+    /// Set on each rank of a sharded model: the collectives and every layer's shard.
+    pub tp: Option<std::sync::Arc<crate::tp::TpCtx>>,
+    /// On a data axis: (first row, rows of the whole batch) of this rank's part of the batch, so
+    /// that dropout draws the whole batch's mask and keeps its rows.
+    pub batch_part: Option<(usize, usize)>,
 }
 
 impl Ctx {
     /// Inference context.
     pub fn inference() -> Self {
-        Ctx { training: false, seed: 0, step: 0 }
+        Ctx { training: false, seed: 0, step: 0, tp: None, batch_part: None }
     }
 
     /// Training context with a seed.
     pub fn training(seed: u64) -> Self {
-        Ctx { training: true, seed, step: 0 }
+        Ctx { training: true, seed, step: 0, tp: None, batch_part: None }
     }
 
     /// A seed for the layer at `path`, different per path and per step, stable across runs.

@@ -15,6 +15,8 @@ pub struct LayerInfo {
     pub variables: Vec<(String, Vec<usize>)>,
     /// The sublayers, described the same way.
     pub sublayers: Vec<LayerInfo>,
+    /// Settings the planner needs beyond shapes, e.g. `("equation", "abc,cd->abd")`.
+    pub attributes: Vec<(String, String)>,
 }
 
 impl LayerInfo {
@@ -46,6 +48,10 @@ pub trait Layer: Send + Sync {
     fn sublayers(&self) -> Vec<&dyn Layer> {
         Vec::new()
     }
+    /// Settings beyond variable shapes that describe the layer (EinsumDense: its equation).
+    fn attributes(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// Kind, own variable shapes and sublayers (variables appear once built).
     fn describe(&self) -> LayerInfo {
         let subs = self.sublayers();
@@ -60,6 +66,7 @@ pub trait Layer: Send + Sync {
             kind: self.kind().to_string(),
             variables: own,
             sublayers: subs.iter().map(|s| s.describe()).collect(),
+            attributes: self.attributes(),
         }
     }
 }

@@ -31,6 +31,7 @@ mod metric;
 mod model;
 pub mod optim;
 mod sequential;
+pub mod tp;
 
 pub use activation::Activation;
 pub use ctx::Ctx;

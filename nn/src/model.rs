@@ -5,9 +5,13 @@ use crate::callback::{Callback, Control};
 use crate::data::Dataset;
 use crate::layer::join;
 use crate::optim::Optimizer;
+use crate::tp::{TpCtx, split_sizes, split_start, vocab_parallel_cross_entropy};
 use crate::{Ctx, Layer, Loss, Metric};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
+use std::sync::Arc;
+use weft_core::ReduceKind;
+use weft_core::collectives::gather_from_parallel;
 use weft_core::{DType, Device, Error, Result, Tensor, Var, no_grad, trace};
 
 /// Options of [`Model::fit`].
@@ -66,6 +70,7 @@ pub struct Model {
     loss: Option<Loss>,
     metrics: Vec<Metric>,
     ctx: Ctx,
+    tp: Option<Arc<TpCtx>>,
 }
 
 impl Model {
@@ -78,7 +83,73 @@ impl Model {
             loss: None,
             metrics: Vec::new(),
             ctx: Ctx::training(0),
+            tp: None,
         }
+    }
+
+    /// Run as one rank of a sharded model (weft-parallel calls this on each rank's model): layers
+    /// build and run their shards, the loss and metrics see whole outputs, and a data axis splits
+    /// each batch.
+    pub fn set_tensor_parallel(&mut self, tp: Arc<TpCtx>) {
+        self.ctx.tp = Some(tp.clone());
+        self.tp = Some(tp);
+    }
+
+    /// The tensor-parallel context, on a rank of a sharded model.
+    pub fn tensor_parallel(&self) -> Option<&Arc<TpCtx>> {
+        self.tp.as_ref()
+    }
+
+    /// The optimizer, mutable (to restore its slots).
+    pub fn optimizer_mut(&mut self) -> Option<&mut (dyn Optimizer + 'static)> {
+        self.optimizer.as_deref_mut()
+    }
+
+    /// The loss chosen at compile.
+    pub fn loss(&self) -> Option<Loss> {
+        self.loss
+    }
+
+    fn inference_ctx(&self) -> Ctx {
+        Ctx { tp: self.tp.clone(), ..Ctx::inference() }
+    }
+
+    /// The model output whole: a split output is all-gathered (differentiably).
+    fn whole(&self, pred: &Tensor) -> Result<Tensor> {
+        match self.tp.as_ref().and_then(|tp| tp.output.as_ref().map(|s| (tp, s))) {
+            Some((tp, sizes)) => gather_from_parallel(pred, tp.model.clone(), pred.rank() - 1, sizes),
+            None => Ok(pred.clone()),
+        }
+    }
+
+    /// The loss of a prediction; on a split output, sparse cross-entropy from logits runs on the
+    /// shards (vocabulary-parallel), any other loss on the gathered output.
+    fn loss_of(&self, loss_fn: Loss, pred: &Tensor, y: &Tensor) -> Result<Tensor> {
+        if let (Some(tp), Loss::SparseCategoricalCrossentropy { from_logits: true }) = (&self.tp, loss_fn)
+            && let Some(sizes) = &tp.output
+        {
+            let labels = if y.dtype() == DType::F32 { y.to_dtype(DType::U32)? } else { y.clone() };
+            return vocab_parallel_cross_entropy(pred, &labels, sizes, &tp.model);
+        }
+        loss_fn.compute(&self.whole(pred)?, y)
+    }
+
+    /// This rank's rows of a batch on a data axis, with their fraction of the batch.
+    fn data_part(&mut self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor, f32)> {
+        let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) else {
+            return Ok((x.clone(), y.clone(), 1.0));
+        };
+        let (n, d) = (x.dims()[0], tp.data.world_size());
+        if n < d {
+            return Err(Error::invalid(
+                "fit",
+                format!("a batch of {n} samples cannot be split over a data axis of {d}: use batches of at least {d}"),
+            ));
+        }
+        let sizes = split_sizes(n, d);
+        let (s, len) = (split_start(&sizes, tp.data.rank()), sizes[tp.data.rank()]);
+        self.ctx.batch_part = Some((s, n));
+        Ok((x.narrow(0, s, len)?, y.narrow(0, s, len)?, len as f32 / n as f32))
     }
 
     /// Choose the optimizer, the loss and the metrics.
@@ -105,8 +176,8 @@ impl Model {
 
     /// The forward pass in inference mode.
     pub fn call(&self, x: &Tensor) -> Result<Tensor> {
-        let mut ctx = Ctx::inference();
-        self.net.call(&x.to_device(&self.device)?, &mut ctx)
+        let mut ctx = self.inference_ctx();
+        self.whole(&self.net.call(&x.to_device(&self.device)?, &mut ctx)?)
     }
 
     fn parts(&mut self) -> Result<(&mut Box<dyn Optimizer>, Loss)> {
@@ -126,18 +197,40 @@ impl Model {
     fn step(&mut self, x: &Tensor, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<(f32, Tensor)> {
         self.ctx.training = true;
         self.ctx.step += 1;
-        let pred = self.net.call(x, &mut self.ctx)?;
+        let (x, y, part) = self.data_part(x, y)?;
+        let pred = self.net.call(&x, &mut self.ctx)?;
         let (_, loss_fn) = self.parts()?;
-        let loss = loss_fn.compute(&pred, y)?;
+        let mut loss = self.loss_of(loss_fn, &pred, &y)?;
+        if part != 1.0 {
+            // On a data axis each rank's loss is weighted by its share of the batch, so that the
+            // sum over the axis (which the optimizer takes of the gradients) is the batch mean.
+            loss = loss.mul_scalar(part)?;
+        }
         let grads = loss.backward()?;
         let vars = self.variables();
         self.parts()?.0.apply(&vars, &grads)?;
+        let pred = no_grad(|| self.whole(&pred))?;
         for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
-            let (hit, total) = m.count(&pred, y)?;
+            let (hit, total) = m.count(&pred, &y)?;
+            let (hit, total) = self.sum_over_data(hit, total)?;
             c.0 += hit;
             c.1 += total;
         }
+        let loss = match self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
+            Some(tp) => tp.data.all_reduce(&loss.detach(), ReduceKind::Sum)?,
+            None => loss,
+        };
         Ok((loss.to_scalar::<f32>()?, pred))
+    }
+
+    /// Metric counts summed over the data axis.
+    fn sum_over_data(&self, hit: f64, total: f64) -> Result<(f64, f64)> {
+        let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) else { return Ok((hit, total)) };
+        let t = tp
+            .data
+            .all_reduce(&Tensor::from_vec(vec![hit as f32, total as f32], &[2], &Device::Cpu)?, ReduceKind::Sum)?;
+        let v = t.to_vec::<f32>()?;
+        Ok((v[0] as f64, v[1] as f64))
     }
 
     /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples). Integer labels are
@@ -228,12 +321,13 @@ impl Model {
         let mut loss_sum = 0f64;
         let mut counts = vec![(0f64, 0f64); self.metrics.len()];
         no_grad(|| -> Result<()> {
-            let mut ctx = Ctx::inference();
+            let mut ctx = self.inference_ctx();
             for s in (0..n).step_by(batch_size.max(1)) {
                 let len = batch_size.min(n - s);
                 let (bx, by) = (x.narrow(0, s, len)?, y.narrow(0, s, len)?);
                 let pred = self.net.call(&bx, &mut ctx)?;
-                loss_sum += loss_fn.compute(&pred, &by)?.to_scalar::<f32>()? as f64 * len as f64;
+                loss_sum += self.loss_of(loss_fn, &pred, &by)?.to_scalar::<f32>()? as f64 * len as f64;
+                let pred = self.whole(&pred)?;
                 for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
                     let (hit, total) = m.count(&pred, &by)?;
                     c.0 += hit;
@@ -252,10 +346,10 @@ impl Model {
         let x = x.to_device(&self.device)?;
         let n = x.dims().first().copied().unwrap_or(0);
         no_grad(|| {
-            let mut ctx = Ctx::inference();
+            let mut ctx = self.inference_ctx();
             let mut outs = Vec::new();
             for s in (0..n).step_by(batch_size.max(1)) {
-                outs.push(self.net.call(&x.narrow(0, s, batch_size.min(n - s))?, &mut ctx)?);
+                outs.push(self.whole(&self.net.call(&x.narrow(0, s, batch_size.min(n - s))?, &mut ctx)?)?);
             }
             Tensor::concat(&outs, 0)
         })
@@ -264,7 +358,7 @@ impl Model {
     /// Build every layer's variables by running the model once on zeros of `[1, input_shape..]`.
     pub fn build(&self, input_shape: &[usize]) -> Result<()> {
         let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
-        no_grad(|| self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut Ctx::inference())).map(drop)
+        no_grad(|| self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx())).map(drop)
     }
 
     /// Save every variable, by path, to a safetensors file (written to a temporary file, then renamed).
@@ -289,25 +383,66 @@ impl Model {
             ));
         }
         let file = crate::checkpoint::load(&path)?;
-        let mut problems = Vec::new();
-        for (p, v) in &vars {
-            match file.get(p) {
-                None => problems.push(format!("missing from the file: {p} (shape {:?})", v.dims())),
-                Some((shape, _)) if shape.as_slice() != v.dims() => {
-                    problems.push(format!("{p}: the file has shape {shape:?}, the model {:?}", v.dims()))
-                }
-                Some(_) => {}
-            }
-        }
-        let mut extra: Vec<&String> = file.keys().filter(|k| !vars.iter().any(|(p, _)| p == *k)).collect();
-        extra.sort();
-        problems.extend(extra.into_iter().map(|k| format!("not in the model: {k}")));
-        if !problems.is_empty() {
-            return Err(Error::Msg(format!("load_weights from {}: {}", path.as_ref().display(), problems.join("; "))));
-        }
+        let expected: Vec<(String, Vec<usize>)> = vars.iter().map(|(p, v)| (p.clone(), v.dims().to_vec())).collect();
+        crate::checkpoint::check_weights(&file, &expected, path.as_ref())?;
         for (p, v) in &vars {
             let (shape, values) = &file[p];
             v.set(&Tensor::from_slice(values, shape, v.device())?)?;
+        }
+        Ok(())
+    }
+
+    /// Save the weights and the optimizer's state (its slots under `optimizer/<slot>/<variable
+    /// path>` and its step counter), so that training resumes exactly where it stopped.
+    pub fn save_checkpoint(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        use crate::checkpoint::{ITERATIONS_KEY, slot_key};
+        let mut all: Vec<(String, Tensor)> =
+            self.variables().into_iter().map(|(p, v)| (p, v.as_tensor().clone())).collect();
+        if all.is_empty() {
+            return Err(Error::invalid(
+                "save_checkpoint",
+                "the model has no variables yet: build it or train it first",
+            ));
+        }
+        if let Some(opt) = &self.optimizer {
+            all.extend(opt.slots().into_iter().map(|(p, n, t)| (slot_key(&n, &p), t)));
+            all.push((
+                ITERATIONS_KEY.to_string(),
+                Tensor::from_vec(vec![opt.iterations() as f32], &[1], &Device::Cpu)?,
+            ));
+        }
+        crate::checkpoint::save(path, &all)
+    }
+
+    /// Load what `save_checkpoint` wrote (weights, and the optimizer's slots and step counter
+    /// when the file has them; compile first). Any mismatch is an `Err` and nothing changes.
+    pub fn load_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        use crate::checkpoint::{ITERATIONS_KEY, parse_slot_key};
+        let file = crate::checkpoint::load(&path)?;
+        let vars = self.variables();
+        for (key, (shape, _)) in &file {
+            if let Some((_, var)) = parse_slot_key(key)
+                && let Some((_, v)) = vars.iter().find(|(p, _)| p == var)
+                && shape.as_slice() != v.dims()
+            {
+                return Err(Error::Msg(format!(
+                    "loading {}: {key} has shape {shape:?}, its variable {:?}",
+                    path.as_ref().display(),
+                    v.dims()
+                )));
+            }
+        }
+        self.load_weights(&path)?;
+        let Some(opt) = self.optimizer.as_mut() else { return Ok(()) };
+        for (key, (shape, values)) in &file {
+            if let Some((slot, var)) = parse_slot_key(key)
+                && let Some((_, v)) = vars.iter().find(|(p, _)| p == var)
+            {
+                opt.set_slot(var, slot, Tensor::from_slice(values, shape, v.device())?);
+            }
+        }
+        if let Some((_, it)) = file.get(ITERATIONS_KEY) {
+            opt.set_iterations(it.first().copied().unwrap_or(0.0) as u64);
         }
         Ok(())
     }
@@ -317,7 +452,7 @@ impl Model {
     pub fn summary(&self, input_shape: &[usize]) -> Result<String> {
         let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
         let x = Tensor::zeros(&shape, &self.device)?;
-        let (_, nodes) = no_grad(|| trace::trace(|| self.net.call(&x, &mut Ctx::inference())))?;
+        let (_, nodes) = no_grad(|| trace::trace(|| self.net.call(&x, &mut self.inference_ctx())))?;
         let mut rows: Vec<(String, String, usize)> = Vec::new();
         fn walk(l: &dyn Layer, prefix: &str, nodes: &[trace::TraceNode], rows: &mut Vec<(String, String, usize)>) {
             let path = join(prefix, l.name());

@@ -1,7 +1,7 @@
 //! Dense: `activation(x @ kernel + bias)` over the last axis.
 
 use crate::layer::kernel_and_bias;
-use crate::{Activation, Ctx, Initializer, Layer};
+use crate::{Activation, Ctx, Initializer, Layer, tp};
 use std::sync::OnceLock;
 use weft_core::{Error, Result, Tensor, Var, trace};
 
@@ -71,30 +71,38 @@ impl Layer for Dense {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
         let _scope = trace::scope(&self.name);
         let path = trace::current_scope();
-        let in_dim = *x.dims().last().ok_or_else(|| Error::invalid("Dense", format!("{path}: input has no axes")))?;
+        let shard = tp::shard_of(&ctx.tp, &path);
+        let local_in = *x.dims().last().ok_or_else(|| Error::invalid("Dense", format!("{path}: input has no axes")))?;
         let (kernel, bias) = match self.vars.get() {
             Some(v) => v,
             None => {
-                let k = Var::new(self.kernel_init.init(&[in_dim, self.units], ctx.seed_for(&path), x.device())?)?;
+                let in_dim = tp::full_input(shard.map(|s| &s.0.style), local_in);
+                let seed = ctx.seed_for(&path);
+                let k = tp::new_var(shard, "kernel", x.device(), |d| {
+                    self.kernel_init.init(&[in_dim, self.units], seed, d)
+                })?;
                 let b = match self.use_bias {
-                    true => Some(Var::new(self.bias_init.init(&[self.units], ctx.seed_for(&path) ^ 1, x.device())?)?),
+                    true => Some(tp::new_var(shard, "bias", x.device(), |d| {
+                        self.bias_init.init(&[self.units], seed ^ 1, d)
+                    })?),
                     false => None,
                 };
                 let _ = self.vars.set((k, b));
                 self.vars.get().expect("just set")
             }
         };
-        if kernel.dims()[0] != in_dim {
+        let x = tp::enter(x, shard, x.rank() - 1)?;
+        if kernel.dims()[0] != *x.dims().last().unwrap_or(&0) {
             return Err(Error::invalid(
                 "Dense",
                 format!("{path}: input of shape {:?} does not fit kernel of shape {:?}", x.dims(), kernel.dims()),
             ));
         }
-        let mut y = x.matmul(kernel)?;
+        let mut y = tp::reduce_partial(&x.matmul(kernel)?, shard)?;
         if let Some(b) = bias {
             y = y.add(b)?;
         }
-        self.activation.apply(&y)
+        tp::leave(&self.activation.apply(&y)?, shard, y.rank() - 1)
     }
     fn name(&self) -> &str {
         &self.name

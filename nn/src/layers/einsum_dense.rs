@@ -1,8 +1,11 @@
 //! EinsumDense: a dense layer whose product is any einsum equation, with Keras' semantics.
 
 use crate::layer::kernel_and_bias;
+use crate::tp::{self, LayerShard, Placement};
 use crate::{Activation, Ctx, Initializer, Layer};
+use std::sync::Arc;
 use std::sync::OnceLock;
+use weft_core::collectives::Collectives;
 use weft_core::{Error, Result, Tensor, Var, trace};
 
 /// `activation(einsum(equation, x, kernel) + bias)`, as Keras' EinsumDense.
@@ -76,8 +79,41 @@ impl EinsumDense {
         Ok((inp.chars().collect(), ker.chars().collect(), out.chars().collect()))
     }
 
-    fn build(&self, x: &Tensor, path: &str, ctx: &Ctx) -> Result<(Var, Option<Var>)> {
+    /// Under a split: the input axis and the output axis of the kernel's split letter (either may be absent).
+    fn split_axes(
+        &self,
+        shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
+    ) -> Result<(Option<usize>, Option<usize>)> {
         let (inp, ker, out) = self.spec()?;
+        match shard.and_then(|s| s.0.vars.get("kernel")) {
+            Some(Placement::Shard { axis, .. }) => {
+                let c = *ker.get(*axis).ok_or_else(|| {
+                    Error::invalid(
+                        "EinsumDense",
+                        format!("kernel split axis {axis} is not an axis of {:?}", self.equation),
+                    )
+                })?;
+                Ok((inp.iter().position(|&l| l == c), out.iter().position(|&l| l == c)))
+            }
+            _ => Ok((None, None)),
+        }
+    }
+
+    fn build(
+        &self,
+        x: &Tensor,
+        path: &str,
+        ctx: &Ctx,
+        shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
+    ) -> Result<(Var, Option<Var>)> {
+        let (inp, ker, out) = self.spec()?;
+        // A row split receives its input already split: build from the whole size.
+        let mut dims = x.dims().to_vec();
+        if let (Some(i), Some((LayerShard { style: tp::Style::Row { sizes, scatter: false }, .. }, _))) =
+            (self.split_axes(shard)?.0, shard)
+        {
+            dims[i] = sizes.iter().sum();
+        }
         let err = |msg: String| Error::invalid("EinsumDense", format!("{path}: {msg}"));
         if inp.len() != x.rank() {
             return Err(err(format!(
@@ -96,7 +132,7 @@ impl EinsumDense {
         }
         let size_of = |c: char| -> Result<usize> {
             if let Some(i) = inp.iter().position(|&l| l == c) {
-                Ok(x.dims()[i])
+                Ok(dims[i])
             } else if let Some(i) = out.iter().position(|&l| l == c).filter(|&i| i > 0) {
                 Ok(self.output_shape[i - 1])
             } else {
@@ -104,7 +140,8 @@ impl EinsumDense {
             }
         };
         let kshape = ker.iter().map(|&c| size_of(c)).collect::<Result<Vec<_>>>()?;
-        let kernel = Var::new(self.kernel_init.init(&kshape, ctx.seed_for(path), x.device())?)?;
+        let seed = ctx.seed_for(path);
+        let kernel = tp::new_var(shard, "kernel", x.device(), |d| self.kernel_init.init(&kshape, seed, d))?;
         let bias = if self.bias_axes.is_empty() {
             None
         } else {
@@ -123,7 +160,7 @@ impl EinsumDense {
                     }
                 })
                 .collect();
-            Some(Var::new(Tensor::zeros(&bshape, x.device())?)?)
+            Some(tp::new_var(shard, "bias", x.device(), |d| Tensor::zeros(&bshape, d))?)
         };
         Ok((kernel, bias))
     }
@@ -133,20 +170,24 @@ impl Layer for EinsumDense {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
         let _scope = trace::scope(&self.name);
         let path = trace::current_scope();
+        let shard = tp::shard_of(&ctx.tp, &path);
         let (kernel, bias) = match self.vars.get() {
             Some(v) => v,
             None => {
-                let built = self.build(x, &path, ctx)?;
+                let built = self.build(x, &path, ctx, shard)?;
                 let _ = self.vars.set(built);
                 self.vars.get().expect("just set")
             }
         };
-        let mut y = Tensor::einsum(&self.equation, &[x, kernel.as_tensor()])
+        let (in_axis, out_axis) = self.split_axes(shard)?;
+        let x = tp::enter(x, shard, in_axis.unwrap_or(0))?;
+        let y = Tensor::einsum(&self.equation, &[&x, kernel.as_tensor()])
             .map_err(|e| Error::invalid("EinsumDense", format!("{path}: {e}")))?;
+        let mut y = tp::reduce_partial(&y, shard)?;
         if let Some(b) = bias {
             y = y.add(b)?;
         }
-        self.activation.apply(&y)
+        tp::leave(&self.activation.apply(&y)?, shard, out_axis.unwrap_or(0))
     }
     fn name(&self) -> &str {
         &self.name
@@ -156,6 +197,9 @@ impl Layer for EinsumDense {
     }
     fn kind(&self) -> &'static str {
         "EinsumDense"
+    }
+    fn attributes(&self) -> Vec<(String, String)> {
+        vec![("equation".into(), self.equation.clone()), ("bias_axes".into(), self.bias_axes.clone())]
     }
     fn variables(&self) -> Vec<(String, Var)> {
         kernel_and_bias(self.vars.get())

@@ -1,8 +1,11 @@
 //! Embedding: integer ids to rows of a trainable table.
 
+use crate::tp::{self, Style};
 use crate::{Ctx, Initializer, Layer};
-use std::sync::OnceLock;
-use weft_core::{DType, Result, Tensor, Var, trace};
+use std::sync::{Arc, OnceLock};
+use weft_core::collectives::reduce_from_parallel;
+use weft_core::ops::BinaryOp;
+use weft_core::{DType, Error, Result, Tensor, Var, trace};
 
 /// Maps ids of any shape to vectors: `[..ids] -> [..ids, output_dim]`. Ids may be u32, i32, or
 /// f32 holding whole numbers. An id of `input_dim` or more is an `Err`.
@@ -11,7 +14,7 @@ pub struct Embedding {
     input_dim: usize,
     output_dim: usize,
     init: Initializer,
-    table: OnceLock<Var>,
+    table: Arc<OnceLock<Var>>,
 }
 
 impl Embedding {
@@ -22,7 +25,7 @@ impl Embedding {
             input_dim,
             output_dim,
             init: Initializer::Uniform(0.05),
-            table: OnceLock::new(),
+            table: Arc::new(OnceLock::new()),
         }
     }
     /// The table's initializer.
@@ -39,23 +42,48 @@ impl Embedding {
     pub fn table(&self) -> Option<&Var> {
         self.table.get()
     }
+    /// An output projection that shares this table (weight tying): `logits = x @ table^T`.
+    /// Place it after the embedding has run (later in the same model).
+    pub fn tied_head(&self) -> TiedHead {
+        TiedHead { name: String::new(), table: self.table.clone() }
+    }
 }
 
 impl Layer for Embedding {
     fn call(&self, ids: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
         let _scope = trace::scope(&self.name);
+        let path = trace::current_scope();
+        let shard = tp::shard_of(&ctx.tp, &path);
         let table = match self.table.get() {
             Some(t) => t,
             None => {
-                let path = trace::current_scope();
-                let t =
-                    Var::new(self.init.init(&[self.input_dim, self.output_dim], ctx.seed_for(&path), ids.device())?)?;
+                let (shape, seed) = ([self.input_dim, self.output_dim], ctx.seed_for(&path));
+                let t = tp::new_var(shard, "embeddings", ids.device(), |d| self.init.init(&shape, seed, d))?;
                 let _ = self.table.set(t);
                 self.table.get().expect("just set")
             }
         };
-        let ids = if ids.dtype() == DType::F32 { ids.to_dtype(DType::U32)? } else { ids.clone() };
-        table.embedding(&ids)
+        match shard {
+            Some((tp::LayerShard { style: Style::Vocab { sizes }, .. }, comm)) => {
+                // Rank r holds rows [start, start + len): look up the ids in that range (the last
+                // rank also takes ids past the end, so a bad id faults as on one device), zero the
+                // rows of the others, and sum the ranks' parts.
+                let r = comm.rank();
+                let (start, len) = (tp::split_start(sizes, r), sizes[r]);
+                let f = ids.to_dtype(DType::F32)?;
+                let mut mask = f.cmp_scalar(BinaryOp::Ge, start as f32)?;
+                if r + 1 < sizes.len() {
+                    mask = mask.mul(&f.cmp_scalar(BinaryOp::Lt, (start + len) as f32)?)?;
+                }
+                let local = f.affine(1.0, -(start as f32))?.mul(&mask)?.to_dtype(DType::U32)?;
+                let rows = table.embedding(&local)?.mul(&mask.unsqueeze(-1)?)?;
+                reduce_from_parallel(&rows, comm.clone())
+            }
+            _ => {
+                let ids = if ids.dtype() == DType::F32 { ids.to_dtype(DType::U32)? } else { ids.clone() };
+                table.embedding(&ids)
+            }
+        }
     }
     fn name(&self) -> &str {
         &self.name
@@ -68,5 +96,63 @@ impl Layer for Embedding {
     }
     fn variables(&self) -> Vec<(String, Var)> {
         self.table.get().map(|t| vec![("embeddings".to_string(), t.clone())]).unwrap_or_default()
+    }
+}
+
+/// The output projection of a tied embedding: `logits = x @ table^T`, sharing the embedding's
+/// table (it has no variables of its own). Made by [`Embedding::tied_head`].
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::{layers::Embedding, Ctx, Layer};
+/// let emb = Embedding::new(10, 4).named("tokens");
+/// let head = emb.tied_head().named("head");
+/// let ids = Tensor::from_vec(vec![1u32, 2, 3], &[1, 3], &Device::Cpu)?;
+/// let logits = head.call(&emb.call(&ids, &mut Ctx::inference())?, &mut Ctx::inference())?;
+/// assert_eq!(logits.dims(), &[1, 3, 10]);
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub struct TiedHead {
+    name: String,
+    table: Arc<OnceLock<Var>>,
+}
+
+impl TiedHead {
+    /// Give the layer a name.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+}
+
+impl Layer for TiedHead {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let _scope = trace::scope(&self.name);
+        let path = trace::current_scope();
+        let table = self.table.get().ok_or_else(|| {
+            Error::invalid("TiedHead", format!("{path}: its embedding has not run yet; put the head after it"))
+        })?;
+        if x.dims().last() != table.dims().get(1) {
+            return Err(Error::invalid(
+                "TiedHead",
+                format!("{path}: input of shape {:?} does not fit a table of shape {:?}", x.dims(), table.dims()),
+            ));
+        }
+        let shard = tp::shard_of(&ctx.tp, &path);
+        let x = tp::enter(x, shard, 0)?;
+        let logits = x.matmul(&table.transpose(0, 1)?)?;
+        tp::leave(&logits, shard, logits.rank() - 1)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "TiedHead"
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        Vec::new()
     }
 }

@@ -62,7 +62,38 @@ impl Dropout {
         Dropout { name: String::new(), rate }
     }
     fn forward(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
-        x.dropout(self.rate, ctx.seed_for(&trace::current_scope()), ctx.training)
+        let path = trace::current_scope();
+        let seed = ctx.seed_for(&path);
+        if !ctx.training || self.rate == 0.0 {
+            return Ok(x.clone());
+        }
+        // On a split tensor (a model axis splits `axis`, a data axis splits the batch): draw the
+        // mask of the whole tensor and keep this rank's part, so every element is dropped
+        // exactly as on one device.
+        let split = match crate::tp::shard_of(&ctx.tp, &path) {
+            Some((crate::tp::LayerShard { style: crate::tp::Style::Split { axis, sizes }, .. }, comm)) => {
+                Some((*axis, sizes, comm.rank()))
+            }
+            _ => None,
+        };
+        if split.is_none() && ctx.batch_part.is_none() {
+            return x.dropout(self.rate, seed, true);
+        }
+        let mut full = x.dims().to_vec();
+        if let Some((axis, sizes, _)) = split {
+            full[axis] = sizes.iter().sum();
+        }
+        if let Some((_, total)) = ctx.batch_part {
+            full[0] = total;
+        }
+        let mut mask = Tensor::ones(&full, x.device())?.dropout(self.rate, seed, true)?;
+        if let Some((start, _)) = ctx.batch_part {
+            mask = mask.narrow(0, start, x.dims()[0])?;
+        }
+        if let Some((axis, sizes, rank)) = split {
+            mask = mask.narrow(axis as isize, crate::tp::split_start(sizes, rank), sizes[rank])?;
+        }
+        x.mul(&mask)
     }
 }
 stateless!(Dropout, "Dropout");
@@ -109,3 +140,35 @@ impl Reshape {
     }
 }
 stateless!(Reshape, "Reshape");
+
+/// Crops a sequence: drops `begin` steps at the start and `end` at the end of axis 1
+/// (`[batch, time, ..] -> [batch, time - begin - end, ..]`), as Keras' Cropping1D.
+pub struct Cropping1D {
+    name: String,
+    begin: usize,
+    end: usize,
+}
+
+impl Cropping1D {
+    /// Drop `begin` leading and `end` trailing steps.
+    pub fn new(begin: usize, end: usize) -> Self {
+        Cropping1D { name: String::new(), begin, end }
+    }
+    fn forward(&self, x: &Tensor, _ctx: &mut Ctx) -> Result<Tensor> {
+        let t = x.dims().get(1).copied().unwrap_or(0);
+        if x.rank() < 2 || self.begin + self.end >= t {
+            return Err(Error::invalid(
+                "Cropping1D",
+                format!(
+                    "{}: cannot crop {} + {} steps from axis 1 of shape {:?}",
+                    trace::current_scope(),
+                    self.begin,
+                    self.end,
+                    x.dims()
+                ),
+            ));
+        }
+        x.narrow(1, self.begin, t - self.begin - self.end)
+    }
+}
+stateless!(Cropping1D, "Cropping1D");

@@ -16,16 +16,27 @@ pub trait Optimizer: Send {
     fn learning_rate(&self) -> f32;
     /// A state slot of the variable at `path` (e.g. `m` and `v` for Adam).
     fn slot(&self, path: &str, name: &str) -> Option<Tensor>;
+    /// Every slot as (variable path, slot name, value), sorted.
+    fn slots(&self) -> Vec<(String, String, Tensor)>;
+    /// Replace (or create) a slot, e.g. when resuming from a checkpoint.
+    fn set_slot(&mut self, path: &str, name: &str, value: Tensor);
+    /// Set the step counter (the schedules read it), e.g. when resuming from a checkpoint.
+    fn set_iterations(&mut self, n: u64);
+    /// The global-norm clipping threshold, if any.
+    fn global_clipnorm(&self) -> Option<f32>;
+    /// Change the global-norm clipping threshold (`None`: no clipping). A coordinated optimizer
+    /// takes clipping over, because the norm of a split model spans every rank.
+    fn set_global_clipnorm(&mut self, max_norm: Option<f32>);
 }
 
 /// What every optimizer shares: schedule, clipping, weight decay, step count, slots.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Base {
     lr: Option<LearningRate>,
     clip_global_norm: Option<f32>,
     weight_decay: f32,
     iterations: u64,
-    slots: HashMap<String, HashMap<&'static str, Tensor>>,
+    slots: HashMap<String, HashMap<String, Tensor>>,
 }
 
 impl Base {
@@ -41,11 +52,11 @@ impl Base {
             return Ok(t.clone());
         }
         let z = Tensor::zeros(like.dims(), like.device())?;
-        s.insert(name, z.clone());
+        s.insert(name.to_string(), z.clone());
         Ok(z)
     }
     fn set_slot(&mut self, path: &str, name: &'static str, t: Tensor) {
-        self.slots.entry(path.to_string()).or_default().insert(name, t);
+        self.slots.entry(path.to_string()).or_default().insert(name.to_string(), t);
     }
 
     /// Run one step: gather gradients, clip them by global norm, decay weights, then call
@@ -133,11 +144,34 @@ macro_rules! optimizer_trait {
             fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
                 self.base.slots.get(path)?.get(name).cloned()
             }
+            fn slots(&self) -> Vec<(String, String, Tensor)> {
+                let mut all: Vec<_> = self
+                    .base
+                    .slots
+                    .iter()
+                    .flat_map(|(p, s)| s.iter().map(move |(n, t)| (p.clone(), n.clone(), t.clone())))
+                    .collect();
+                all.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+                all
+            }
+            fn set_slot(&mut self, path: &str, name: &str, value: Tensor) {
+                self.base.slots.entry(path.to_string()).or_default().insert(name.to_string(), value);
+            }
+            fn set_iterations(&mut self, n: u64) {
+                self.base.iterations = n;
+            }
+            fn global_clipnorm(&self) -> Option<f32> {
+                self.base.clip_global_norm
+            }
+            fn set_global_clipnorm(&mut self, max_norm: Option<f32>) {
+                self.base.clip_global_norm = max_norm;
+            }
         }
     };
 }
 
 /// Stochastic gradient descent, with optional (Nesterov) momentum.
+#[derive(Clone)]
 pub struct Sgd {
     base: Base,
     momentum: f32,
@@ -176,6 +210,7 @@ optimizer_common!(Sgd);
 optimizer_trait!(Sgd);
 
 /// Adam (Kingma & Ba), with Keras' defaults: beta1 0.9, beta2 0.999, epsilon 1e-7.
+#[derive(Clone)]
 pub struct Adam {
     base: Base,
     beta1: f32,
@@ -225,6 +260,7 @@ impl AdamW {
 }
 
 /// RMSprop with Keras' defaults: rho 0.9, epsilon 1e-7.
+#[derive(Clone)]
 pub struct RMSprop {
     base: Base,
     rho: f32,

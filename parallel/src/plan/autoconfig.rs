@@ -1,0 +1,685 @@
+//! The planner: trace the model on the Meta device (no data is allocated), then decide every
+//! layer's style, in this order:
+//!
+//! 1. overrides by path pattern (they win over everything below);
+//! 2. attention by heads: query, key and value column-split, the output projection row-split;
+//! 3. embeddings by vocabulary, with any tied output projection on the same shards;
+//! 4. every other Dense or EinsumDense, in call order: column-split, and paired with the
+//!    row-split layer that takes its output through shard-preserving ops; unpaired, split the way
+//!    that moves fewer bytes; too small, replicated;
+//! 5. everything else replicated.
+
+use super::graph::{Flow, Graph, LayerNode};
+use super::{LayerPlan, ShardingPlan, VarPlan};
+use crate::DeviceMesh;
+use std::collections::{HashMap, HashSet};
+use weft_core::{DType, Device, Error, Result, Tensor, TensorId, no_grad, trace};
+use weft_nn::tp::{Placement, Style, split_sizes};
+use weft_nn::{Ctx, Layer, LayerInfo};
+
+/// A style an override asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// Keep the layer whole on every device.
+    Replicate,
+    /// Split the kernel's output axis (attention: by heads).
+    Column,
+    /// Split the kernel's input axis.
+    Row,
+    /// Split an embedding table by vocabulary.
+    Vocab,
+}
+
+/// The planner's settings.
+///
+/// ```
+/// use weft_parallel::{AutoConfig, Split};
+/// let cfg = AutoConfig::new().min_params(0).override_layer("*/mlp/down", Split::Replicate);
+/// # let _ = cfg;
+/// ```
+#[derive(Debug, Clone)]
+pub struct AutoConfig {
+    min_params: usize,
+    overrides: Vec<(String, Split)>,
+    optimizer_slots: usize,
+    input_dtype: DType,
+}
+
+impl Default for AutoConfig {
+    fn default() -> Self {
+        AutoConfig { min_params: 65_536, overrides: Vec::new(), optimizer_slots: 2, input_dtype: DType::F32 }
+    }
+}
+
+impl AutoConfig {
+    /// Defaults: layers under 65,536 parameters stay whole, Adam's two slots, f32 inputs.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Layers (or pairs) with fewer parameters than this stay replicated.
+    pub fn min_params(mut self, n: usize) -> Self {
+        self.min_params = n;
+        self
+    }
+    /// Force `split` on every layer whose path matches `pattern` (`*` matches any run of
+    /// characters, `/` included). A pattern that matches no layer is an `Err` when planning.
+    pub fn override_layer(mut self, pattern: &str, split: Split) -> Self {
+        self.overrides.push((pattern.to_string(), split));
+        self
+    }
+    /// Optimizer slots per variable, for the memory figures (SGD 0 or 1, Adam 2).
+    pub fn optimizer_slots(mut self, n: usize) -> Self {
+        self.optimizer_slots = n;
+        self
+    }
+    /// The dtype of the model's input (`U32` for token ids).
+    pub fn input_dtype(mut self, d: DType) -> Self {
+        self.input_dtype = d;
+        self
+    }
+
+    /// Plan `net` for inputs of `input_shape` (batch first) over `model` ranks splitting weights
+    /// and `data` ranks splitting the batch. Nothing is allocated: `net` runs on the Meta device,
+    /// so pass a fresh (unbuilt) model.
+    pub fn plan(&self, net: &dyn Layer, input_shape: &[usize], model: usize, data: usize) -> Result<ShardingPlan> {
+        if model == 0 || data == 0 {
+            return Err(Error::invalid("autoconfig", format!("a mesh of {model} x {data} ranks")));
+        }
+        let mut x = Tensor::zeros(input_shape, &Device::Meta)?;
+        if self.input_dtype != DType::F32 {
+            x = x.to_dtype(self.input_dtype)?;
+        }
+        let mut ctx = Ctx::training(0);
+        let (y, nodes) = no_grad(|| trace::trace(|| net.call(&x, &mut ctx)))?;
+        let root = net.name().to_string();
+        let vars: HashMap<String, TensorId> =
+            net.variables().into_iter().map(|(p, v)| (join(&root, &p), v.id())).collect();
+        let mut layers = Vec::new();
+        walk(&net.describe(), "", &vars, &mut layers);
+        let var_ids: HashSet<TensorId> = vars.values().copied().collect();
+        let graph = Graph::new(nodes, x.id(), y.id(), var_ids);
+        let mut p =
+            Planner { cfg: self, n: model, graph: &graph, layers: &layers, decided: HashMap::new(), output: None };
+        p.check_overrides()?;
+        p.attention()?;
+        p.embeddings()?;
+        p.dense()?;
+        p.rest();
+        let output = p.output.clone();
+        let mut decided = std::mem::take(&mut p.decided);
+        // Call order: by each layer's first op.
+        let first = |path: &str| graph.region(path).first().copied().unwrap_or(usize::MAX);
+        let mut order: Vec<&LayerNode> = layers.iter().filter(|l| decided.contains_key(&l.path)).collect();
+        order.sort_by_key(|l| first(&l.path));
+        let plan_layers: Vec<LayerPlan> = order
+            .into_iter()
+            .map(|l| {
+                let (style, placements, reason) = decided.remove(&l.path).expect("decided");
+                let variables = l
+                    .vars
+                    .iter()
+                    .map(|(path, shape, _)| VarPlan {
+                        path: path.clone(),
+                        shape: shape.clone(),
+                        placement: placements.get(path).cloned().unwrap_or(Placement::Replicate),
+                    })
+                    .collect();
+                LayerPlan { path: l.path.clone(), kind: l.kind.clone(), style, variables, reason }
+            })
+            .collect();
+        let mut plan = ShardingPlan {
+            model: root,
+            model_axis: model,
+            data_axis: data,
+            input_shape: input_shape.to_vec(),
+            layers: plan_layers,
+            output,
+            optimizer_slots: self.optimizer_slots,
+            memory: Vec::new(),
+            collectives: Vec::new(),
+        };
+        super::cost::estimate(&mut plan, &graph, input_shape);
+        plan.check()?;
+        Ok(plan)
+    }
+}
+
+/// Plan `net` for `mesh` (its `model` and `data` axes); see [`AutoConfig::plan`].
+///
+/// ```
+/// use weft_nn::{layers::Dense, Activation, Sequential};
+/// use weft_parallel::{autoconfig, AutoConfig, DeviceMesh};
+/// use weft_nn::tp::Style;
+/// let net = Sequential::new().add(Dense::new(512).activation(Activation::Gelu)).add(Dense::new(256));
+/// let plan = autoconfig(&net, &[32, 256], &DeviceMesh::cpus(2)?, &AutoConfig::new())?;
+/// assert_eq!(plan.layers[0].style.name(), "column"); // paired: no all-gather
+/// assert_eq!(plan.layers[1].style.name(), "row");
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub fn autoconfig(net: &dyn Layer, input_shape: &[usize], mesh: &DeviceMesh, cfg: &AutoConfig) -> Result<ShardingPlan> {
+    cfg.plan(net, input_shape, mesh.size("model"), mesh.size("data"))
+}
+
+fn join(a: &str, b: &str) -> String {
+    if a.is_empty() { b.to_string() } else { format!("{a}/{b}") }
+}
+
+fn walk(info: &LayerInfo, prefix: &str, vars: &HashMap<String, TensorId>, out: &mut Vec<LayerNode>) {
+    let path = join(prefix, &info.name);
+    let own = info
+        .variables
+        .iter()
+        .map(|(rel, shape)| {
+            let full = join(&path, rel);
+            let id = vars.get(&full).copied();
+            (full, shape.clone(), id)
+        })
+        .collect();
+    out.push(LayerNode {
+        path: path.clone(),
+        kind: info.kind.clone(),
+        vars: own,
+        attributes: info.attributes.clone(),
+        container: !info.sublayers.is_empty(),
+    });
+    for s in &info.sublayers {
+        walk(s, &path, vars, out);
+    }
+}
+
+/// `*` matches any run of characters.
+fn glob(pattern: &str, s: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == s,
+        Some((head, tail)) => {
+            s.starts_with(head) && (0..=s.len() - head.len()).any(|i| glob(tail, &s[head.len() + i..]))
+        }
+    }
+}
+
+/// How a Dense or EinsumDense kernel can split.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    /// (kernel axis, output axis, size, output is split on its last axis)
+    col: Option<(usize, usize, usize, bool)>,
+    /// (kernel axis, input axis, size, input is split on its last axis)
+    row: Option<(usize, usize, usize, bool)>,
+    /// Bias axis that follows a column split.
+    col_bias: Option<usize>,
+}
+
+type Decision = (Style, HashMap<String, Placement>, String);
+
+struct Planner<'a> {
+    cfg: &'a AutoConfig,
+    n: usize,
+    graph: &'a Graph,
+    layers: &'a [LayerNode],
+    decided: HashMap<String, Decision>,
+    output: Option<Vec<usize>>,
+}
+
+impl<'a> Planner<'a> {
+    fn layer(&self, path: &str) -> Option<&'a LayerNode> {
+        let layers: &'a [LayerNode] = self.layers;
+        layers.iter().find(|l| l.path == path)
+    }
+
+    fn forced(&self, path: &str) -> Option<Split> {
+        self.cfg.overrides.iter().rev().find(|(p, _)| glob(p, path)).map(|(_, s)| *s)
+    }
+
+    fn check_overrides(&self) -> Result<()> {
+        for (pattern, _) in &self.cfg.overrides {
+            if !self.layers.iter().any(|l| glob(pattern, &l.path)) {
+                let some: Vec<&str> =
+                    self.layers.iter().filter(|l| !l.vars.is_empty()).map(|l| l.path.as_str()).take(8).collect();
+                return Err(Error::invalid(
+                    "autoconfig",
+                    format!("override {pattern:?} names no layer; layers with weights include {some:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn bad_split(&self, path: &str, what: &str) -> Error {
+        Error::invalid("autoconfig", format!("{path}: cannot {what} over {} devices", self.n))
+    }
+
+    fn geometry(&self, l: &LayerNode) -> Option<Geometry> {
+        let kernel = &l.var("kernel")?.1;
+        match l.kind.as_str() {
+            "Dense" => Some(Geometry {
+                col: Some((1, 0, kernel[1], true)),
+                row: Some((0, 0, kernel[0], true)),
+                col_bias: l.var("bias").map(|_| 0),
+            }),
+            "EinsumDense" => {
+                let eq = l.attr("equation")?;
+                let (lhs, out) = eq.split_once("->")?;
+                let (inp, ker) = lhs.split_once(',')?;
+                let (inp, ker, out): (Vec<char>, Vec<char>, Vec<char>) =
+                    (inp.chars().collect(), ker.chars().collect(), out.chars().collect());
+                let col = ker.iter().enumerate().find(|(_, c)| out.contains(c) && !inp.contains(c)).map(|(k, c)| {
+                    let o = out.iter().position(|x| x == c).unwrap_or(0);
+                    (k, o, kernel[k], o + 1 == out.len())
+                });
+                let row = ker.iter().enumerate().find(|(_, c)| inp.contains(c) && !out.contains(c)).map(|(k, c)| {
+                    let i = inp.iter().position(|x| x == c).unwrap_or(0);
+                    (k, i, kernel[k], i + 1 == inp.len())
+                });
+                let col_bias = col.and_then(|(_, o, size, _)| {
+                    let b = &l.var("bias")?.1;
+                    let first = out.len().checked_sub(b.len())?;
+                    let axis = o.checked_sub(first)?;
+                    (b[axis] == size).then_some(axis)
+                });
+                Some(Geometry { col, row, col_bias })
+            }
+            _ => None,
+        }
+    }
+
+    fn column(&self, l: &LayerNode, g: &Geometry, sizes: &[usize], gather: bool) -> Decision {
+        let (k, ..) = g.col.expect("column geometry");
+        let mut p = HashMap::new();
+        if let Some((path, ..)) = l.var("kernel") {
+            p.insert(path.clone(), Placement::Shard { axis: k, sizes: sizes.to_vec() });
+        }
+        if let (Some((path, ..)), Some(b)) = (l.var("bias"), g.col_bias) {
+            p.insert(path.clone(), Placement::Shard { axis: b, sizes: sizes.to_vec() });
+        }
+        (Style::Column { sizes: sizes.to_vec(), gather }, p, String::new())
+    }
+
+    fn row(&self, l: &LayerNode, g: &Geometry, sizes: &[usize], scatter: bool) -> Decision {
+        let (k, ..) = g.row.expect("row geometry");
+        let mut p = HashMap::new();
+        if let Some((path, ..)) = l.var("kernel") {
+            p.insert(path.clone(), Placement::Shard { axis: k, sizes: sizes.to_vec() });
+        }
+        (Style::Row { sizes: sizes.to_vec(), scatter }, p, String::new())
+    }
+
+    fn set(&mut self, path: &str, mut d: Decision, reason: String) {
+        d.2 = reason;
+        self.decided.insert(path.to_string(), d);
+    }
+
+    fn replicate(&mut self, path: &str, reason: String) {
+        self.decided.insert(path.to_string(), (Style::Replicated, HashMap::new(), reason));
+    }
+
+    fn children(&self, path: &str) -> impl Iterator<Item = &'a LayerNode> + 'a {
+        let prefix = format!("{path}/");
+        let layers: &'a [LayerNode] = self.layers;
+        layers.iter().filter(move |l| l.path.starts_with(&prefix))
+    }
+
+    fn attention(&mut self) -> Result<()> {
+        let layers: &'a [LayerNode] = self.layers;
+        let mhas: Vec<&LayerNode> = layers.iter().filter(|l| l.kind == "MultiHeadAttention").collect();
+        for mha in mhas {
+            let part = |name: &str| self.layer(&format!("{}/{name}", mha.path));
+            let (Some(q), Some(k), Some(v), Some(o)) =
+                (part("query"), part("key"), part("value"), part("attention_output"))
+            else {
+                continue;
+            };
+            let forced = self.forced(&mha.path);
+            let params: usize = [q, k, v, o].iter().map(|l| l.params()).sum();
+            let heads = q.var("kernel").map_or(0, |k| k.1.get(1).copied().unwrap_or(0));
+            if forced == Some(Split::Replicate) {
+                for l in [q, k, v, o] {
+                    self.replicate(&l.path, format!("override on {}: replicated", mha.path));
+                }
+                continue;
+            }
+            if heads < self.n {
+                if forced.is_some() {
+                    return Err(self.bad_split(&mha.path, &format!("split {heads} heads by whole heads")));
+                }
+                for l in [q, k, v, o] {
+                    self.replicate(
+                        &l.path,
+                        format!("{heads} heads cannot be split over {} devices by whole heads", self.n),
+                    );
+                }
+                continue;
+            }
+            if params < self.cfg.min_params && forced.is_none() {
+                for l in [q, k, v, o] {
+                    self.replicate(
+                        &l.path,
+                        format!(
+                            "attention of {params} parameters (< {}): not worth the communication",
+                            self.cfg.min_params
+                        ),
+                    );
+                }
+                continue;
+            }
+            let sizes = split_sizes(heads, self.n);
+            let by = format!("attention by heads ({heads} heads -> {sizes:?})");
+            for l in [q, k, v] {
+                if self.forced(&l.path).is_some() {
+                    continue;
+                }
+                let g = Geometry { col: Some((1, 2, heads, false)), row: None, col_bias: l.var("bias").map(|_| 0) };
+                let d = self.column(l, &g, &sizes, false);
+                self.set(&l.path, d, format!("{by}: column, each device computes its heads"));
+            }
+            if self.forced(&o.path).is_none() {
+                let g = Geometry { col: None, row: Some((0, 2, heads, false)), col_bias: None };
+                let d = self.row(o, &g, &sizes, false);
+                self.set(&o.path, d, format!("{by}: row, one all-reduce of the heads' sum"));
+            }
+            // Dropout inside attention acts on [batch, heads, t, s]: split along the heads.
+            let drops: Vec<String> = self
+                .children(&mha.path)
+                .filter(|l| l.vars.is_empty() && l.kind == "Dropout")
+                .map(|l| l.path.clone())
+                .collect();
+            let scopes: HashSet<String> =
+                self.graph.region(&mha.path).iter().map(|&i| self.graph.nodes[i].scope.clone()).collect();
+            let mut extra: Vec<String> = scopes
+                .into_iter()
+                .filter(|s| *s != mha.path && ![q, k, v, o].iter().any(|l| s.starts_with(&l.path)))
+                .collect();
+            extra.extend(drops);
+            for s in extra {
+                self.decided.insert(
+                    s,
+                    (
+                        Style::Split { axis: 1, sizes: sizes.clone() },
+                        HashMap::new(),
+                        format!("{by}: on the split heads"),
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn embeddings(&mut self) -> Result<()> {
+        let layers: &'a [LayerNode] = self.layers;
+        let embs: Vec<&LayerNode> = layers.iter().filter(|l| l.kind == "Embedding").collect();
+        for e in embs {
+            let Some((table_path, shape, Some(table_id))) = e.var("embeddings").cloned() else { continue };
+            let heads: Vec<&LayerNode> = layers
+                .iter()
+                .filter(|l| {
+                    l.kind == "TiedHead"
+                        && self.graph.region(&l.path).iter().any(|&i| self.graph.nodes[i].inputs.contains(&table_id))
+                })
+                .collect();
+            let forced = self.forced(&e.path);
+            let vocab = shape[0];
+            let params = e.params();
+            let why_not = if forced == Some(Split::Replicate) {
+                Some("override: replicated".to_string())
+            } else if matches!(forced, Some(Split::Column | Split::Row)) {
+                return Err(self.bad_split(&e.path, "split an embedding by columns or rows (use Split::Vocab)"));
+            } else if vocab < self.n {
+                if forced.is_some() {
+                    return Err(self.bad_split(&e.path, &format!("split a vocabulary of {vocab}")));
+                }
+                Some(format!("a vocabulary of {vocab} cannot be split over {} devices", self.n))
+            } else if params < self.cfg.min_params && forced.is_none() {
+                Some(format!("{params} parameters (< {}): not worth the communication", self.cfg.min_params))
+            } else {
+                None
+            };
+            if let Some(why) = why_not {
+                self.replicate(&e.path, why.clone());
+                for h in heads {
+                    self.replicate(&h.path, format!("tied to {}, which is replicated", e.path));
+                }
+                continue;
+            }
+            let sizes = split_sizes(vocab, self.n);
+            let p = HashMap::from([(table_path.clone(), Placement::Shard { axis: 0, sizes: sizes.clone() })]);
+            self.set(
+                &e.path,
+                (Style::Vocab { sizes: sizes.clone() }, p, String::new()),
+                format!("vocabulary {vocab} -> {sizes:?}: masked lookup, then one all-reduce"),
+            );
+            for h in heads {
+                let out = self.graph.layer_output(&h.path);
+                let flow = out.map(|o| self.graph.follow(o, |_, _| None, |_| None).0);
+                let (gather, why) = match flow {
+                    Some(Flow::Output) => {
+                        self.output = Some(sizes.clone());
+                        (false, "the logits stay split for vocabulary-parallel cross-entropy".to_string())
+                    }
+                    Some(Flow::Breaks(w)) => (true, format!("gathered: its output goes to {w}")),
+                    _ => (true, "gathered".to_string()),
+                };
+                self.decided.insert(
+                    h.path.clone(),
+                    (
+                        Style::Column { sizes: sizes.clone(), gather },
+                        HashMap::new(),
+                        format!("tied to {} (same shards); {why}", e.path),
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn dense(&mut self) -> Result<()> {
+        let layers: &'a [LayerNode] = self.layers;
+        let mut order: Vec<&LayerNode> =
+            layers.iter().filter(|l| matches!(l.kind.as_str(), "Dense" | "EinsumDense")).collect();
+        order.sort_by_key(|l| self.graph.region(&l.path).first().copied().unwrap_or(usize::MAX));
+        for l in order {
+            if self.decided.contains_key(&l.path) {
+                continue;
+            }
+            let forced = self.forced(&l.path);
+            let Some(g) = self.geometry(l) else {
+                if forced.is_some_and(|f| f != Split::Replicate) {
+                    return Err(self.bad_split(&l.path, "find an axis to split in its equation"));
+                }
+                self.replicate(&l.path, "no axis to split".into());
+                continue;
+            };
+            match forced {
+                Some(Split::Replicate) => {
+                    self.replicate(&l.path, "override: replicated".into());
+                    continue;
+                }
+                Some(Split::Vocab) => return Err(self.bad_split(&l.path, "split a dense layer by vocabulary")),
+                Some(Split::Row) => {
+                    let Some((_, _, size, _)) = g.row.filter(|r| r.2 >= self.n) else {
+                        return Err(self.bad_split(&l.path, "split the kernel's input axis"));
+                    };
+                    let d = self.row(l, &g, &split_sizes(size, self.n), true);
+                    self.set(
+                        &l.path,
+                        d,
+                        "override: row, its input arrives whole and each device takes its part".into(),
+                    );
+                    continue;
+                }
+                Some(Split::Column) if g.col.is_none_or(|c| c.2 < self.n) => {
+                    return Err(self.bad_split(&l.path, "split the kernel's output axis"));
+                }
+                _ => {}
+            }
+            self.auto_dense(l, &g, forced == Some(Split::Column))?;
+        }
+        Ok(())
+    }
+
+    /// A row-split candidate that takes `t` as its input in `scope`: a Dense or EinsumDense
+    /// whose input splits on its last axis into `size` entries.
+    fn accepts(&self, scope: &str, t: TensorId, size: usize) -> Option<String> {
+        let m = self
+            .layers
+            .iter()
+            .filter(|m| matches!(m.kind.as_str(), "Dense" | "EinsumDense"))
+            .find(|m| scope == m.path || scope.starts_with(&format!("{}/", m.path)))?;
+        if self.decided.contains_key(&m.path) || matches!(self.forced(&m.path), Some(Split::Replicate | Split::Column))
+        {
+            return None;
+        }
+        let g = self.geometry(m)?;
+        let (_, _, rsize, last) = g.row?;
+        (last && rsize == size && self.graph.layer_input(&m.path) == Some(t)).then(|| m.path.clone())
+    }
+
+    fn auto_dense(&mut self, l: &LayerNode, g: &Geometry, forced_col: bool) -> Result<()> {
+        let n = self.n;
+        let min = self.cfg.min_params;
+        let params = l.params();
+        let out = self.graph.layer_output(&l.path);
+        let input = self.graph.layer_input(&l.path);
+        // Try the pairing: a column split whose output reaches one row-splittable layer.
+        if let (Some((_, _, size, true)), Some(out)) = (g.col.filter(|c| c.2 >= n), out) {
+            let is_dropout = |scope: &str| {
+                self.layers.iter().find(|d| d.kind == "Dropout" && d.path == scope).map(|d| d.path.clone())
+            };
+            let (flow, _, drops) = self.graph.follow(out, |scope, t| self.accepts(scope, t, size), is_dropout);
+            let sizes = split_sizes(size, n);
+            match flow {
+                Flow::Into(ref m_path) => {
+                    let m = self.layer(m_path).expect("a layer");
+                    let pair = params + m.params();
+                    if pair >= min || forced_col || self.forced(&m.path) == Some(Split::Row) {
+                        let gm = self.geometry(m).expect("row geometry");
+                        let d = self.column(l, g, &sizes, false);
+                        self.set(
+                            &l.path,
+                            d,
+                            format!("column {size} -> {sizes:?}, paired with {m_path}: one all-reduce forward and one backward, no all-gather"),
+                        );
+                        let d = self.row(m, &gm, &sizes, false);
+                        self.set(m_path, d, format!("row, paired with {}: takes its split output as is", l.path));
+                        for d in drops {
+                            let axis = self.graph.shape(out).map_or(0, |s| s.len() - 1);
+                            self.decided.insert(
+                                d,
+                                (
+                                    Style::Split { axis, sizes: sizes.clone() },
+                                    HashMap::new(),
+                                    format!(
+                                        "between {} and {m_path}: masks drawn whole, split like the tensor",
+                                        l.path
+                                    ),
+                                ),
+                            );
+                        }
+                        return Ok(());
+                    }
+                }
+                Flow::Output if params >= min || forced_col => {
+                    let d = self.column(l, g, &sizes, false);
+                    self.output = Some(sizes.clone());
+                    self.set(
+                        &l.path,
+                        d,
+                        format!(
+                            "column {size} -> {sizes:?}; the output stays split for vocabulary-parallel cross-entropy"
+                        ),
+                    );
+                    return Ok(());
+                }
+                _ => {}
+            }
+            if let Flow::Breaks(why) = &flow
+                && (params >= min || forced_col)
+            {
+                return self.unpaired(l, g, input, Some(out), why, forced_col);
+            }
+        } else if params >= min || forced_col {
+            return self.unpaired(l, g, input, out, "its output is not split on its last axis", forced_col);
+        }
+        self.replicate(&l.path, format!("{params} parameters (< {min}): not worth the communication"));
+        Ok(())
+    }
+
+    /// A large layer with no partner: column-split then gathered, or row-split with its input
+    /// scattered, whichever moves fewer bytes per step.
+    fn unpaired(
+        &mut self,
+        l: &LayerNode,
+        g: &Geometry,
+        input: Option<TensorId>,
+        out: Option<TensorId>,
+        why: &str,
+        forced_col: bool,
+    ) -> Result<()> {
+        let n = self.n;
+        let bytes = |id: Option<TensorId>| {
+            id.and_then(|i| self.graph.shape(i)).map_or(0u64, |s| 4 * s.iter().product::<usize>() as u64)
+        };
+        let in_bytes = if input == Some(self.graph.input) { 0 } else { bytes(input) };
+        let out_bytes = bytes(out);
+        // An all-gather moves a tensor once, an all-reduce twice (reduce-scatter + all-gather);
+        // the input's gradient only moves when the input has one.
+        let col_cost = out_bytes + 2 * in_bytes;
+        let row_cost = 2 * out_bytes + in_bytes;
+        let col_ok = g.col.is_some_and(|c| c.2 >= n);
+        let row_ok = g.row.is_some_and(|r| r.2 >= n && r.3);
+        let mb = |b: u64| b as f64 / (1 << 20) as f64;
+        if col_ok && (forced_col || !row_ok || col_cost <= row_cost) {
+            let size = g.col.expect("col").2;
+            let d = self.column(l, g, &split_sizes(size, n), true);
+            self.set(
+                &l.path,
+                d,
+                format!(
+                    "column + all-gather ({why}): {:.2} MiB per step against {:.2} for row",
+                    mb(col_cost),
+                    mb(row_cost)
+                ),
+            );
+        } else if row_ok {
+            let size = g.row.expect("row").2;
+            let d = self.row(l, g, &split_sizes(size, n), true);
+            self.set(
+                &l.path,
+                d,
+                format!(
+                    "row, input scattered ({why}): {:.2} MiB per step against {:.2} for column",
+                    mb(row_cost),
+                    mb(col_cost)
+                ),
+            );
+        } else {
+            self.replicate(&l.path, format!("no axis splits over {n} devices"));
+        }
+        Ok(())
+    }
+
+    fn rest(&mut self) {
+        let layers: &'a [LayerNode] = self.layers;
+        let left: Vec<&LayerNode> = layers
+            .iter()
+            .filter(|l| !l.container && !l.vars.is_empty() && !self.decided.contains_key(&l.path))
+            .collect();
+        for l in left {
+            let why = match l.kind.as_str() {
+                "LayerNormalization" => "normalizes over the whole width: replicated".to_string(),
+                k => format!("{k} has no split rule: replicated ({} parameters)", l.params()),
+            };
+            self.replicate(&l.path, why);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn glob_matches_runs() {
+        assert!(glob("*/mlp/up", "gpt/block_0/mlp/up"));
+        assert!(glob("gpt/*/attention*", "gpt/block_1/attention/query"));
+        assert!(!glob("*/mlp/up", "gpt/block_0/mlp/down"));
+        assert!(glob("exact", "exact"));
+    }
+}

@@ -1,0 +1,124 @@
+//! The plan's figures: bytes per device (weights, gradients, optimizer state, activations) and
+//! the collectives of one training step.
+
+use super::graph::Graph;
+use super::{CollectiveCost, DeviceMemory, ShardingPlan};
+use std::collections::HashMap;
+use weft_nn::tp::{Placement, Style};
+
+fn numel(s: &[usize]) -> u64 {
+    s.iter().product::<usize>() as u64
+}
+
+/// Ops that make a view of their input rather than a new buffer.
+fn is_view(kind: &str) -> bool {
+    matches!(kind, "reshape" | "permute" | "broadcast" | "narrow")
+}
+
+pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, input_shape: &[usize]) {
+    let (n, data) = (plan.model_axis, plan.data_axis);
+    // Scopes whose activations are split, with their sizes: column layers (before any gather),
+    // split dropouts, and the attention around split query/key/value.
+    let mut split_scopes: HashMap<String, Vec<usize>> = HashMap::new();
+    for l in &plan.layers {
+        match &l.style {
+            Style::Column { sizes, gather: false } | Style::Split { sizes, .. } => {
+                split_scopes.insert(l.path.clone(), sizes.clone());
+                if l.path.ends_with("/query") || l.path.ends_with("/key") || l.path.ends_with("/value") {
+                    let parent = l.path.rsplit_once('/').map_or(String::new(), |p| p.0.to_string());
+                    split_scopes.insert(parent, sizes.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    let input_bytes = 4 * numel(input_shape);
+    plan.memory = (0..n)
+        .map(|r| {
+            let params: u64 = plan
+                .layers
+                .iter()
+                .flat_map(|l| &l.variables)
+                .map(|v| 4 * numel(&v.placement.local_shape(&v.shape, r)))
+                .sum();
+            let mut act = input_bytes;
+            for node in graph.nodes.iter().filter(|nd| graph.is_data(nd.id) && !is_view(&nd.kind)) {
+                let full = 4 * numel(&node.shape);
+                act += match split_scopes.get(&node.scope) {
+                    Some(sizes) => full * sizes[r] as u64 / sizes.iter().sum::<usize>().max(1) as u64,
+                    None => full,
+                };
+            }
+            DeviceMemory {
+                rank: r,
+                params,
+                grads: params,
+                optimizer: plan.optimizer_slots as u64 * params,
+                activations: act / data as u64,
+            }
+        })
+        .collect();
+
+    let mut cs = Vec::new();
+    let shape_of = |id: Option<weft_core::TensorId>| -> Vec<usize> {
+        match id {
+            Some(i) if i == graph.input => input_shape.to_vec(),
+            Some(i) => graph.shape(i).map(<[usize]>::to_vec).unwrap_or_default(),
+            None => Vec::new(),
+        }
+    };
+    let mut add = |op: &str, axis: &str, pass: &str, at: &str, shape: Vec<usize>, div: usize| {
+        let bytes = 4 * numel(&shape) / div.max(1) as u64;
+        cs.push(CollectiveCost { op: op.into(), axis: axis.into(), pass: pass.into(), at: at.into(), shape, bytes });
+    };
+    if n > 1 {
+        for l in &plan.layers {
+            let input = graph.layer_input(&l.path);
+            let has_grad = input.is_some_and(|i| i != graph.input && graph.is_data(i));
+            let out = shape_of(graph.layer_output(&l.path));
+            match &l.style {
+                Style::Column { gather, .. } => {
+                    if has_grad {
+                        add("all_reduce", "model", "backward", &l.path, shape_of(input), data);
+                    }
+                    if *gather {
+                        add("all_gather", "model", "forward", &l.path, out, data);
+                    }
+                }
+                Style::Row { scatter, .. } => {
+                    add("all_reduce", "model", "forward", &l.path, out, data);
+                    if *scatter && has_grad {
+                        add("all_gather", "model", "backward", &l.path, shape_of(input), data);
+                    }
+                }
+                Style::Vocab { .. } => add("all_reduce", "model", "forward", &l.path, out, data),
+                _ => {}
+            }
+        }
+        if let Some(sizes) = &plan.output {
+            let out = shape_of(Some(graph.output));
+            let rows: Vec<usize> = out[..out.len().saturating_sub(1)].to_vec();
+            let mut maxes = rows.clone();
+            maxes.push(sizes.len());
+            add("all_gather", "model", "forward", "loss (row maxima)", maxes, data);
+            add("all_reduce", "model", "forward", "loss (partition function)", rows.clone(), data);
+            add("all_reduce", "model", "forward", "loss (label logits)", rows, data);
+        }
+        let replicated: usize = plan
+            .layers
+            .iter()
+            .flat_map(|l| &l.variables)
+            .filter(|v| v.placement == Placement::Replicate)
+            .map(|v| numel(&v.shape) as usize)
+            .sum();
+        if replicated > 0 {
+            add("all_reduce", "model", "optimizer", "replicated gradients (mean, against drift)", vec![replicated], 1);
+        }
+        add("all_reduce", "model", "optimizer", "squared gradient norm", vec![1], 1);
+    }
+    if data > 1 {
+        let local: u64 = plan.memory.first().map_or(0, |m| m.params / 4);
+        add("all_reduce", "data", "optimizer", "every gradient (sum of the batch parts)", vec![local as usize], 1);
+    }
+    plan.collectives = cs;
+}

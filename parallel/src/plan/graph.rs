@@ -1,0 +1,166 @@
+//! The traced graph of a model, read by layer: where each layer's ops are, what it takes and
+//! gives, and where a split output can flow without being gathered.
+
+use std::collections::{HashMap, HashSet};
+use weft_core::TensorId;
+use weft_core::trace::TraceNode;
+
+/// A leaf layer (one with no sublayers) or a container, as the planner sees it.
+#[derive(Debug, Clone)]
+pub struct LayerNode {
+    /// Full path.
+    pub path: String,
+    /// Kind, e.g. `Dense`.
+    pub kind: String,
+    /// Own variables: (full path, shape, tensor id when built).
+    pub vars: Vec<(String, Vec<usize>, Option<TensorId>)>,
+    /// Described settings (EinsumDense's equation).
+    pub attributes: Vec<(String, String)>,
+    /// Whether it has sublayers.
+    pub container: bool,
+}
+
+impl LayerNode {
+    /// A described setting.
+    pub fn attr(&self, key: &str) -> Option<&str> {
+        self.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+    /// Parameters of its own variables.
+    pub fn params(&self) -> usize {
+        self.vars.iter().map(|(_, s, _)| s.iter().product::<usize>()).sum()
+    }
+    /// The variable whose path ends with `/name`.
+    pub fn var(&self, name: &str) -> Option<&(String, Vec<usize>, Option<TensorId>)> {
+        self.vars.iter().find(|(p, _, _)| p.rsplit('/').next() == Some(name))
+    }
+}
+
+/// Where a split tensor goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Flow {
+    /// Into exactly one layer (its input), through shard-preserving ops only.
+    Into(String),
+    /// Out of the model, through shard-preserving ops only.
+    Output,
+    /// Into an op that needs it whole.
+    Breaks(String),
+}
+
+/// The trace, indexed.
+pub struct Graph {
+    pub nodes: Vec<TraceNode>,
+    consumers: HashMap<TensorId, Vec<usize>>,
+    produced: HashMap<TensorId, usize>,
+    data: HashSet<TensorId>,
+    pub input: TensorId,
+    pub output: TensorId,
+    var_ids: HashSet<TensorId>,
+}
+
+fn inside(scope: &str, path: &str) -> bool {
+    scope == path || (scope.starts_with(path) && scope.as_bytes().get(path.len()) == Some(&b'/'))
+}
+
+impl Graph {
+    pub fn new(nodes: Vec<TraceNode>, input: TensorId, output: TensorId, var_ids: HashSet<TensorId>) -> Self {
+        let mut consumers: HashMap<TensorId, Vec<usize>> = HashMap::new();
+        let mut produced = HashMap::new();
+        let mut data: HashSet<TensorId> = HashSet::from([input]);
+        for (i, n) in nodes.iter().enumerate() {
+            for &id in &n.inputs {
+                consumers.entry(id).or_default().push(i);
+            }
+            produced.insert(n.id, i);
+            if n.inputs.iter().any(|id| data.contains(id) || var_ids.contains(id)) {
+                data.insert(n.id);
+            }
+        }
+        Graph { nodes, consumers, produced, data, input, output, var_ids }
+    }
+
+    /// Indices of the nodes recorded inside the layer at `path`.
+    pub fn region(&self, path: &str) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|&i| inside(&self.nodes[i].scope, path)).collect()
+    }
+
+    /// The data tensor a layer takes: the first input of its region made outside it from the
+    /// model input or the weights.
+    pub fn layer_input(&self, path: &str) -> Option<TensorId> {
+        let region = self.region(path);
+        let mine: HashSet<TensorId> = region.iter().map(|&i| self.nodes[i].id).collect();
+        region.iter().flat_map(|&i| self.nodes[i].inputs.iter().copied()).find(|id| {
+            !mine.contains(id) && !self.var_ids.contains(id) && (self.data.contains(id) || *id == self.input)
+        })
+    }
+
+    /// The tensor a layer gives: the last one made in its region.
+    pub fn layer_output(&self, path: &str) -> Option<TensorId> {
+        self.region(path).last().map(|&i| self.nodes[i].id)
+    }
+
+    /// The shape of a tensor made by a node (the input's shape is given separately).
+    pub fn shape(&self, id: TensorId) -> Option<&[usize]> {
+        self.produced.get(&id).map(|&i| self.nodes[i].shape.as_slice())
+    }
+
+    /// Whether `id` is computed from the input or the weights (as opposed to a constant or a mask).
+    pub fn is_data(&self, id: TensorId) -> bool {
+        self.data.contains(&id)
+    }
+
+    /// Where the tensor `from` (split along its last axis) flows. `accepts(path, id)` says whether
+    /// the layer at `path` can take `id` split as its input; `dropout(scope)` whether a scope is a
+    /// Dropout layer (which draws its mask for the whole tensor and so preserves a split). Also
+    /// returns the nodes passed through and the Dropout scopes on the way.
+    pub fn follow(
+        &self,
+        from: TensorId,
+        accepts: impl Fn(&str, TensorId) -> Option<String>,
+        dropout: impl Fn(&str) -> Option<String>,
+    ) -> (Flow, Vec<usize>, Vec<String>) {
+        let mut work = vec![from];
+        let mut seen: HashSet<TensorId> = HashSet::new();
+        let (mut into, mut out, mut passed, mut drops) = (HashSet::new(), false, Vec::new(), Vec::new());
+        while let Some(t) = work.pop() {
+            if !seen.insert(t) {
+                continue;
+            }
+            if t == self.output {
+                out = true;
+            }
+            for &c in self.consumers.get(&t).map(Vec::as_slice).unwrap_or(&[]) {
+                let n = &self.nodes[c];
+                if let Some(layer) = accepts(&n.scope, t) {
+                    into.insert(layer);
+                    continue;
+                }
+                let others: Vec<TensorId> = n.inputs.iter().copied().filter(|&i| i != t).collect();
+                let drop_scope = dropout(&n.scope);
+                let keeps = n.kind.starts_with("unary/")
+                    || n.kind == "copy"
+                    || n.kind == "cast"
+                    || (n.kind.starts_with("binary/")
+                        && drop_scope.is_some()
+                        && others.iter().all(|&o| !self.is_data(o)));
+                if !keeps {
+                    let at = if n.scope.is_empty() { String::new() } else { format!(" in {}", n.scope) };
+                    return (Flow::Breaks(format!("{} of shape {:?}{at}", n.kind, n.shape)), passed, drops);
+                }
+                if let Some(d) = drop_scope
+                    && !drops.contains(&d)
+                {
+                    drops.push(d);
+                }
+                passed.push(c);
+                work.push(n.id);
+            }
+        }
+        let flow = match (into.len(), out) {
+            (1, false) => Flow::Into(into.into_iter().next().unwrap_or_default()),
+            (0, true) => Flow::Output,
+            (0, false) => Flow::Breaks("nothing uses it".into()),
+            _ => Flow::Breaks("it feeds more than one layer".into()),
+        };
+        (flow, passed, drops)
+    }
+}

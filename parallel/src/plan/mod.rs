@@ -1,0 +1,189 @@
+//! `ShardingPlan`: every layer's style, every variable's placement and the reason for it, the
+//! memory each device will need, and the collectives one training step makes. Made by
+//! [`autoconfig`](crate::autoconfig); printed as a table; saved and loaded as JSON.
+
+mod autoconfig;
+mod cost;
+mod graph;
+mod table;
+
+pub use autoconfig::{AutoConfig, Split, autoconfig};
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use weft_core::{Error, Result};
+use weft_nn::tp::{LayerShard, Placement, Style};
+
+/// A variable's place in the plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VarPlan {
+    /// Full path, e.g. `tiny_gpt/block_0/mlp/up/kernel`.
+    pub path: String,
+    /// The whole variable's shape.
+    pub shape: Vec<usize>,
+    /// Where its values live.
+    pub placement: Placement,
+}
+
+/// A layer's place in the plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerPlan {
+    /// Full layer path, e.g. `tiny_gpt/block_0/mlp/up`.
+    pub path: String,
+    /// Layer kind, e.g. `Dense`.
+    pub kind: String,
+    /// How it runs.
+    pub style: Style,
+    /// Its own variables.
+    pub variables: Vec<VarPlan>,
+    /// Why.
+    pub reason: String,
+}
+
+/// Bytes one device holds during training (an estimate for activations).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceMemory {
+    /// Rank on the model axis.
+    pub rank: usize,
+    /// Weights.
+    pub params: u64,
+    /// Gradients (one per weight).
+    pub grads: u64,
+    /// Optimizer slots.
+    pub optimizer: u64,
+    /// Forward activations kept for the backward pass, for the planned batch.
+    pub activations: u64,
+}
+
+impl DeviceMemory {
+    /// Everything.
+    pub fn total(&self) -> u64 {
+        self.params + self.grads + self.optimizer + self.activations
+    }
+}
+
+/// One collective of a training step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveCost {
+    /// `all_reduce`, `all_gather`.
+    pub op: String,
+    /// The mesh axis it runs over: `model` or `data`.
+    pub axis: String,
+    /// `forward`, `backward` or `optimizer`.
+    pub pass: String,
+    /// The layer (or `optimizer`) that calls it.
+    pub at: String,
+    /// The whole tensor's shape.
+    pub shape: Vec<usize>,
+    /// The whole tensor's size in bytes.
+    pub bytes: u64,
+}
+
+/// The plan of one model on one mesh.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardingPlan {
+    /// The model's root name.
+    pub model: String,
+    /// Ranks the weights are split over (the mesh's `model` axis).
+    pub model_axis: usize,
+    /// Ranks the batch is split over (the mesh's `data` axis).
+    pub data_axis: usize,
+    /// The input shape it was planned for (batch first).
+    pub input_shape: Vec<usize>,
+    /// Every layer with variables, and every layer that runs on a split tensor, in call order.
+    pub layers: Vec<LayerPlan>,
+    /// When the model's output leaves split along its last axis: the entries per rank.
+    pub output: Option<Vec<usize>>,
+    /// Optimizer slots per variable the memory figures assume (Adam: 2).
+    pub optimizer_slots: usize,
+    /// Per model-axis rank.
+    pub memory: Vec<DeviceMemory>,
+    /// One training step's collectives.
+    pub collectives: Vec<CollectiveCost>,
+}
+
+impl ShardingPlan {
+    /// The plan as JSON.
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string_pretty(self).map_err(|e| Error::Msg(format!("ShardingPlan::to_json: {e}")))
+    }
+
+    /// A plan from JSON written by `to_json`.
+    pub fn from_json(json: &str) -> Result<Self> {
+        let plan: ShardingPlan =
+            serde_json::from_str(json).map_err(|e| Error::Msg(format!("ShardingPlan::from_json: {e}")))?;
+        plan.check()?;
+        Ok(plan)
+    }
+
+    /// Save as JSON (through a temporary file and a rename).
+    pub fn save(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        let tmp = std::path::PathBuf::from(format!("{}.tmp", path.display()));
+        std::fs::write(&tmp, self.to_json()?).map_err(|e| Error::Msg(format!("writing {}: {e}", tmp.display())))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::Msg(format!("replacing {}: {e}", path.display())))
+    }
+
+    /// Load a plan saved by `save`.
+    pub fn load(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let s = std::fs::read_to_string(path).map_err(|e| Error::Msg(format!("reading {}: {e}", path.display())))?;
+        Self::from_json(&s)
+    }
+
+    /// Every split's sizes have one entry per model rank and sum to the axis they split.
+    pub fn check(&self) -> Result<()> {
+        for l in &self.layers {
+            for v in &l.variables {
+                if let Placement::Shard { axis, sizes } = &v.placement {
+                    if sizes.len() != self.model_axis || v.shape.get(*axis) != Some(&sizes.iter().sum()) {
+                        return Err(Error::invalid(
+                            "ShardingPlan",
+                            format!(
+                                "{}: sizes {sizes:?} do not split axis {axis} of {:?} over {} ranks",
+                                v.path, v.shape, self.model_axis
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The placement of every variable, by full path.
+    pub fn placements(&self) -> HashMap<String, Placement> {
+        self.layers.iter().flat_map(|l| l.variables.iter().map(|v| (v.path.clone(), v.placement.clone()))).collect()
+    }
+
+    /// What each layer needs at run time, by layer path (replicated layers are left out).
+    pub fn layer_shards(&self) -> HashMap<String, LayerShard> {
+        self.layers
+            .iter()
+            .filter(|l| l.style != Style::Replicated)
+            .map(|l| {
+                let vars = l
+                    .variables
+                    .iter()
+                    .map(|v| {
+                        (
+                            v.path.strip_prefix(&format!("{}/", l.path)).unwrap_or(&v.path).to_string(),
+                            v.placement.clone(),
+                        )
+                    })
+                    .collect();
+                (l.path.clone(), LayerShard { style: l.style.clone(), vars })
+            })
+            .collect()
+    }
+
+    /// The layer at `path`.
+    pub fn layer(&self, path: &str) -> Option<&LayerPlan> {
+        self.layers.iter().find(|l| l.path == path)
+    }
+
+    /// Total bytes of the step's collectives over the model axis.
+    pub fn collective_bytes(&self) -> u64 {
+        self.collectives.iter().map(|c| c.bytes).sum()
+    }
+}

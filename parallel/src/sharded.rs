@@ -1,0 +1,417 @@
+//! `ShardedModel`: a model split over a mesh, with the API of `weft_nn::Model`.
+//!
+//! SPMD: every rank holds the same layer structure (built by the same factory) with only its own
+//! shards, on its own device, and runs the same code on its own thread. The layers find their
+//! shard in the plan and call the collective ops; nothing else crosses between ranks. Each call
+//! (`fit`, `evaluate`, ...) runs on every rank at once and returns rank 0's answer.
+
+use crate::comm::{InHost, World};
+use crate::coordinated::CoordinatedOptimizer;
+use crate::{DeviceMesh, ShardingPlan};
+use std::collections::{HashMap, HashSet};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use weft_core::{Error, Result, Tensor};
+use weft_nn::checkpoint::{ITERATIONS_KEY, parse_slot_key, slot_key};
+use weft_nn::optim::Optimizer;
+use weft_nn::tp::{Placement, TpCtx};
+use weft_nn::{FitOptions, History, Layer, Loss, Metric, Model};
+
+/// Where a rank's coordinated optimizer leaves the gradients it records.
+type GradSlot = Arc<Mutex<Vec<(String, Tensor)>>>;
+
+/// A model split over the devices of a mesh.
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::{layers::Dense, optim::Adam, Activation, Loss, Sequential};
+/// use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel};
+/// let net = || Sequential::new().add(Dense::new(16).activation(Activation::Relu)).add(Dense::new(4));
+/// let mesh = DeviceMesh::cpus(2)?;
+/// let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], 2, 1)?;
+/// let mut model = ShardedModel::new(net, &mesh, &plan)?;
+/// model.compile(Adam::new(0.01), Loss::MeanSquaredError, &[])?;
+/// let x = Tensor::rand(-1.0, 1.0, &[8, 6], 0, &Device::Cpu)?;
+/// let loss = model.train_on_batch(&x, &Tensor::zeros(&[8, 4], &Device::Cpu)?)?;
+/// assert!(loss.is_finite());
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub struct ShardedModel {
+    mesh: DeviceMesh,
+    plan: ShardingPlan,
+    ranks: Vec<Model>,
+    world: Arc<World>,
+    placements: HashMap<String, Placement>,
+    recording: Arc<AtomicBool>,
+    recorded: Vec<GradSlot>,
+}
+
+impl ShardedModel {
+    /// Build `net()` once per rank of `mesh`, each rank holding its shards of `plan` (made by
+    /// [`autoconfig`](crate::autoconfig) for this model and this mesh's axes). The weights are
+    /// those one device would draw from the same seeds.
+    pub fn new<L: Layer + 'static>(net: impl Fn() -> L, mesh: &DeviceMesh, plan: &ShardingPlan) -> Result<Self> {
+        let names: Vec<&str> = mesh.names().iter().map(String::as_str).collect();
+        if !matches!(names.as_slice(), ["model"] | ["data"] | ["data", "model"]) {
+            return Err(Error::invalid(
+                "ShardedModel",
+                format!("mesh axes {names:?}: use (\"model\"), (\"data\") or (\"data\", \"model\")"),
+            ));
+        }
+        let (d, m) = (mesh.size("data"), mesh.size("model"));
+        if (plan.data_axis, plan.model_axis) != (d, m) {
+            return Err(Error::invalid(
+                "ShardedModel",
+                format!(
+                    "the plan is for {} data x {} model ranks, the mesh has {d} x {m}",
+                    plan.data_axis, plan.model_axis
+                ),
+            ));
+        }
+        plan.check()?;
+        let world = World::new();
+        let model_groups: Vec<Vec<InHost>> = (0..d).map(|_| InHost::group(m, &world)).collect();
+        let data_groups: Vec<Vec<InHost>> = (0..m).map(|_| InHost::group(d, &world)).collect();
+        let shards = plan.layer_shards();
+        let mut ranks = Vec::with_capacity(mesh.len());
+        for (rank, dev) in mesh.devices().iter().enumerate() {
+            let (di, mi) = mesh.coords(rank);
+            let tp = TpCtx {
+                model: Arc::new(model_groups[di][mi].clone()),
+                data: Arc::new(data_groups[mi][di].clone()),
+                layers: shards.clone(),
+                output: plan.output.clone(),
+            };
+            let mut model = Model::new(net(), dev);
+            model.set_tensor_parallel(Arc::new(tp));
+            ranks.push(model);
+        }
+        let recorded = (0..ranks.len()).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+        let mut me = ShardedModel {
+            mesh: mesh.clone(),
+            plan: plan.clone(),
+            ranks,
+            world,
+            placements: plan.placements(),
+            recording: Arc::new(AtomicBool::new(false)),
+            recorded,
+        };
+        // Build every rank's shards (one forward pass on a sample), then check them against the plan.
+        let sample: Vec<usize> = plan.input_shape.iter().skip(1).copied().collect();
+        me.run(|_, model| model.build(&sample))?;
+        me.check_shapes()?;
+        Ok(me)
+    }
+
+    fn check_shapes(&self) -> Result<()> {
+        for (rank, model) in self.ranks.iter().enumerate() {
+            let mi = self.mesh.coords(rank).1;
+            let vars = model.variables();
+            for (path, v) in &vars {
+                let Some(p) = self.placements.get(path) else {
+                    return Err(Error::invalid(
+                        "ShardedModel",
+                        format!("{path} is not in the plan: was it made for this model?"),
+                    ));
+                };
+                let full = self.full_shape(path).unwrap_or_default();
+                if p.local_shape(&full, mi) != v.dims() {
+                    return Err(Error::invalid(
+                        "ShardedModel",
+                        format!(
+                            "{path}: rank {rank} built shape {:?}, the plan wants {:?}",
+                            v.dims(),
+                            p.local_shape(&full, mi)
+                        ),
+                    ));
+                }
+            }
+            if vars.len() != self.placements.len() {
+                return Err(Error::invalid(
+                    "ShardedModel",
+                    format!(
+                        "the model has {} variables, the plan {}: was it made for this model?",
+                        vars.len(),
+                        self.placements.len()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn full_shape(&self, path: &str) -> Option<Vec<usize>> {
+        self.plan.layers.iter().flat_map(|l| &l.variables).find(|v| v.path == path).map(|v| v.shape.clone())
+    }
+
+    /// Run `f` on every rank at once, one thread each. A rank that errs or panics fails the
+    /// world, so the others leave their collectives with an `Err` instead of waiting; the error
+    /// returned is the first rank's own (not a "another rank stopped" consequence).
+    pub fn run<T: Send>(&mut self, f: impl Fn(usize, &mut Model) -> Result<T> + Sync) -> Result<Vec<T>> {
+        if let Some(why) = self.world.failure() {
+            return Err(Error::Collective(format!("an earlier call failed ({why}); build the ShardedModel again")));
+        }
+        let world = &self.world;
+        let f = &f;
+        let results: Vec<Result<T>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .ranks
+                .iter_mut()
+                .enumerate()
+                .map(|(r, model)| {
+                    s.spawn(move || {
+                        let out = match catch_unwind(AssertUnwindSafe(|| f(r, model))) {
+                            Ok(out) => out,
+                            Err(p) => {
+                                let msg = p
+                                    .downcast_ref::<String>()
+                                    .cloned()
+                                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                    .unwrap_or_else(|| "a panic".into());
+                                Err(Error::Msg(format!("rank {r} panicked: {msg}")))
+                            }
+                        };
+                        if let Err(e) = &out {
+                            world.fail(&format!("rank {r}: {e}"));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into()))))
+                .collect()
+        });
+        let mut out = Vec::with_capacity(results.len());
+        let mut first: Option<Error> = None;
+        for r in results {
+            match r {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    let consequence = matches!(&e, Error::Collective(m) if m.contains("stopped"));
+                    if first.is_none() || (!consequence && matches!(&first, Some(Error::Collective(_)))) {
+                        first = Some(e);
+                    }
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Choose the optimizer (each rank gets a copy, wrapped in a [`CoordinatedOptimizer`]), the
+    /// loss and the metrics.
+    pub fn compile(
+        &mut self,
+        optimizer: impl Optimizer + Clone + 'static,
+        loss: Loss,
+        metrics: &[Metric],
+    ) -> Result<()> {
+        let split: HashSet<String> =
+            self.placements.iter().filter(|(_, p)| **p != Placement::Replicate).map(|(k, _)| k.clone()).collect();
+        for (model, store) in self.ranks.iter_mut().zip(&self.recorded) {
+            let tp = model.tensor_parallel().cloned().ok_or_else(|| Error::Msg("rank without a TpCtx".into()))?;
+            let opt = CoordinatedOptimizer::new(
+                Box::new(optimizer.clone()),
+                tp.model.clone(),
+                tp.data.clone(),
+                split.clone(),
+            )
+            .with_recorder((self.recording.clone(), store.clone()));
+            model.compile(opt, loss, metrics);
+        }
+        Ok(())
+    }
+
+    /// Train, as `Model::fit`. The data axis splits each batch; only rank 0 prints. Callbacks
+    /// are not supported on a sharded model yet (an `Err` says so).
+    pub fn fit(&mut self, x: &Tensor, y: &Tensor, opts: FitOptions) -> Result<History> {
+        if !opts.callbacks.is_empty() {
+            return Err(Error::invalid("ShardedModel::fit", "callbacks are not supported on a sharded model yet"));
+        }
+        let (epochs, batch_size, shuffle, seed) = (opts.epochs, opts.batch_size, opts.shuffle, opts.seed);
+        let (validation_split, verbose) = (opts.validation_split, opts.verbose);
+        let validation_data = &opts.validation_data;
+        let mut h = self.run(|r, model| {
+            let o = FitOptions {
+                epochs,
+                batch_size,
+                shuffle,
+                seed,
+                validation_split,
+                validation_data: validation_data.clone(),
+                verbose: verbose && r == 0,
+                callbacks: Vec::new(),
+            };
+            model.fit(x, y, o)
+        })?;
+        Ok(h.swap_remove(0))
+    }
+
+    /// One optimizer step on one batch; returns the batch loss.
+    pub fn train_on_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<f32> {
+        Ok(self.run(|_, m| m.train_on_batch(x, y))?[0])
+    }
+
+    /// Mean loss and metrics over `(x, y)`.
+    pub fn evaluate(&mut self, x: &Tensor, y: &Tensor, batch_size: usize) -> Result<(f32, Vec<(String, f32)>)> {
+        Ok(self.run(|_, m| m.evaluate(x, y, batch_size))?.swap_remove(0))
+    }
+
+    /// Whole outputs for `x` (gathered from the shards).
+    pub fn predict(&mut self, x: &Tensor, batch_size: usize) -> Result<Tensor> {
+        Ok(self.run(|_, m| m.predict(x, batch_size))?.swap_remove(0))
+    }
+
+    /// The plan, then rank 0's summary (its shapes are its shards').
+    pub fn summary(&mut self, input_shape: &[usize]) -> Result<String> {
+        let s = self.run(|_, m| m.summary(input_shape))?.swap_remove(0);
+        Ok(format!("{}\nRank 0 of {} ({}):\n{s}", self.plan, self.mesh.len(), self.mesh.describe()))
+    }
+
+    /// Keep each step's gradients (synchronized, before clipping) for [`gradients`](Self::gradients).
+    pub fn record_gradients(&self, on: bool) {
+        self.recording.store(on, Ordering::Relaxed);
+    }
+
+    /// The last recorded step's gradients, whole (gathered over the model axis), by variable path.
+    pub fn gradients(&mut self) -> Result<Vec<(String, Tensor)>> {
+        let placements = self.placements.clone();
+        let stores = self.recorded.clone();
+        let mut all = self.run(|r, m| {
+            let tp = m.tensor_parallel().cloned().ok_or_else(|| Error::Msg("rank without a TpCtx".into()))?;
+            let grads = stores[r].lock().unwrap_or_else(|p| p.into_inner()).clone();
+            grads
+                .into_iter()
+                .map(|(p, g)| {
+                    let whole = match placements.get(&p) {
+                        Some(Placement::Shard { axis, .. }) => tp.model.all_gather(&g, *axis)?,
+                        _ => g,
+                    };
+                    Ok((p, whole))
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        Ok(all.swap_remove(0))
+    }
+
+    /// The plan the model runs.
+    pub fn plan(&self) -> &ShardingPlan {
+        &self.plan
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &DeviceMesh {
+        &self.mesh
+    }
+
+    /// Each rank's model (its variables are its shards).
+    pub fn ranks(&self) -> &[Model] {
+        &self.ranks
+    }
+
+    /// Every variable and optimizer slot, whole (gathered over the model axis), as a checkpoint
+    /// names them: variable paths, `optimizer/<slot>/<path>`, `optimizer/iterations`.
+    pub fn full_state(&mut self) -> Result<Vec<(String, Tensor)>> {
+        let placements = self.placements.clone();
+        let mut all = self.run(|_, m| {
+            let tp = m.tensor_parallel().cloned().ok_or_else(|| Error::Msg("rank without a TpCtx".into()))?;
+            let whole = |path: &str, t: &Tensor| -> Result<Tensor> {
+                match placements.get(path) {
+                    Some(Placement::Shard { axis, .. }) => tp.model.all_gather(t, *axis),
+                    _ => Ok(t.clone()),
+                }
+            };
+            let mut out = Vec::new();
+            for (p, v) in m.variables() {
+                out.push((p.clone(), whole(&p, v.as_tensor())?));
+            }
+            if let Some(opt) = m.optimizer() {
+                for (p, name, t) in opt.slots() {
+                    out.push((slot_key(&name, &p), whole(&p, &t)?));
+                }
+                out.push((
+                    ITERATIONS_KEY.to_string(),
+                    Tensor::from_vec(vec![opt.iterations() as f32], &[1], &weft_core::Device::Cpu)?,
+                ));
+            }
+            Ok(out)
+        })?;
+        Ok(all.swap_remove(0))
+    }
+
+    /// Save whole weights (no optimizer state) to a safetensors file a single-device model loads.
+    pub fn save_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let state: Vec<(String, Tensor)> = self
+            .full_state()?
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with(weft_nn::checkpoint::OPTIMIZER_PREFIX))
+            .collect();
+        weft_nn::checkpoint::save(path, &state)
+    }
+
+    /// Save whole weights and optimizer state: what `Model::load_checkpoint` reads, and what a
+    /// `ShardedModel` on any mesh reads.
+    pub fn save_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let state = self.full_state()?;
+        weft_nn::checkpoint::save(path, &state)
+    }
+
+    /// Load a checkpoint (from one device or any mesh): each rank keeps its part of every whole
+    /// tensor. Any mismatch is an `Err` and nothing changes. Optimizer state loads when the file
+    /// has it and the model is compiled.
+    pub fn load_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        let file = weft_nn::checkpoint::load(path)?;
+        let expected: Vec<(String, Vec<usize>)> =
+            self.plan.layers.iter().flat_map(|l| &l.variables).map(|v| (v.path.clone(), v.shape.clone())).collect();
+        weft_nn::checkpoint::check_weights(&file, &expected, path)?;
+        for (key, (shape, _)) in &file {
+            if let Some((_, var)) = parse_slot_key(key)
+                && let Some((_, want)) = expected.iter().find(|(p, _)| p == var)
+                && shape != want
+            {
+                return Err(Error::Msg(format!(
+                    "loading {}: {key} has shape {shape:?}, its variable {want:?}",
+                    path.display()
+                )));
+            }
+        }
+        let placements = self.placements.clone();
+        let mesh = self.mesh.clone();
+        let file = &file;
+        self.run(|rank, m| {
+            let mi = mesh.coords(rank).1;
+            let dev = m.device().clone();
+            let local = |var: &str, shape: &[usize], values: &[f32]| -> Result<Tensor> {
+                let full = Tensor::from_slice(values, shape, &weft_core::Device::Cpu)?;
+                placements.get(var).unwrap_or(&Placement::Replicate).local(&full, mi)?.to_device(&dev)
+            };
+            for (p, v) in m.variables() {
+                let (shape, values) = &file[&p];
+                v.set(&local(&p, shape, values)?)?;
+            }
+            if let Some(opt) = m.optimizer_mut() {
+                for (key, (shape, values)) in file {
+                    if let Some((slot, var)) = parse_slot_key(key) {
+                        opt.set_slot(var, slot, local(var, shape, values)?);
+                    }
+                }
+                if let Some((_, it)) = file.get(ITERATIONS_KEY) {
+                    opt.set_iterations(it.first().copied().unwrap_or(0.0) as u64);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Load weights saved by `save_weights`, `save_checkpoint` or a single-device `Model`.
+    pub fn load_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.load_checkpoint(path)
+    }
+}
