@@ -120,8 +120,8 @@ impl GpuContext {
                 }
             },
         };
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).lend(size);
-        Ok(Arc::new(pool::loan(&self.pool, buffer, size)))
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).lend(size, bytes);
+        Ok(Arc::new(pool::loan(&self.pool, buffer, size, bytes)))
     }
 
     fn create(&self, size: u64) -> Result<wgpu::Buffer> {

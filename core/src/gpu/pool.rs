@@ -14,6 +14,9 @@ pub struct MemoryStats {
     pub peak: u64,
     /// Bytes in free buffers kept for reuse.
     pub pooled: u64,
+    /// Bytes live tensors asked for (`in_use` counts whole pool buckets, rounded up to a power
+    /// of two; this is what a memory plan predicts).
+    pub requested: u64,
 }
 
 #[derive(Default)]
@@ -29,6 +32,7 @@ pub(crate) type Pool = Arc<Mutex<PoolInner>>;
 pub struct PooledBuffer {
     pub(crate) buffer: wgpu::Buffer,
     pub(crate) size: u64,
+    requested: u64,
     pool: Option<Weak<Mutex<PoolInner>>>,
 }
 
@@ -43,6 +47,7 @@ impl Drop for PooledBuffer {
         if let Some(pool) = self.pool.as_ref().and_then(Weak::upgrade) {
             let mut p = pool.lock().unwrap_or_else(|e| e.into_inner());
             p.stats.in_use -= self.size;
+            p.stats.requested -= self.requested;
             p.stats.pooled += self.size;
             p.free.entry(self.size).or_default().push(self.buffer.clone());
         }
@@ -65,8 +70,9 @@ impl PoolInner {
     }
 
     /// Record a loan of `size` bytes.
-    pub(crate) fn lend(&mut self, size: u64) {
+    pub(crate) fn lend(&mut self, size: u64, requested: u64) {
         self.stats.in_use += size;
+        self.stats.requested += requested;
         self.stats.peak = self.stats.peak.max(self.stats.in_use);
     }
 
@@ -78,13 +84,13 @@ impl PoolInner {
 }
 
 /// Wrap a buffer as a loan from `pool`.
-pub(crate) fn loan(pool: &Pool, buffer: wgpu::Buffer, size: u64) -> PooledBuffer {
-    PooledBuffer { buffer, size, pool: Some(Arc::downgrade(pool)) }
+pub(crate) fn loan(pool: &Pool, buffer: wgpu::Buffer, size: u64, requested: u64) -> PooledBuffer {
+    PooledBuffer { buffer, size, requested, pool: Some(Arc::downgrade(pool)) }
 }
 
 /// Wrap a buffer that never returns to a pool.
 pub(crate) fn unpooled(buffer: wgpu::Buffer, size: u64) -> PooledBuffer {
-    PooledBuffer { buffer, size, pool: None }
+    PooledBuffer { buffer, size, requested: size, pool: None }
 }
 
 #[cfg(test)]

@@ -94,6 +94,9 @@ impl Tensor {
 
     /// Uniform values in `[lo, hi)` from `seed`: the same values on every device.
     pub fn rand(lo: f32, hi: f32, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+        if matches!(device, Device::Meta) {
+            return Tensor::zeros(shape, device); // shapes only: draw nothing
+        }
         let key = crate::rng::seed_key(seed);
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n as u32).map(|i| lo + (hi - lo) * crate::rng::uniform(key, i)).collect();
@@ -102,6 +105,9 @@ impl Tensor {
 
     /// Normal values with `mean` and `std` from `seed`: the same values on every device.
     pub fn randn(mean: f32, std: f32, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+        if matches!(device, Device::Meta) {
+            return Tensor::zeros(shape, device); // shapes only: draw nothing
+        }
         let key = crate::rng::seed_key(seed);
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n as u32).map(|i| mean + std * crate::rng::normal(key, i)).collect();
