@@ -169,6 +169,7 @@ pub(crate) fn shard_of<'a>(
 /// variable is split, so the full tensor never reaches the device), then this rank keeps its part.
 pub(crate) fn new_var(
     shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
+    path: &str,
     name: &str,
     device: &Device,
     init: impl Fn(&Device) -> Result<Tensor>,
@@ -176,7 +177,10 @@ pub(crate) fn new_var(
     match shard.and_then(|(s, c)| s.vars.get(name).map(|p| (p, c))) {
         Some((p @ Placement::Shard { .. }, comm)) => {
             let full = init(&Device::Cpu)?;
-            Var::new(p.local(&full, comm.rank())?.to_device(device)?)
+            let local = p.local(&full, comm.rank()).map_err(|e| {
+                Error::invalid("sharded build", format!("{path}/{name}: {e}; was the plan made for this model?"))
+            })?;
+            Var::new(local.to_device(device)?)
         }
         _ => Var::new(init(device)?),
     }

@@ -78,11 +78,11 @@ impl Layer for Dense {
             None => {
                 let in_dim = tp::full_input(shard.map(|s| &s.0.style), local_in);
                 let seed = ctx.seed_for(&path);
-                let k = tp::new_var(shard, "kernel", x.device(), |d| {
+                let k = tp::new_var(shard, &path, "kernel", x.device(), |d| {
                     self.kernel_init.init(&[in_dim, self.units], seed, d)
                 })?;
                 let b = match self.use_bias {
-                    true => Some(tp::new_var(shard, "bias", x.device(), |d| {
+                    true => Some(tp::new_var(shard, &path, "bias", x.device(), |d| {
                         self.bias_init.init(&[self.units], seed ^ 1, d)
                     })?),
                     false => None,

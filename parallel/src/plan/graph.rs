@@ -136,9 +136,11 @@ impl Graph {
                 }
                 let others: Vec<TensorId> = n.inputs.iter().copied().filter(|&i| i != t).collect();
                 let drop_scope = dropout(&n.scope);
+                // Views and copies that leave the last axis alone keep it split.
+                let last_kept = self.shape(t).and_then(|s| s.last()).is_some_and(|l| n.shape.last() == Some(l));
                 let keeps = n.kind.starts_with("unary/")
-                    || n.kind == "copy"
-                    || n.kind == "cast"
+                    || matches!(n.kind.as_str(), "copy" | "cast")
+                    || (matches!(n.kind.as_str(), "narrow" | "reshape" | "broadcast") && last_kept)
                     || (n.kind.starts_with("binary/")
                         && drop_scope.is_some()
                         && others.iter().all(|&o| !self.is_data(o)));
