@@ -75,8 +75,11 @@ impl Dataset {
         if x.rank() == 0 || y.rank() == 0 || x.dims()[0] != y.dims()[0] {
             return Err(Error::ShapeMismatch { op: "Dataset", lhs: x.dims().to_vec(), rhs: y.dims().to_vec() });
         }
+        // Integer inputs (token ids) and labels are held as f32, exact below 2^24, so one gather
+        // kernel serves every batch; embeddings and sparse losses take f32 ids.
+        let x = if x.dtype() == DType::F32 { x.clone() } else { x.to_dtype(DType::F32)? };
         let y = if y.dtype() == DType::F32 { y.clone() } else { y.to_dtype(DType::F32)? };
-        Ok(Dataset { x: x.clone(), y: y.to_device(x.device())? })
+        Ok(Dataset { y: y.to_device(x.device())?, x })
     }
     /// Number of samples.
     pub fn len(&self) -> usize {
