@@ -122,19 +122,28 @@ fn main() -> Result<()> {
         println!("(a software adapter: training {steps} steps only, too few to learn addition; `--cpu` trains 600)\n");
     }
 
-    let plan = AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&gpt(), &[batch, 11], mesh.size("model"), 1)?;
+    let plan =
+        AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&gpt(), &[batch, 11], mesh.size("model"), 1)?;
     println!("{plan}");
 
     let mut model = ShardedModel::new(gpt, &mesh, &plan)?;
     let loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
-    let schedule =
-        LearningRate::CosineDecay { initial: 0.0, peak: 3e-3, warmup_steps: 100, decay_steps: steps as u64, alpha: 0.05 };
+    let schedule = LearningRate::CosineDecay {
+        initial: 0.0,
+        peak: 3e-3,
+        warmup_steps: 100,
+        decay_steps: steps as u64,
+        alpha: 0.05,
+    };
     model.compile(Adam::new(schedule.clone()).clip_global_norm(1.0), loss, &[])?;
     let (x, y) = data(steps * batch, 1, false)?;
     let start = std::time::Instant::now();
     let epochs = 1;
-    let history =
-        model.fit(&x, &y, FitOptions { epochs, batch_size: batch, shuffle: false, verbose: true, ..Default::default() })?;
+    let history = model.fit(
+        &x,
+        &y,
+        FitOptions { epochs, batch_size: batch, shuffle: false, verbose: true, ..Default::default() },
+    )?;
     println!(
         "trained {steps} steps of {batch} in {:.1}s: mean loss {:.4}",
         start.elapsed().as_secs_f32(),
@@ -145,7 +154,8 @@ fn main() -> Result<()> {
 
     println!("verify: 3 steps on one device ({}) and sharded, from the same weights", mesh.devices()[0].describe());
     let (vx, vy) = data(16, 3, false)?;
-    let vplan = AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&gpt(), &[16, 11], mesh.size("model"), 1)?;
+    let vplan =
+        AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&gpt(), &[16, 11], mesh.size("model"), 1)?;
     let report = verify(gpt, &mesh, &vplan, Adam::new(schedule).clip_global_norm(1.0), loss, (&vx, &vy), 3)?;
     println!("{report}");
     Ok(())

@@ -39,5 +39,5 @@ pub use dtype::{DType, WithDType};
 pub use error::{Error, Result};
 pub use gpu::MemoryStats;
 pub use layout::Layout;
-pub use tensor::{Tensor, TensorId};
+pub use tensor::{HostF32, Tensor, TensorId};
 pub use var::Var;

@@ -12,14 +12,17 @@
 //! deadlocking.
 
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
-use weft_core::{Collectives, DType, Error, ReduceKind, Result, Tensor};
+use std::time::{Duration, Instant};
+use weft_core::{Collectives, DType, Device, Error, HostF32, ReduceKind, Result, Tensor};
 
 /// The failure flag every group of one sharded run shares.
 #[derive(Default, Debug)]
 pub struct World {
     failed: Mutex<Option<String>>,
+    /// Nanoseconds ranks have spent inside collectives (staging, waiting, reducing), summed.
+    spent_ns: AtomicU64,
 }
 
 impl World {
@@ -34,17 +37,29 @@ impl World {
             *f = Some(why.to_string());
         }
     }
+    /// Time spent inside collectives, summed over every rank of every group (divide by the
+    /// number of ranks for the time per rank).
+    pub fn collective_time(&self) -> Duration {
+        Duration::from_nanos(self.spent_ns.load(Ordering::Relaxed))
+    }
     /// Why the world failed, if it did.
     pub fn failure(&self) -> Option<String> {
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
-/// A tensor staged in host memory.
+/// A rank's deposit: its tensor's values in host memory (shared, not copied, for a contiguous
+/// Cpu tensor).
 #[derive(Debug, Clone, Default)]
 struct Staged {
     shape: Vec<usize>,
-    data: Vec<f32>,
+    data: Option<HostF32>,
+}
+
+impl Staged {
+    fn values(&self) -> &[f32] {
+        self.data.as_deref().unwrap_or(&[])
+    }
 }
 
 #[derive(Default)]
@@ -53,7 +68,7 @@ struct Slot {
     arrived: usize,
     call: String,
     inputs: Vec<Option<Staged>>,
-    outputs: Vec<Option<Arc<Staged>>>,
+    outputs: Vec<Option<Tensor>>,
 }
 
 struct Group {
@@ -125,8 +140,25 @@ impl InHost {
         &self,
         call: String,
         input: Staged,
-        combine: impl FnOnce(Vec<Staged>) -> Result<Vec<Arc<Staged>>>,
-    ) -> Result<Arc<Staged>> {
+        combine: impl FnOnce(Vec<Staged>) -> Result<Vec<Tensor>>,
+    ) -> Result<Tensor> {
+        self.rendezvous(call, input, combine)
+    }
+
+    /// Run a whole collective (staging to the host and back included), adding its time to the world's.
+    fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let start = Instant::now();
+        let out = f();
+        self.group.world.spent_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+
+    fn rendezvous(
+        &self,
+        call: String,
+        input: Staged,
+        combine: impl FnOnce(Vec<Staged>) -> Result<Vec<Tensor>>,
+    ) -> Result<Tensor> {
         self.failed()?;
         let mut slot = self.lock();
         if slot.arrived > 0 && slot.call != call {
@@ -176,37 +208,65 @@ impl InHost {
         if x.dtype() != DType::F32 {
             return Err(Error::Collective(format!("{op}: collectives carry f32 tensors, got {:?}", x.dtype())));
         }
-        Ok(Staged { shape: x.dims().to_vec(), data: x.to_vec::<f32>()? })
+        Ok(Staged { shape: x.dims().to_vec(), data: Some(x.host_f32()?) })
     }
 
-    fn unstage(s: &Staged, like: &Tensor) -> Result<Tensor> {
-        Tensor::from_slice(&s.data, &s.shape, like.device())
+    /// The result on this rank's device (on a Cpu device: the shared result itself, no copy).
+    fn unstage(out: &Tensor, like: &Tensor) -> Result<Tensor> {
+        out.to_device(like.device())
     }
 }
 
-/// Elementwise reduction of equal-shaped deposits.
-fn reduce(inputs: &[Staged], kind: ReduceKind, call: &str) -> Result<Staged> {
+/// Elementwise reduction of equal-shaped deposits, into a Cpu tensor. The first two inputs are
+/// combined as the output is written (one pass: read two, write one); further inputs are added
+/// in place.
+fn reduce(inputs: &[Staged], kind: ReduceKind, call: &str) -> Result<Tensor> {
     let first = &inputs[0];
     if let Some((r, bad)) = inputs.iter().enumerate().find(|(_, s)| s.shape != first.shape) {
         return Err(Error::Collective(format!("{call}: rank 0 has shape {:?}, rank {r} {:?}", first.shape, bad.shape)));
     }
-    let mut out = first.data.clone();
-    const CHUNK: usize = 1 << 15;
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
-        let base = c * CHUNK;
-        for other in &inputs[1..] {
-            let src = &other.data[base..base + chunk.len()];
-            match kind {
-                ReduceKind::Sum | ReduceKind::Mean => chunk.iter_mut().zip(src).for_each(|(a, b)| *a += b),
-                ReduceKind::Max => chunk.iter_mut().zip(src).for_each(|(a, b)| *a = a.max(*b)),
-            }
+    let a = first.values();
+    let mut out = Tensor::host_vec(a.len());
+    const MIN: usize = 1 << 14;
+    let op = |x: f32, y: f32| match kind {
+        ReduceKind::Sum | ReduceKind::Mean => x + y,
+        ReduceKind::Max => x.max(y),
+    };
+    match inputs.len() {
+        1 => out.extend_from_slice(a),
+        2 => a
+            .par_iter()
+            .zip(inputs[1].values().par_iter())
+            .with_min_len(MIN)
+            .map(|(x, y)| op(*x, *y))
+            .collect_into_vec(&mut out),
+        _ => {
+            // One pass over memory: each chunk is summed in a cache-resident buffer, then written
+            // once (no zeroing of the output first).
+            const CHUNK: usize = 1 << 12;
+            let len = a.len();
+            out.spare_capacity_mut()[..len].par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+                let at = c * CHUNK;
+                let mut acc = [0f32; CHUNK];
+                let acc = &mut acc[..dst.len()];
+                acc.copy_from_slice(&a[at..at + dst.len()]);
+                for other in &inputs[1..] {
+                    let src = &other.values()[at..at + dst.len()];
+                    acc.iter_mut().zip(src).for_each(|(x, y)| *x = op(*x, *y));
+                }
+                dst.iter_mut().zip(acc.iter()).for_each(|(d, v)| {
+                    d.write(*v);
+                });
+            });
+            // SAFETY: the loop above wrote every one of the first `len` elements.
+            unsafe { out.set_len(len) };
         }
-        if kind == ReduceKind::Mean {
-            let k = 1.0 / inputs.len() as f32;
-            chunk.iter_mut().for_each(|a| *a *= k);
-        }
-    });
-    Ok(Staged { shape: first.shape.clone(), data: out })
+    }
+    if kind == ReduceKind::Mean && inputs.len() > 1 {
+        let k = 1.0 / inputs.len() as f32;
+        out.par_iter_mut().with_min_len(MIN).for_each(|x| *x *= k);
+    }
+    Tensor::from_host_vec(out, &first.shape, &Device::Cpu)
 }
 
 /// (outer, inner) element counts around `axis`: the data is `outer` runs of `dims[axis] * inner`.
@@ -214,8 +274,8 @@ fn runs(shape: &[usize], axis: usize) -> (usize, usize) {
     (shape[..axis].iter().product(), shape[axis + 1..].iter().product())
 }
 
-/// Join deposits along `axis` in rank order (sizes along `axis` may differ).
-fn concat(inputs: &[Staged], axis: usize, call: &str) -> Result<Staged> {
+/// Join deposits along `axis` in rank order (sizes along `axis` may differ), into a Cpu tensor.
+fn concat(inputs: &[Staged], axis: usize, call: &str) -> Result<Tensor> {
     let first = &inputs[0];
     for (r, s) in inputs.iter().enumerate() {
         let same = s.shape.len() == first.shape.len()
@@ -232,30 +292,22 @@ fn concat(inputs: &[Staged], axis: usize, call: &str) -> Result<Staged> {
     let mut shape = first.shape.clone();
     shape[axis] = inputs.iter().map(|s| s.shape[axis]).sum();
     let row: usize = shape[axis] * inner;
-    let mut data = vec![0f32; outer * row];
+    let mut data = Tensor::host_vec(outer * row);
+    data.resize(outer * row, 0.0);
     data.par_chunks_mut(row.max(1)).enumerate().for_each(|(o, dst)| {
         let mut at = 0;
         for s in inputs {
             let len = s.shape[axis] * inner;
-            dst[at..at + len].copy_from_slice(&s.data[o * len..(o + 1) * len]);
+            dst[at..at + len].copy_from_slice(&s.values()[o * len..(o + 1) * len]);
             at += len;
         }
     });
-    Ok(Staged { shape, data })
+    Tensor::from_host_vec(data, &shape, &Device::Cpu)
 }
 
-/// Rank `r`'s part (`sizes[r]` entries of `axis`) of `full`.
-fn part(full: &Staged, axis: usize, sizes: &[usize], r: usize) -> Staged {
-    let (outer, inner) = runs(&full.shape, axis);
-    let row = full.shape[axis] * inner;
-    let (start, len) = (sizes[..r].iter().sum::<usize>() * inner, sizes[r] * inner);
-    let mut data = Vec::with_capacity(outer * len);
-    for o in 0..outer {
-        data.extend_from_slice(&full.data[o * row + start..o * row + start + len]);
-    }
-    let mut shape = full.shape.clone();
-    shape[axis] = sizes[r];
-    Staged { shape, data }
+/// Rank `r`'s part (`sizes[r]` entries of `axis`) of `full`, as a Cpu tensor.
+fn part(full: &Tensor, axis: usize, sizes: &[usize], r: usize) -> Result<Tensor> {
+    full.narrow(axis as isize, sizes[..r].iter().sum(), sizes[r])?.contiguous()
 }
 
 impl Collectives for InHost {
@@ -266,26 +318,44 @@ impl Collectives for InHost {
         self.group.size
     }
     fn all_reduce(&self, x: &Tensor, kind: ReduceKind) -> Result<Tensor> {
+        self.timed(|| self.all_reduce_now(x, kind))
+    }
+    fn all_gather(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
+        self.timed(|| self.all_gather_now(x, axis))
+    }
+    fn reduce_scatter(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor> {
+        self.timed(|| self.reduce_scatter_now(x, axis, sizes, kind))
+    }
+    fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor> {
+        self.timed(|| self.broadcast_now(x, root))
+    }
+    fn barrier(&self) -> Result<()> {
+        self.timed(|| self.barrier_now())
+    }
+}
+
+impl InHost {
+    fn all_reduce_now(&self, x: &Tensor, kind: ReduceKind) -> Result<Tensor> {
         let call = format!("all_reduce({kind:?})");
         let c = call.clone();
         let n = self.group.size;
         let out = self.exchange(call, Self::stage(x, "all_reduce")?, move |ins| {
-            let r = Arc::new(reduce(&ins, kind, &c)?);
+            let r = reduce(&ins, kind, &c)?;
             Ok(vec![r; n])
         })?;
         Self::unstage(&out, x)
     }
-    fn all_gather(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
+    fn all_gather_now(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
         let call = format!("all_gather(axis {axis})");
         let c = call.clone();
         let n = self.group.size;
         let out = self.exchange(call, Self::stage(x, "all_gather")?, move |ins| {
-            let r = Arc::new(concat(&ins, axis, &c)?);
+            let r = concat(&ins, axis, &c)?;
             Ok(vec![r; n])
         })?;
         Self::unstage(&out, x)
     }
-    fn reduce_scatter(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor> {
+    fn reduce_scatter_now(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor> {
         let call = format!("reduce_scatter(axis {axis}, {sizes:?}, {kind:?})");
         if sizes.len() != self.group.size || x.dims().get(axis) != Some(&sizes.iter().sum()) {
             let why =
@@ -297,25 +367,25 @@ impl Collectives for InHost {
         let sizes = sizes.to_vec();
         let out = self.exchange(call, Self::stage(x, "reduce_scatter")?, move |ins| {
             let full = reduce(&ins, kind, &c)?;
-            Ok((0..sizes.len()).map(|r| Arc::new(part(&full, axis, &sizes, r))).collect())
+            (0..sizes.len()).map(|r| part(&full, axis, &sizes, r)).collect()
         })?;
         Self::unstage(&out, x)
     }
-    fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor> {
+    fn broadcast_now(&self, x: &Tensor, root: usize) -> Result<Tensor> {
         let n = self.group.size;
         if root >= n {
             return Err(Error::Collective(format!("broadcast from rank {root} in a group of {n}")));
         }
-        let out = self.exchange(format!("broadcast(root {root})"), Self::stage(x, "broadcast")?, move |mut ins| {
-            let r = Arc::new(std::mem::take(&mut ins[root]));
+        let out = self.exchange(format!("broadcast(root {root})"), Self::stage(x, "broadcast")?, move |ins| {
+            let r = Tensor::from_host_vec(ins[root].values().to_vec(), &ins[root].shape, &Device::Cpu)?;
             Ok(vec![r; n])
         })?;
         Self::unstage(&out, x)
     }
-    fn barrier(&self) -> Result<()> {
+    fn barrier_now(&self) -> Result<()> {
         let n = self.group.size;
         self.exchange("barrier".into(), Staged::default(), move |_| {
-            let r = Arc::new(Staged::default());
+            let r = Tensor::from_host_vec(Vec::new(), &[0], &Device::Cpu)?;
             Ok(vec![r; n])
         })
         .map(drop)

@@ -299,6 +299,12 @@ impl ShardedModel {
         Ok(all.swap_remove(0))
     }
 
+    /// Time each rank has spent in collectives so far, on average (copies to and from the host,
+    /// waiting for the other ranks, reducing).
+    pub fn collective_time(&self) -> std::time::Duration {
+        self.world.collective_time() / self.ranks.len().max(1) as u32
+    }
+
     /// The plan the model runs.
     pub fn plan(&self) -> &ShardingPlan {
         &self.plan

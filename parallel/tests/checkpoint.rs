@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use weft_core::{DType, Device, Tensor};
 use weft_nn::layers::{Embedding, LayerNormalization, PositionEmbedding, TransformerBlock};
-use weft_nn::optim::{Adam, LearningRate, Optimizer};
+use weft_nn::optim::{Adam, LearningRate};
 use weft_nn::{Loss, Model, Sequential};
 use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel};
 

@@ -13,6 +13,7 @@ pub use index::{gather, index_add, index_select, scatter_add};
 pub use matmul::matmul;
 pub use norm::{layer_norm, softmax};
 pub use pool::HostBuf;
+pub use pool::take as take_host_vec;
 pub use reduce::reduce;
 
 use crate::{DType, Error, Layout, Result};

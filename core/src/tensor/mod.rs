@@ -6,11 +6,13 @@
 
 mod arith;
 mod create;
+mod host;
 mod index;
 mod linalg;
 mod nn;
 mod reduce;
 mod views;
+pub use host::HostF32;
 
 use crate::backprop::Op;
 use crate::storage::Storage;
