@@ -145,8 +145,13 @@ impl InHost {
         self.rendezvous(call, input, combine)
     }
 
-    /// Run a whole collective (staging to the host and back included), adding its time to the world's.
-    fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    /// Run a whole collective (staging to the host and back included), adding its time to the
+    /// world's. A GPU input's queued work is waited for first, outside the clock: reading the
+    /// input back would wait for it anyway, and that is compute, not communication.
+    fn timed<T>(&self, x: Option<&Tensor>, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if let Some(x) = x.filter(|x| x.device().is_gpu()) {
+            x.device().synchronize()?;
+        }
         let start = Instant::now();
         let out = f();
         self.group.world.spent_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -318,19 +323,19 @@ impl Collectives for InHost {
         self.group.size
     }
     fn all_reduce(&self, x: &Tensor, kind: ReduceKind) -> Result<Tensor> {
-        self.timed(|| self.all_reduce_now(x, kind))
+        self.timed(Some(x), || self.all_reduce_now(x, kind))
     }
     fn all_gather(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
-        self.timed(|| self.all_gather_now(x, axis))
+        self.timed(Some(x), || self.all_gather_now(x, axis))
     }
     fn reduce_scatter(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor> {
-        self.timed(|| self.reduce_scatter_now(x, axis, sizes, kind))
+        self.timed(Some(x), || self.reduce_scatter_now(x, axis, sizes, kind))
     }
     fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor> {
-        self.timed(|| self.broadcast_now(x, root))
+        self.timed(Some(x), || self.broadcast_now(x, root))
     }
     fn barrier(&self) -> Result<()> {
-        self.timed(|| self.barrier_now())
+        self.timed(None, || self.barrier_now())
     }
 }
 

@@ -111,3 +111,16 @@ fn device_memory_matches_the_plan_and_the_split_part_is_a_half() {
     let ratio = (after_build[0] as f64 - replicated) / (full - replicated);
     assert!((ratio - 0.5).abs() < 0.01, "split part per rank / one device = {ratio}");
 }
+
+#[test]
+fn a_mesh_that_mixes_a_gpu_and_the_cpu_trains_the_same() {
+    let Some(one) = mesh(1) else { return };
+    let devices = vec![one.devices()[0].clone(), Device::Cpu];
+    let mixed = DeviceMesh::new(devices, &[2], &["model"]).unwrap();
+    let mlp = || Sequential::new().add(Dense::new(14).activation(Activation::Tanh)).add(Dense::new(3));
+    let x = Tensor::rand(-1.0, 1.0, &[6, 5], 5, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[6, 3], 6, &Device::Cpu).unwrap();
+    let plan = AutoConfig::new().min_params(0).plan(&mlp(), &[6, 5], 2, 1).unwrap();
+    let r = verify(mlp, &mixed, &plan, adam(), Loss::MeanSquaredError, (&x, &y), 4).unwrap();
+    assert!(r.max_rel() < 1e-4, "{r}");
+}
