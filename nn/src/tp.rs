@@ -194,15 +194,29 @@ pub(crate) fn full_input(style: Option<&Style>, local: usize) -> usize {
     }
 }
 
-/// Input side of a split layer: f before a column split, the slice before a row split with scatter.
-pub(crate) fn enter(x: &Tensor, shard: Option<(&LayerShard, &Arc<dyn Collectives>)>, axis: usize) -> Result<Tensor> {
+/// Input side of a split layer: f before a column split (unless the caller `copied` the input
+/// already), the slice before a row split with scatter.
+pub(crate) fn enter(
+    x: &Tensor,
+    shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
+    axis: usize,
+    copied: bool,
+) -> Result<Tensor> {
     match shard {
+        Some((LayerShard { style: Style::Column { .. }, .. }, _)) if copied => Ok(x.clone()),
         Some((LayerShard { style: Style::Column { .. }, .. }, c)) => Ok(copy_to_parallel(x, c.clone())),
         Some((LayerShard { style: Style::Row { sizes, scatter: true }, .. }, c)) => {
             weft_core::collectives::scatter_to_parallel(x, c.clone(), axis, sizes)
         }
         _ => Ok(x.clone()),
     }
+}
+
+/// The model-axis group, when every one of `paths` is a column split: the layers can share one f.
+pub(crate) fn all_column(tp: &Option<Arc<TpCtx>>, paths: &[String]) -> Option<Arc<dyn Collectives>> {
+    let all =
+        paths.iter().all(|p| matches!(shard_of(tp, p), Some((LayerShard { style: Style::Column { .. }, .. }, _))));
+    if all && !paths.is_empty() { tp.as_ref().map(|t| t.model.clone()) } else { None }
 }
 
 /// Output side before the bias: g after a row split.

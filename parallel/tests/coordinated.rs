@@ -106,8 +106,9 @@ fn a_label_past_the_vocabulary_is_an_error_on_split_logits_too() {
                 let (logits, labels) = (&logits, &labels);
                 s.spawn(move || {
                     let comm: Arc<dyn Collectives> = Arc::new(c.clone());
-                    let out = vocab_parallel_cross_entropy(&logits.narrow(1, 3 * r, 3).unwrap(), labels, &[3, 3], &comm)
-                        .and_then(|l| l.to_scalar::<f32>());
+                    let out =
+                        vocab_parallel_cross_entropy(&logits.narrow(1, 3 * r, 3).unwrap(), labels, &[3, 3], &comm)
+                            .and_then(|l| l.to_scalar::<f32>());
                     if let Err(e) = &out {
                         c.fail(&e.to_string());
                     }

@@ -218,3 +218,21 @@ fn a_seven_billion_parameter_decoder_plans_in_under_a_second_without_allocating(
     assert!(p.memory[0].params < (params as u64 * 4) / 7, "weights are split about 8 ways");
     assert!(start.elapsed().as_secs_f32() < 5.0, "took {:?}", start.elapsed());
 }
+
+#[test]
+fn a_transformer_block_calls_f_and_g_once_each_for_attention_and_for_the_mlp() {
+    let net = || Sequential::new().named("gpt").add(TransformerBlock::new(4, 8, 64).named("block_0"));
+    let p = AutoConfig::new().min_params(0).plan(&net(), &[2, 5, 32], 2, 1).unwrap();
+    let mut model = ShardedModel::new(net, &DeviceMesh::cpus(2).unwrap(), &p).unwrap();
+    let x = Tensor::rand(-1.0, 1.0, &[2, 5, 32], 0, &Device::Cpu).unwrap();
+    let kinds = model
+        .run(|_, m| {
+            let (_, nodes) = trace::trace(|| m.call(&x))?;
+            Ok(nodes.into_iter().map(|n| n.kind).filter(|k| k.contains("parallel")).collect::<Vec<_>>())
+        })
+        .unwrap();
+    let fg = ["copy_to_parallel", "reduce_from_parallel"];
+    assert_eq!(kinds[0], [fg, fg].concat(), "query, key and value share one f");
+    let backward = p.collectives.iter().filter(|c| c.pass == "backward").count();
+    assert_eq!(backward, 2, "{p}");
+}

@@ -82,9 +82,20 @@ impl Layer for MultiHeadAttention {
             ));
         }
         let (t, width) = (x.dims()[1], x.dims()[2]);
-        let q = self.query.call(x, ctx)?.mul_scalar(1.0 / (self.key_dim as f32).sqrt())?; // [b, t, h, k]
-        let k = self.key.call(x, ctx)?;
-        let v = self.value.call(x, ctx)?;
+        // Split by heads, the three projections take the same input: one f for all three (one
+        // all-reduce of its gradient backward instead of three).
+        let path = trace::current_scope();
+        let parts = ["query", "key", "value"].map(|n| format!("{path}/{n}")).to_vec();
+        let shared = crate::tp::all_column(&ctx.tp, &parts);
+        let x_in = match &shared {
+            Some(comm) => weft_core::collectives::copy_to_parallel(x, comm.clone()),
+            None => x.clone(),
+        };
+        ctx.input_copied = shared.is_some();
+        let qkv = (|| Ok((self.query.call(&x_in, ctx)?, self.key.call(&x_in, ctx)?, self.value.call(&x_in, ctx)?)))();
+        ctx.input_copied = false;
+        let (q, k, v): (Tensor, Tensor, Tensor) = qkv?;
+        let q = q.mul_scalar(1.0 / (self.key_dim as f32).sqrt())?; // [b, t, h, k]
         let mut scores = Tensor::einsum("aecd,abcd->acbe", &[&k, &q])?; // [b, h, t, s]
         if self.causal {
             // On Meta (planning) only the shape matters: skip drawing the mask on the host.

@@ -91,7 +91,7 @@ impl Layer for Dense {
                 self.vars.get().expect("just set")
             }
         };
-        let x = tp::enter(x, shard, x.rank() - 1)?;
+        let x = tp::enter(x, shard, x.rank() - 1, ctx.input_copied)?;
         if kernel.dims()[0] != *x.dims().last().unwrap_or(&0) {
             return Err(Error::invalid(
                 "Dense",

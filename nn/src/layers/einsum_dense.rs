@@ -180,7 +180,7 @@ impl Layer for EinsumDense {
             }
         };
         let (in_axis, out_axis) = self.split_axes(shard)?;
-        let x = tp::enter(x, shard, in_axis.unwrap_or(0))?;
+        let x = tp::enter(x, shard, in_axis.unwrap_or(0), ctx.input_copied)?;
         let y = Tensor::einsum(&self.equation, &[&x, kernel.as_tensor()])
             .map_err(|e| Error::invalid("EinsumDense", format!("{path}: {e}")))?;
         let mut y = tp::reduce_partial(&y, shard)?;

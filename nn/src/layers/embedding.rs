@@ -139,7 +139,7 @@ impl Layer for TiedHead {
             ));
         }
         let shard = tp::shard_of(&ctx.tp, &path);
-        let x = tp::enter(x, shard, 0)?;
+        let x = tp::enter(x, shard, 0, ctx.input_copied)?;
         let logits = x.matmul(&table.transpose(0, 1)?)?;
         tp::leave(&logits, shard, logits.rank() - 1)
     }

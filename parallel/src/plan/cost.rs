@@ -78,8 +78,20 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, input_shape: &[us
             let out = shape_of(graph.layer_output(&l.path));
             match &l.style {
                 Style::Column { gather, .. } => {
-                    if has_grad {
-                        add("all_reduce", "model", "backward", &l.path, shape_of(input), data);
+                    // Attention's query, key and value share one f, counted once at the query.
+                    let (parent, name) = l.path.rsplit_once('/').unwrap_or(("", &l.path));
+                    let sibling = |n: &str| {
+                        plan.layer(&format!("{parent}/{n}")).is_some_and(|s| matches!(s.style, Style::Column { .. }))
+                    };
+                    let shared = ["query", "key", "value"].contains(&name)
+                        && ["query", "key", "value"].iter().all(|n| sibling(n));
+                    if has_grad && !(shared && name != "query") {
+                        let at = if shared {
+                            format!("{parent} (query, key and value share one f)")
+                        } else {
+                            l.path.clone()
+                        };
+                        add("all_reduce", "model", "backward", &at, shape_of(input), data);
                     }
                     if *gather {
                         add("all_gather", "model", "forward", &l.path, out, data);
