@@ -190,11 +190,11 @@ impl Model {
     /// One optimizer step on one batch; returns the batch loss.
     pub fn train_on_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<f32> {
         let (x, y) = (x.to_device(&self.device)?, y.to_device(&self.device)?);
-        Ok(self.step(&x, &y, &mut [])?.0)
+        self.step(&x, &y, &mut [])
     }
 
-    /// Forward, loss, backward and update; returns the loss and the prediction.
-    fn step(&mut self, x: &Tensor, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<(f32, Tensor)> {
+    /// Forward, loss, backward and update; returns the loss.
+    fn step(&mut self, x: &Tensor, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
         self.ctx.training = true;
         self.ctx.step += 1;
         let (x, y, part) = self.data_part(x, y)?;
@@ -209,7 +209,8 @@ impl Model {
         let grads = loss.backward()?;
         let vars = self.variables();
         self.parts()?.0.apply(&vars, &grads)?;
-        let pred = no_grad(|| self.whole(&pred))?;
+        // Metrics need the whole output; without metrics a split output is never gathered.
+        let pred = if counts.is_empty() { pred } else { no_grad(|| self.whole(&pred))? };
         for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
             let (hit, total) = m.count(&pred, &y)?;
             let (hit, total) = self.sum_over_data(hit, total)?;
@@ -220,7 +221,7 @@ impl Model {
             Some(tp) => tp.data.all_reduce(&loss.detach(), ReduceKind::Sum)?,
             None => loss,
         };
-        Ok((loss.to_scalar::<f32>()?, pred))
+        loss.to_scalar::<f32>()
     }
 
     /// Metric counts summed over the data axis.
@@ -270,7 +271,7 @@ impl Model {
             for b in train.batches(opts.batch_size, shuffle) {
                 let (bx, by) = b?;
                 let len = bx.dims()[0];
-                let (l, _) = self.step(&bx, &by, &mut counts)?;
+                let l = self.step(&bx, &by, &mut counts)?;
                 if !l.is_finite() {
                     return Err(Error::invalid("fit", format!("the loss became {l} at epoch {}", epoch + 1)));
                 }
@@ -327,7 +328,7 @@ impl Model {
                 let (bx, by) = (x.narrow(0, s, len)?, y.narrow(0, s, len)?);
                 let pred = self.net.call(&bx, &mut ctx)?;
                 loss_sum += self.loss_of(loss_fn, &pred, &by)?.to_scalar::<f32>()? as f64 * len as f64;
-                let pred = self.whole(&pred)?;
+                let pred = if self.metrics.is_empty() { pred } else { self.whole(&pred)? };
                 for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
                     let (hit, total) = m.count(&pred, &by)?;
                     c.0 += hit;

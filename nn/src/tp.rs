@@ -194,6 +194,24 @@ pub(crate) fn full_input(style: Option<&Style>, local: usize) -> usize {
     }
 }
 
+/// A column split applies its activation to its own slice: only elementwise activations may.
+pub(crate) fn check_activation(
+    shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
+    activation: crate::Activation,
+    path: &str,
+) -> Result<()> {
+    if let (Some((LayerShard { style: Style::Column { .. }, .. }, _)), crate::Activation::Softmax) = (shard, activation)
+    {
+        return Err(Error::invalid(
+            "tensor parallel",
+            format!(
+                "{path}: a column split cannot apply softmax to a slice of its outputs; split it by rows or replicate it"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Input side of a split layer: f before a column split (unless the caller `copied` the input
 /// already), the slice before a row split with scatter.
 pub(crate) fn enter(

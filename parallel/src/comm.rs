@@ -81,18 +81,15 @@ struct Group {
 /// One rank's handle on a group of ranks in this process.
 ///
 /// ```
-/// use std::sync::Arc;
 /// use weft_core::{Collectives, Device, ReduceKind, Tensor};
 /// use weft_parallel::InHost;
-/// let ranks = InHost::group(2, &weft_parallel::World::new());
-/// let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
-///     let hs: Vec<_> = ranks.iter().map(|c| s.spawn(move || {
-///         let x = Tensor::full(c.rank() as f32 + 1.0, &[3], &Device::Cpu)?;
-///         c.all_reduce(&x, ReduceKind::Sum)?.to_vec::<f32>()
-///     })).collect();
-///     hs.into_iter().map(|h| h.join().unwrap()).collect::<weft_core::Result<_>>()
-/// })?;
-/// assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]);
+/// let sums = InHost::run(2, |rank, comm| {
+///     let x = Tensor::full(rank as f32 + 1.0, &[3], &Device::Cpu)?;
+///     comm.all_reduce(&x, ReduceKind::Sum)?.to_vec::<f32>()
+/// });
+/// for s in sums {
+///     assert_eq!(s?, vec![3.0; 3]);
+/// }
 /// # Ok::<(), weft_core::Error>(())
 /// ```
 #[derive(Clone)]
@@ -155,7 +152,54 @@ impl InHost {
         let start = Instant::now();
         let out = f();
         self.group.world.spent_ns.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        // An error of this rank's own (a bad argument, a failed copy) must not leave the others
+        // waiting for it.
+        if let Err(e) = &out
+            && self.group.world.failure().is_none()
+        {
+            self.fail(&format!("rank {}: {e}", self.rank));
+        }
         out
+    }
+
+    /// Run `f(rank, comm)` on `n` threads, one per rank of a new group, and return each rank's
+    /// result. A rank that returns an error or panics fails the group, so the others return
+    /// `Err` from their next collective instead of waiting.
+    pub fn run<T: Send>(n: usize, f: impl Fn(usize, &InHost) -> Result<T> + Sync) -> Vec<Result<T>> {
+        let world = World::new();
+        let comms = InHost::group(n, &world);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    let f = &f;
+                    s.spawn(move || {
+                        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(r, c)))
+                            .unwrap_or_else(|_| Err(Error::Msg(format!("rank {r} panicked"))));
+                        if let Err(e) = &out {
+                            c.fail(&format!("rank {r}: {e}"));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into()))))
+                .collect()
+        })
+    }
+
+    /// Clear a failure once every rank has left (all threads joined): empty the group's slot
+    /// and the world's flag, so the ranks can meet again.
+    pub(crate) fn reset(&self) {
+        let mut slot = self.lock();
+        slot.arrived = 0;
+        slot.inputs.iter_mut().for_each(|i| *i = None);
+        slot.outputs.iter_mut().for_each(|o| *o = None);
+        drop(slot);
+        *self.group.world.failed.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     fn rendezvous(

@@ -44,18 +44,18 @@ impl DeviceMesh {
         Ok(DeviceMesh { devices, shape: shape.to_vec(), names: names.iter().map(|s| s.to_string()).collect() })
     }
 
-    /// One device per GPU adapter, on one `model` axis. An adapter that wgpu offers through
-    /// several backends (Vulkan and GL, say) is taken once, through its native backend.
+    /// One device per GPU adapter, on one `model` axis. wgpu lists an adapter once per backend
+    /// (Vulkan and GL, say): adapters of the native backends (Vulkan, Metal, DX12) are taken, and
+    /// a GL adapter only when no native one has its name. Software adapters (lavapipe) are left
+    /// out when there is hardware.
     pub fn gpus() -> Result<Self> {
         let all = weft_core::devices();
-        let mut chosen: Vec<&weft_core::AdapterSummary> = Vec::new();
-        for a in &all {
-            match chosen.iter().position(|c| c.name == a.name) {
-                Some(i) if chosen[i].backend == "Gl" && a.backend != "Gl" => chosen[i] = a,
-                Some(_) => {}
-                None => chosen.push(a),
-            }
-        }
+        let hardware = all.iter().any(|a| !a.is_software);
+        let keep = |a: &&weft_core::AdapterSummary| !hardware || !a.is_software;
+        let native: Vec<&weft_core::AdapterSummary> = all.iter().filter(|a| a.backend != "Gl").filter(keep).collect();
+        let gl =
+            all.iter().filter(|a| a.backend == "Gl").filter(keep).filter(|a| !native.iter().any(|n| n.name == a.name));
+        let chosen: Vec<&weft_core::AdapterSummary> = native.iter().copied().chain(gl).collect();
         if chosen.is_empty() {
             return Err(Error::NoAdapter("DeviceMesh::gpus: wgpu found no adapter".into()));
         }

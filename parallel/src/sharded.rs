@@ -45,6 +45,8 @@ pub struct ShardedModel {
     placements: HashMap<String, Placement>,
     recording: Arc<AtomicBool>,
     recorded: Vec<GradSlot>,
+    /// One handle on each group (model groups, then data groups), to clear a failure.
+    groups: Vec<InHost>,
 }
 
 impl ShardedModel {
@@ -88,6 +90,7 @@ impl ShardedModel {
             ranks.push(model);
         }
         let recorded = (0..ranks.len()).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+        let groups = model_groups.iter().chain(&data_groups).map(|g| g[0].clone()).collect();
         let mut me = ShardedModel {
             mesh: mesh.clone(),
             plan: plan.clone(),
@@ -96,6 +99,7 @@ impl ShardedModel {
             placements: plan.placements(),
             recording: Arc::new(AtomicBool::new(false)),
             recorded,
+            groups,
         };
         // Build every rank's shards (one forward pass on a sample), then check them against the plan.
         let sample: Vec<usize> = plan.input_shape.iter().skip(1).copied().collect();
@@ -148,9 +152,16 @@ impl ShardedModel {
     /// Run `f` on every rank at once, one thread each. A rank that errs or panics fails the
     /// world, so the others leave their collectives with an `Err` instead of waiting; the error
     /// returned is the first rank's own (not a "another rank stopped" consequence).
+    ///
+    /// After a failure the ranks are checked: when they still agree on the optimizer's step
+    /// count (the failure came before any rank updated its weights, as a bad batch does), the
+    /// groups are cleared and the model stays usable; otherwise every later call is refused
+    /// (load a checkpoint into a new `ShardedModel`).
     pub fn run<T: Send>(&mut self, f: impl Fn(usize, &mut Model) -> Result<T> + Sync) -> Result<Vec<T>> {
         if let Some(why) = self.world.failure() {
-            return Err(Error::Collective(format!("an earlier call failed ({why}); build the ShardedModel again")));
+            return Err(Error::Collective(format!(
+                "an earlier call left the ranks out of step ({why}); load a checkpoint into a new ShardedModel"
+            )));
         }
         let world = &self.world;
         let f = &f;
@@ -198,9 +209,32 @@ impl ShardedModel {
             }
         }
         match first {
-            Some(e) => Err(e),
+            Some(e) => {
+                let steps: Vec<u64> = self.ranks.iter().map(|m| m.optimizer().map_or(0, |o| o.iterations())).collect();
+                if steps.iter().all(|&s| s == steps[0]) {
+                    self.groups.iter().for_each(InHost::reset);
+                }
+                Err(e)
+            }
             None => Ok(out),
         }
+    }
+
+    /// Refuse, before any rank starts, a batch the data axis cannot split.
+    fn check_batch(&self, what: &str, rows: usize, x: &Tensor, y: Option<&Tensor>) -> Result<()> {
+        if let Some(y) = y
+            && (x.rank() == 0 || y.rank() == 0 || x.dims()[0] != y.dims()[0])
+        {
+            return Err(Error::ShapeMismatch { op: "ShardedModel", lhs: x.dims().to_vec(), rhs: y.dims().to_vec() });
+        }
+        let d = self.mesh.size("data");
+        if rows > 0 && rows < d {
+            return Err(Error::invalid(
+                "ShardedModel",
+                format!("{what}: a batch of {rows} samples cannot be split over a data axis of {d}"),
+            ));
+        }
+        Ok(())
     }
 
     /// Choose the optimizer (each rank gets a copy, wrapped in a [`CoordinatedOptimizer`]), the
@@ -233,6 +267,17 @@ impl ShardedModel {
         if !opts.callbacks.is_empty() {
             return Err(Error::invalid("ShardedModel::fit", "callbacks are not supported on a sharded model yet"));
         }
+        // The batches fit will make: every one must split over the data axis.
+        let n = x.dims().first().copied().unwrap_or(0);
+        let train = match (&opts.validation_data, opts.validation_split) {
+            (None, s) if s > 0.0 && n > 0 => n - ((n as f32 * s) as usize).min(n - 1),
+            _ => n,
+        };
+        if opts.batch_size > 0 {
+            self.check_batch("fit", opts.batch_size.min(train), x, Some(y))?;
+            let last = train % opts.batch_size;
+            self.check_batch("fit (the last batch of each epoch)", last, x, Some(y))?;
+        }
         let (epochs, batch_size, shuffle, seed) = (opts.epochs, opts.batch_size, opts.shuffle, opts.seed);
         let (validation_split, verbose) = (opts.validation_split, opts.verbose);
         let validation_data = &opts.validation_data;
@@ -254,11 +299,13 @@ impl ShardedModel {
 
     /// One optimizer step on one batch; returns the batch loss.
     pub fn train_on_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<f32> {
+        self.check_batch("train_on_batch", x.dims().first().copied().unwrap_or(0), x, Some(y))?;
         Ok(self.run(|_, m| m.train_on_batch(x, y))?[0])
     }
 
     /// Mean loss and metrics over `(x, y)`.
     pub fn evaluate(&mut self, x: &Tensor, y: &Tensor, batch_size: usize) -> Result<(f32, Vec<(String, f32)>)> {
+        self.check_batch("evaluate", 0, x, Some(y))?;
         Ok(self.run(|_, m| m.evaluate(x, y, batch_size))?.swap_remove(0))
     }
 
@@ -397,15 +444,30 @@ impl ShardedModel {
                 let full = Tensor::from_slice(values, shape, &weft_core::Device::Cpu)?;
                 placements.get(var).unwrap_or(&Placement::Replicate).local(&full, mi)?.to_device(&dev)
             };
+            // Make every local part first; only when every rank has made all of its parts (the
+            // barriers) does any rank change anything, so a failure leaves every rank as it was.
+            let mut weights = Vec::new();
             for (p, v) in m.variables() {
                 let (shape, values) = &file[&p];
-                v.set(&local(&p, shape, values)?)?;
+                weights.push((v, local(&p, shape, values)?));
             }
-            if let Some(opt) = m.optimizer_mut() {
+            let mut slots = Vec::new();
+            if m.optimizer().is_some() {
                 for (key, (shape, values)) in file {
                     if let Some((slot, var)) = parse_slot_key(key) {
-                        opt.set_slot(var, slot, local(var, shape, values)?);
+                        slots.push((var.to_string(), slot.to_string(), local(var, shape, values)?));
                     }
+                }
+            }
+            let tp = m.tensor_parallel().cloned().ok_or_else(|| Error::Msg("rank without a TpCtx".into()))?;
+            tp.model.barrier()?;
+            tp.data.barrier()?;
+            for (v, t) in weights {
+                v.set(&t)?;
+            }
+            if let Some(opt) = m.optimizer_mut() {
+                for (var, slot, t) in slots {
+                    opt.set_slot(&var, &slot, t);
                 }
                 if let Some((_, it)) = file.get(ITERATIONS_KEY) {
                     opt.set_iterations(it.first().copied().unwrap_or(0.0) as u64);

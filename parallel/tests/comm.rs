@@ -6,29 +6,11 @@ use weft_core::{Collectives, Device, Error, ReduceKind, Result, Tensor};
 use weft_nn::layers::Dense;
 use weft_nn::optim::Sgd;
 use weft_nn::{Activation, Loss, Sequential};
-use weft_parallel::{AutoConfig, DeviceMesh, InHost, ShardedModel, World};
+use weft_parallel::{AutoConfig, DeviceMesh, InHost, ShardedModel};
 
 /// Run `f(rank, comm)` on `n` threads.
 fn on_ranks<T: Send>(n: usize, f: impl Fn(usize, &InHost) -> Result<T> + Sync) -> Vec<Result<T>> {
-    let world = World::new();
-    let comms = InHost::group(n, &world);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let f = &f;
-                s.spawn(move || {
-                    let out = f(r, c);
-                    if let Err(e) = &out {
-                        c.fail(&e.to_string());
-                    }
-                    out
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    InHost::run(n, f)
 }
 
 fn vals(t: Tensor) -> Vec<f32> {
@@ -171,9 +153,10 @@ fn a_rank_that_errs_or_panics_mid_step_fails_the_whole_sharded_model_promptly() 
         assert!(start.elapsed() < Duration::from_secs(1), "took {:?}", start.elapsed());
         let e = res.unwrap_err().to_string();
         assert!(e.contains("rank 1") && e.contains("broke"), "{e}");
-        // The model says it is unusable rather than hanging on the next call.
-        let again = model.train_on_batch(&x, &y).unwrap_err().to_string();
-        assert!(again.contains("earlier call failed"), "{again}");
+        // No rank had updated its weights: the model carries on, its ranks in step.
+        model.train_on_batch(&x, &y).unwrap();
+        let steps: Vec<u64> = model.ranks().iter().map(|m| m.optimizer().unwrap().iterations()).collect();
+        assert_eq!(steps, vec![1, 1, 1]);
     }
 }
 
@@ -188,4 +171,33 @@ fn bad_meshes_and_plans_are_errors() {
     let other = || Sequential::new().add(Dense::new(6));
     let e = ShardedModel::new(other, &DeviceMesh::cpus(2).unwrap(), &plan).err().unwrap().to_string();
     assert!(e.contains("sequential/dense/kernel"), "{e}");
+}
+
+#[test]
+fn a_rank_that_panics_outside_any_collective_stops_the_others() {
+    let start = Instant::now();
+    let out = InHost::run(3, |r, c| {
+        if r == 0 {
+            panic!("rank 0 broke before its first collective");
+        }
+        c.all_reduce(&Tensor::ones(&[2], &Device::Cpu)?, ReduceKind::Sum).map(drop)
+    });
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(out.iter().all(|o| o.is_err()));
+}
+
+#[test]
+fn a_batch_the_data_axis_cannot_split_is_refused_before_training() {
+    let net = || Sequential::new().add(Dense::new(4));
+    let mesh = DeviceMesh::cpus(2).unwrap().reshape(&[2, 1], &["data", "model"]).unwrap();
+    let plan = AutoConfig::new().plan(&net(), &[4, 3], 1, 2).unwrap();
+    let mut model = ShardedModel::new(net, &mesh, &plan).unwrap();
+    model.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+    let x = Tensor::zeros(&[33, 3], &Device::Cpu).unwrap();
+    let y = Tensor::zeros(&[33, 4], &Device::Cpu).unwrap();
+    let opts = weft_nn::FitOptions { batch_size: 32, verbose: false, ..Default::default() };
+    let e = model.fit(&x, &y, opts).unwrap_err().to_string();
+    assert!(e.contains("last batch") && e.contains("1 samples"), "{e}");
+    let steps: Vec<u64> = model.ranks().iter().map(|m| m.optimizer().unwrap().iterations()).collect();
+    assert_eq!(steps, vec![0, 0], "nothing trained");
 }

@@ -236,3 +236,45 @@ fn a_transformer_block_calls_f_and_g_once_each_for_attention_and_for_the_mlp() {
     let backward = p.collectives.iter().filter(|c| c.pass == "backward").count();
     assert_eq!(backward, 2, "{p}");
 }
+
+#[test]
+fn a_softmax_or_a_bias_that_misses_the_split_axis_is_never_column_split() {
+    let net = Sequential::new().add(Dense::new(1000).activation(Activation::Softmax));
+    let p = plan(&net, &[8, 512], 2);
+    assert!(!matches!(p.layers[0].style, Style::Column { .. }), "{p}");
+    // Heads projection whose bias spans only the last axis: a split on the heads would leave
+    // each rank a partial bias gradient.
+    let net = Sequential::new().add(weft_nn::layers::EinsumDense::new("abc,cde->abde", &[0, 8, 64]).bias_axes("e"));
+    let p = plan(&net, &[4, 16, 256], 2);
+    assert!(!matches!(p.layers[0].style, Style::Column { .. }), "{p}");
+}
+
+#[test]
+fn overrides_reach_through_containers_and_attention_splits_as_a_whole() {
+    let net = || Sequential::new().named("gpt").add(TransformerBlock::new(8, 64, 2048).named("block_0"));
+    let p =
+        AutoConfig::new().override_layer("gpt/block_0", Split::Replicate).plan(&net(), &[2, 16, 512], 2, 1).unwrap();
+    assert!(p.layers.iter().all(|l| l.style == Style::Replicated), "{p}");
+    let e = AutoConfig::new()
+        .override_layer("*/attention/query", Split::Replicate)
+        .plan(&net(), &[2, 16, 512], 2, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gpt/block_0/attention") && e.contains("together"), "{e}");
+}
+
+#[test]
+fn one_rank_on_the_model_axis_replicates_everything() {
+    let p = AutoConfig::new().plan(&mlp(), &[32, 256], 1, 2).unwrap();
+    assert!(p.layers.iter().all(|l| l.style == Style::Replicated));
+    assert!(p.collectives.iter().all(|c| c.axis == "data"), "{p}");
+}
+
+#[test]
+fn a_plan_whose_styles_do_not_fit_the_mesh_is_refused() {
+    let p = plan(&mlp(), &[32, 256], 2);
+    let mut bad = p.clone();
+    bad.layers[1].style = Style::Column { sizes: vec![1024], gather: false };
+    let e = ShardingPlan::from_json(&bad.to_json().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("sequential/dense"), "{e}");
+}

@@ -91,6 +91,7 @@ impl Layer for Dense {
                 self.vars.get().expect("just set")
             }
         };
+        tp::check_activation(shard, self.activation, &path)?;
         let x = tp::enter(x, shard, x.rank() - 1, ctx.input_copied)?;
         if kernel.dims()[0] != *x.dims().last().unwrap_or(&0) {
             return Err(Error::invalid(
@@ -112,6 +113,9 @@ impl Layer for Dense {
     }
     fn kind(&self) -> &'static str {
         "Dense"
+    }
+    fn attributes(&self) -> Vec<(String, String)> {
+        vec![("activation".into(), self.activation.name().into())]
     }
     fn variables(&self) -> Vec<(String, Var)> {
         kernel_and_bias(self.vars.get())

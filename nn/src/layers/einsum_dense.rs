@@ -107,13 +107,6 @@ impl EinsumDense {
         shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
     ) -> Result<(Var, Option<Var>)> {
         let (inp, ker, out) = self.spec()?;
-        // A row split receives its input already split: build from the whole size.
-        let mut dims = x.dims().to_vec();
-        if let (Some(i), Some((LayerShard { style: tp::Style::Row { sizes, scatter: false }, .. }, _))) =
-            (self.split_axes(shard)?.0, shard)
-        {
-            dims[i] = sizes.iter().sum();
-        }
         let err = |msg: String| Error::invalid("EinsumDense", format!("{path}: {msg}"));
         if inp.len() != x.rank() {
             return Err(err(format!(
@@ -122,6 +115,13 @@ impl EinsumDense {
                 inp.len(),
                 x.dims()
             )));
+        }
+        // A row split receives its input already split: build from the whole size.
+        let mut dims = x.dims().to_vec();
+        if let (Some(i), Some((LayerShard { style: tp::Style::Row { sizes, scatter: false }, .. }, _))) =
+            (self.split_axes(shard)?.0, shard)
+        {
+            dims[i] = sizes.iter().sum();
         }
         if self.output_shape.len() + 1 != out.len() {
             return Err(err(format!(
@@ -180,6 +180,7 @@ impl Layer for EinsumDense {
             }
         };
         let (in_axis, out_axis) = self.split_axes(shard)?;
+        tp::check_activation(shard, self.activation, &path)?;
         let x = tp::enter(x, shard, in_axis.unwrap_or(0), ctx.input_copied)?;
         let y = Tensor::einsum(&self.equation, &[&x, kernel.as_tensor()])
             .map_err(|e| Error::invalid("EinsumDense", format!("{path}: {e}")))?;
@@ -199,7 +200,11 @@ impl Layer for EinsumDense {
         "EinsumDense"
     }
     fn attributes(&self) -> Vec<(String, String)> {
-        vec![("equation".into(), self.equation.clone()), ("bias_axes".into(), self.bias_axes.clone())]
+        vec![
+            ("equation".into(), self.equation.clone()),
+            ("bias_axes".into(), self.bias_axes.clone()),
+            ("activation".into(), self.activation.name().into()),
+        ]
     }
     fn variables(&self) -> Vec<(String, Var)> {
         kernel_and_bias(self.vars.get())

@@ -81,6 +81,12 @@ impl Dropout {
         }
         let mut full = x.dims().to_vec();
         if let Some((axis, sizes, _)) = split {
+            if axis >= full.len() {
+                return Err(Error::invalid(
+                    "Dropout",
+                    format!("{path}: the plan splits axis {axis} of an input of shape {:?}", x.dims()),
+                ));
+            }
             full[axis] = sizes.iter().sum();
         }
         if let Some((_, total)) = ctx.batch_part {

@@ -101,9 +101,11 @@ impl AutoConfig {
         let mut p =
             Planner { cfg: self, n: model, graph: &graph, layers: &layers, decided: HashMap::new(), output: None };
         p.check_overrides()?;
-        p.attention()?;
-        p.embeddings()?;
-        p.dense()?;
+        if model > 1 {
+            p.attention()?;
+            p.embeddings()?;
+            p.dense()?;
+        }
         p.rest();
         let output = p.output.clone();
         let mut decided = std::mem::take(&mut p.decided);
@@ -192,7 +194,8 @@ fn glob(pattern: &str, s: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == s,
         Some((head, tail)) => {
-            s.starts_with(head) && (0..=s.len() - head.len()).any(|i| glob(tail, &s[head.len() + i..]))
+            let Some(rest) = s.strip_prefix(head) else { return false };
+            rest.char_indices().map(|(i, _)| i).chain([rest.len()]).any(|i| glob(tail, &rest[i..]))
         }
     }
 }
@@ -225,8 +228,12 @@ impl<'a> Planner<'a> {
         layers.iter().find(|l| l.path == path)
     }
 
+    /// The override for a layer: one naming it, or naming a container it is in (the last one
+    /// given wins).
     fn forced(&self, path: &str) -> Option<Split> {
-        self.cfg.overrides.iter().rev().find(|(p, _)| glob(p, path)).map(|(_, s)| *s)
+        let mut prefixes: Vec<&str> = path.match_indices('/').map(|(i, _)| &path[..i]).collect();
+        prefixes.push(path);
+        self.cfg.overrides.iter().rev().find(|(p, _)| prefixes.iter().any(|q| glob(p, q))).map(|(_, s)| *s)
     }
 
     fn check_overrides(&self) -> Result<()> {
@@ -248,6 +255,15 @@ impl<'a> Planner<'a> {
     }
 
     fn geometry(&self, l: &LayerNode) -> Option<Geometry> {
+        let g = self.raw_geometry(l)?;
+        // A column split applies the activation to its own slice: softmax needs the whole row.
+        // A bias that does not span the split letter would collect only part of its gradient.
+        let elementwise = l.attr("activation").is_none_or(|a| a != "softmax");
+        let bias_ok = l.var("bias").is_none() || g.col_bias.is_some();
+        Some(Geometry { col: g.col.filter(|_| elementwise && bias_ok), ..g })
+    }
+
+    fn raw_geometry(&self, l: &LayerNode) -> Option<Geometry> {
         let kernel = &l.var("kernel")?.1;
         match l.kind.as_str() {
             "Dense" => Some(Geometry {
@@ -328,6 +344,19 @@ impl<'a> Planner<'a> {
                 continue;
             };
             let forced = self.forced(&mha.path);
+            let each: Vec<Option<Split>> = [q, k, v, o].iter().map(|l| self.forced(&l.path)).collect();
+            if each.iter().any(|f| *f != each[0]) {
+                return Err(Error::invalid(
+                    "autoconfig",
+                    format!(
+                        "{}: its query, key, value and output projections split together; override {} itself",
+                        mha.path, mha.path
+                    ),
+                ));
+            }
+            if matches!(forced, Some(Split::Row | Split::Vocab)) {
+                return Err(self.bad_split(&mha.path, "split attention except by heads (Split::Column)"));
+            }
             let params: usize = [q, k, v, o].iter().map(|l| l.params()).sum();
             let heads = q.var("kernel").map_or(0, |k| k.1.get(1).copied().unwrap_or(0));
             if forced == Some(Split::Replicate) {
@@ -363,18 +392,13 @@ impl<'a> Planner<'a> {
             let sizes = split_sizes(heads, self.n);
             let by = format!("attention by heads ({heads} heads -> {sizes:?})");
             for l in [q, k, v] {
-                if self.forced(&l.path).is_some() {
-                    continue;
-                }
                 let g = Geometry { col: Some((1, 2, heads, false)), row: None, col_bias: l.var("bias").map(|_| 0) };
                 let d = self.column(l, &g, &sizes, false);
                 self.set(&l.path, d, format!("{by}: column, each device computes its heads"));
             }
-            if self.forced(&o.path).is_none() {
-                let g = Geometry { col: None, row: Some((0, 2, heads, false)), col_bias: None };
-                let d = self.row(o, &g, &sizes, false);
-                self.set(&o.path, d, format!("{by}: row, one all-reduce of the heads' sum"));
-            }
+            let g = Geometry { col: None, row: Some((0, 2, heads, false)), col_bias: None };
+            let d = self.row(o, &g, &sizes, false);
+            self.set(&o.path, d, format!("{by}: row, one all-reduce of the heads' sum"));
             // Dropout inside attention acts on [batch, heads, t, s]: split along the heads.
             let drops: Vec<String> = self
                 .children(&mha.path)
@@ -559,7 +583,8 @@ impl<'a> Planner<'a> {
                         let d = self.row(m, &gm, &sizes, false);
                         self.set(m_path, d, format!("row, paired with {}: takes its split output as is", l.path));
                         for d in drops {
-                            let axis = self.graph.shape(out).map_or(0, |s| s.len() - 1);
+                            let input = self.graph.layer_input(&d).and_then(|i| self.graph.shape(i));
+                            let axis = input.or(self.graph.shape(out)).map_or(0, |s| s.len().saturating_sub(1));
                             self.decided.insert(
                                 d,
                                 (
@@ -663,6 +688,7 @@ impl<'a> Planner<'a> {
             .collect();
         for l in left {
             let why = match l.kind.as_str() {
+                _ if self.n == 1 => "one rank on the model axis: nothing to split".to_string(),
                 "LayerNormalization" => "normalizes over the whole width: replicated".to_string(),
                 k => format!("{k} has no split rule: replicated ({} parameters)", l.params()),
             };
@@ -681,5 +707,6 @@ mod tests {
         assert!(glob("gpt/*/attention*", "gpt/block_1/attention/query"));
         assert!(!glob("*/mlp/up", "gpt/block_0/mlp/down"));
         assert!(glob("exact", "exact"));
+        assert!(glob("*é/x", "blöck_é/x") && !glob("*é/y", "blöck_é/x"));
     }
 }

@@ -131,8 +131,45 @@ impl ShardingPlan {
         Self::from_json(&s)
     }
 
-    /// Every split's sizes have one entry per model rank and sum to the axis they split.
+    /// Every split's sizes have one entry per model rank and sum to the axis they split; every
+    /// style's sizes likewise.
     pub fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::invalid("ShardingPlan", what));
+        let ok_sizes = |s: &[usize]| s.len() == self.model_axis && s.iter().all(|&x| x > 0);
+        for l in &self.layers {
+            let sizes = match &l.style {
+                Style::Replicated => None,
+                Style::Column { sizes, .. } | Style::Row { sizes, .. } | Style::Vocab { sizes } => Some(sizes),
+                Style::Split { axis, sizes } => {
+                    if *axis > 8 {
+                        return bad(format!("{}: split axis {axis} is not an axis of an activation", l.path));
+                    }
+                    Some(sizes)
+                }
+            };
+            if let Some(s) = sizes.filter(|s| !ok_sizes(s)) {
+                return bad(format!(
+                    "{}: style {} has sizes {s:?}, which do not give each of {} ranks a part",
+                    l.path,
+                    l.style.name(),
+                    self.model_axis
+                ));
+            }
+            for v in &l.variables {
+                if let (Some(style), Placement::Shard { sizes, .. }) = (sizes, &v.placement)
+                    && style != sizes
+                {
+                    return bad(format!("{}: split {sizes:?}, but its layer's style says {style:?}", v.path));
+                }
+            }
+            let split_vars = l.variables.iter().filter(|v| v.placement != Placement::Replicate).count();
+            if matches!(l.style, Style::Replicated) && split_vars > 0 {
+                return bad(format!("{}: a replicated layer with split variables", l.path));
+            }
+        }
+        if let Some(s) = self.output.as_ref().filter(|s| !ok_sizes(s)) {
+            return bad(format!("the output's sizes {s:?} do not give each of {} ranks a part", self.model_axis));
+        }
         for l in &self.layers {
             for v in &l.variables {
                 if let Placement::Shard { axis, sizes } = &v.placement {
