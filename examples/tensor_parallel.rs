@@ -14,7 +14,9 @@ use weft::nn::{FitOptions, Loss, Sequential};
 use weft::parallel::{AutoConfig, DeviceMesh, ShardedModel, verify};
 use weft::prelude::*;
 
-const CHARS: &str = "0123456789+=";
+#[path = "common/addition.rs"]
+mod addition;
+use addition::{CHARS, encode, held_out, sample};
 
 /// Token and position embeddings, two causal blocks, and a head tied to the token embedding.
 /// The first 7 positions are cropped before the head: only the answer is graded.
@@ -30,21 +32,6 @@ fn gpt() -> Sequential {
         .add(LayerNormalization::new().epsilon(1e-5).named("ln_f"))
         .add(Cropping1D::new(7, 0).named("answer"))
         .add(head)
-}
-
-fn encode(s: &str) -> Vec<u32> {
-    s.chars().map(|c| CHARS.find(c).expect("a digit, + or =") as u32).collect()
-}
-
-/// Pair `i` as text: `123+456=0579`.
-fn sample(i: u32) -> String {
-    let (a, b) = (i / 1000, i % 1000);
-    format!("{a:03}+{b:03}={:04}", a + b)
-}
-
-/// One pair in ten is held out (picked by a hash, so every digit pattern is in both sets).
-fn held_out(i: u32) -> bool {
-    weft::core::rng::pcg_hash(i ^ 0x5eed).is_multiple_of(10)
 }
 
 /// `n` lines: inputs are the first 11 characters, targets the 4 answer characters.

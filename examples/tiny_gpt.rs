@@ -23,22 +23,9 @@ fn gpt(vocab: usize, max_len: usize, width: usize, blocks: usize) -> Sequential 
     net.add(LayerNormalization::new().epsilon(1e-5).named("ln_f")).add(Dense::new(vocab).named("head"))
 }
 
-const CHARS: &str = "0123456789+=";
-
-fn encode(s: &str) -> Vec<u32> {
-    s.chars().map(|c| CHARS.find(c).expect("a digit, + or =") as u32).collect()
-}
-
-/// Pair `i` (`a = i / 1000`, `b = i % 1000`) as text: `123+456=0579`.
-fn sample(i: u32) -> String {
-    let (a, b) = (i / 1000, i % 1000);
-    format!("{a:03}+{b:03}={:04}", a + b)
-}
-
-/// One pair in ten, picked by a hash (so every digit pattern appears in both sets), is held out.
-fn held_out(i: u32) -> bool {
-    weft::core::rng::pcg_hash(i ^ 0x5eed).is_multiple_of(10)
-}
+#[path = "common/addition.rs"]
+mod addition;
+use addition::{CHARS, encode, held_out, sample};
 
 /// A batch of `n` training lines (drawn from the pairs not held out): inputs are the
 /// first 11 characters, targets the 4 answer characters.

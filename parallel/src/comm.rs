@@ -168,27 +168,7 @@ impl InHost {
     pub fn run<T: Send>(n: usize, f: impl Fn(usize, &InHost) -> Result<T> + Sync) -> Vec<Result<T>> {
         let world = World::new();
         let comms = InHost::group(n, &world);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .iter()
-                .enumerate()
-                .map(|(r, c)| {
-                    let f = &f;
-                    s.spawn(move || {
-                        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(r, c)))
-                            .unwrap_or_else(|_| Err(Error::Msg(format!("rank {r} panicked"))));
-                        if let Err(e) = &out {
-                            c.fail(&format!("rank {r}: {e}"));
-                        }
-                        out
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into()))))
-                .collect()
-        })
+        on_threads(comms.iter().collect(), &world, f)
     }
 
     /// Clear a failure once every rank has left (all threads joined): empty the group's slot
@@ -264,6 +244,41 @@ impl InHost {
     fn unstage(out: &Tensor, like: &Tensor) -> Result<Tensor> {
         out.to_device(like.device())
     }
+}
+
+/// Run `f(rank, item)` on one thread per item and collect the results in rank order. A rank that
+/// returns an error or panics (the panic becomes an `Err` naming it) fails `world` at once, so the
+/// other ranks leave their collectives instead of waiting for it.
+pub(crate) fn on_threads<I: Send, T: Send>(
+    items: Vec<I>,
+    world: &World,
+    f: impl Fn(usize, I) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .into_iter()
+            .enumerate()
+            .map(|(r, item)| {
+                let f = &f;
+                s.spawn(move || {
+                    let out =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(r, item))).unwrap_or_else(|p| {
+                            let msg = p
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "a panic".into());
+                            Err(Error::Msg(format!("rank {r} panicked: {msg}")))
+                        });
+                    if let Err(e) = &out {
+                        world.fail(&format!("rank {r}: {e}"));
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into())))).collect()
+    })
 }
 
 /// Elementwise reduction of equal-shaped deposits, into a Cpu tensor. The first two inputs are

@@ -21,6 +21,31 @@ use std::sync::{Arc, Mutex};
 use weft_core::{Collectives, GradStore, ReduceKind, Result, Tensor, Var, no_grad};
 use weft_nn::optim::Optimizer;
 
+/// The `Optimizer` methods that read or restore state, passed to the wrapped optimizer `$inner`.
+macro_rules! delegate_state {
+    ($inner:ident) => {
+        fn iterations(&self) -> u64 {
+            self.$inner.iterations()
+        }
+        fn learning_rate(&self) -> f32 {
+            self.$inner.learning_rate()
+        }
+        fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
+            self.$inner.slot(path, name)
+        }
+        fn slots(&self) -> Vec<(String, String, Tensor)> {
+            self.$inner.slots()
+        }
+        fn set_slot(&mut self, path: &str, name: &str, value: Tensor) {
+            self.$inner.set_slot(path, name, value)
+        }
+        fn set_iterations(&mut self, n: u64) {
+            self.$inner.set_iterations(n)
+        }
+    };
+}
+pub(crate) use delegate_state;
+
 /// An optimizer for one rank of a sharded model.
 pub struct CoordinatedOptimizer {
     inner: Box<dyn Optimizer>,
@@ -134,24 +159,7 @@ impl Optimizer for CoordinatedOptimizer {
             self.inner.apply(params, &store)
         })
     }
-    fn iterations(&self) -> u64 {
-        self.inner.iterations()
-    }
-    fn learning_rate(&self) -> f32 {
-        self.inner.learning_rate()
-    }
-    fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
-        self.inner.slot(path, name)
-    }
-    fn slots(&self) -> Vec<(String, String, Tensor)> {
-        self.inner.slots()
-    }
-    fn set_slot(&mut self, path: &str, name: &str, value: Tensor) {
-        self.inner.set_slot(path, name, value)
-    }
-    fn set_iterations(&mut self, n: u64) {
-        self.inner.set_iterations(n)
-    }
+    delegate_state!(inner);
     fn global_clipnorm(&self) -> Option<f32> {
         self.clip
     }

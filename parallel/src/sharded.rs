@@ -9,7 +9,6 @@ use crate::comm::{InHost, World};
 use crate::coordinated::CoordinatedOptimizer;
 use crate::{DeviceMesh, ShardingPlan};
 use std::collections::{HashMap, HashSet};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use weft_core::{Error, Result, Tensor};
@@ -163,38 +162,7 @@ impl ShardedModel {
                 "an earlier call left the ranks out of step ({why}); load a checkpoint into a new ShardedModel"
             )));
         }
-        let world = &self.world;
-        let f = &f;
-        let results: Vec<Result<T>> = std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .ranks
-                .iter_mut()
-                .enumerate()
-                .map(|(r, model)| {
-                    s.spawn(move || {
-                        let out = match catch_unwind(AssertUnwindSafe(|| f(r, model))) {
-                            Ok(out) => out,
-                            Err(p) => {
-                                let msg = p
-                                    .downcast_ref::<String>()
-                                    .cloned()
-                                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                                    .unwrap_or_else(|| "a panic".into());
-                                Err(Error::Msg(format!("rank {r} panicked: {msg}")))
-                            }
-                        };
-                        if let Err(e) = &out {
-                            world.fail(&format!("rank {r}: {e}"));
-                        }
-                        out
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into()))))
-                .collect()
-        });
+        let results = crate::comm::on_threads(self.ranks.iter_mut().collect(), &self.world, f);
         let mut out = Vec::with_capacity(results.len());
         let mut first: Option<Error> = None;
         for r in results {

@@ -92,24 +92,7 @@ impl Optimizer for Recording {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = got;
         self.inner.apply(params, grads)
     }
-    fn iterations(&self) -> u64 {
-        self.inner.iterations()
-    }
-    fn learning_rate(&self) -> f32 {
-        self.inner.learning_rate()
-    }
-    fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
-        self.inner.slot(path, name)
-    }
-    fn slots(&self) -> Vec<(String, String, Tensor)> {
-        self.inner.slots()
-    }
-    fn set_slot(&mut self, path: &str, name: &str, value: Tensor) {
-        self.inner.set_slot(path, name, value)
-    }
-    fn set_iterations(&mut self, n: u64) {
-        self.inner.set_iterations(n)
-    }
+    crate::coordinated::delegate_state!(inner);
     fn global_clipnorm(&self) -> Option<f32> {
         self.inner.global_clipnorm()
     }
