@@ -50,8 +50,9 @@ pub struct ShardedModel {
 
 impl ShardedModel {
     /// Build `net()` once per rank of `mesh`, each rank holding its shards of `plan` (made by
-    /// [`autoconfig`](crate::autoconfig) for this model and this mesh's axes). The weights are
-    /// those one device would draw from the same seeds.
+    /// [`autoconfig`](crate::autoconfig) for this model and this mesh's axes). The model is
+    /// built here, so its weights are those `Model::build` draws on one device (`fit`'s seed then
+    /// governs shuffling and dropout only).
     pub fn new<L: Layer + 'static>(net: impl Fn() -> L, mesh: &DeviceMesh, plan: &ShardingPlan) -> Result<Self> {
         let names: Vec<&str> = mesh.names().iter().map(String::as_str).collect();
         if !matches!(names.as_slice(), ["model"] | ["data"] | ["data", "model"]) {

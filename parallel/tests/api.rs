@@ -1,0 +1,86 @@
+//! A sharded model has the single-device API and gives its answers: `fit` (shuffled batches,
+//! a validation split, metrics), `evaluate`, `predict` and `summary`.
+
+use weft_core::{Device, Tensor};
+use weft_nn::layers::{Dense, Dropout};
+use weft_nn::optim::Adam;
+use weft_nn::{Activation, FitOptions, History, Loss, Metric, Model, Sequential};
+use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel};
+
+fn net() -> Sequential {
+    Sequential::new().add(Dense::new(24).activation(Activation::Relu)).add(Dropout::new(0.1)).add(Dense::new(3))
+}
+
+const LOSS: Loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
+
+fn opts() -> FitOptions {
+    FitOptions { epochs: 3, batch_size: 8, shuffle: true, seed: 7, validation_split: 0.2, verbose: false, ..Default::default() }
+}
+
+fn data() -> (Tensor, Tensor) {
+    let x = Tensor::rand(-1.0, 1.0, &[40, 6], 11, &Device::Cpu).unwrap();
+    let v = x.to_vec::<f32>().unwrap();
+    let y: Vec<u32> = v.chunks(6).map(|r| if r[0] + r[1] > 0.3 { 0 } else if r[2] > 0.0 { 1 } else { 2 }).collect();
+    (x, Tensor::from_vec(y, &[40], &Device::Cpu).unwrap())
+}
+
+fn close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0), "{what}: {a:?} against {b:?}");
+    }
+}
+
+fn same_history(a: &History, b: &History) {
+    close(&a.loss, &b.loss, "loss");
+    close(&a.val_loss, &b.val_loss, "val_loss");
+    assert_eq!(a.metrics.keys().collect::<Vec<_>>(), b.metrics.keys().collect::<Vec<_>>());
+    for (k, v) in &a.metrics {
+        close(v, &b.metrics[k], k);
+    }
+    for (k, v) in &a.val_metrics {
+        close(v, &b.val_metrics[k], k);
+    }
+}
+
+#[test]
+fn fit_evaluate_and_predict_match_one_device() {
+    let (x, y) = data();
+    let mut one = Model::new(net(), &Device::Cpu);
+    one.compile(Adam::new(1e-2), LOSS, &[Metric::SparseCategoricalAccuracy]);
+    // A ShardedModel is built when it is made, as `build` builds a Model: the same weights.
+    one.build(&[6]).unwrap();
+    let h1 = one.fit(&x, &y, opts()).unwrap();
+    let (l1, m1) = one.evaluate(&x, &y, 16).unwrap();
+    let p1 = one.predict(&x, 16).unwrap().to_vec::<f32>().unwrap();
+    let meshes = [
+        DeviceMesh::cpus(2).unwrap(),
+        DeviceMesh::cpus(3).unwrap(),
+        DeviceMesh::cpus(4).unwrap().reshape(&[2, 2], &["data", "model"]).unwrap(),
+    ];
+    for mesh in meshes {
+        let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], mesh.size("model"), mesh.size("data")).unwrap();
+        let mut m = ShardedModel::new(net, &mesh, &plan).unwrap();
+        m.compile(Adam::new(1e-2), LOSS, &[Metric::SparseCategoricalAccuracy]).unwrap();
+        let h2 = m.fit(&x, &y, opts()).unwrap();
+        same_history(&h1, &h2);
+        let (l2, m2) = m.evaluate(&x, &y, 16).unwrap();
+        close(&[l1], &[l2], "evaluate loss");
+        close(&[m1[0].1], &[m2[0].1], "evaluate accuracy");
+        close(&p1, &m.predict(&x, 16).unwrap().to_vec::<f32>().unwrap(), "predict");
+        let summary = m.summary(&[6]).unwrap();
+        assert!(summary.contains("Sharding plan") && summary.contains(&format!("Rank 0 of {}", mesh.len())), "{summary}");
+    }
+}
+
+#[test]
+fn callbacks_on_a_sharded_model_are_refused_with_a_reason() {
+    let (x, y) = data();
+    let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], 2, 1).unwrap();
+    let mut m = ShardedModel::new(net, &DeviceMesh::cpus(2).unwrap(), &plan).unwrap();
+    m.compile(Adam::new(1e-2), LOSS, &[]).unwrap();
+    let mut o = opts();
+    o.callbacks.push(Box::new(weft_nn::callback::EarlyStopping::new("val_loss", 1)));
+    let e = m.fit(&x, &y, o).unwrap_err().to_string();
+    assert!(e.contains("callbacks"), "{e}");
+}
