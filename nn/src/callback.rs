@@ -13,12 +13,19 @@ pub enum Control {
 }
 
 /// Something `fit` calls after each epoch and once at the end.
-pub trait Callback {
+///
+/// A sharded model runs a copy of each callback on every rank (each sees the same history, and
+/// its own rank's model): a callback that can be copied says so in `clone_box`.
+pub trait Callback: Send {
     /// After epoch `epoch` (from 0); `history` already holds its figures.
     fn on_epoch_end(&mut self, epoch: usize, history: &History, model: &Model) -> Result<Control>;
     /// When training ends (normally or stopped).
     fn on_train_end(&mut self, _history: &History, _model: &Model) -> Result<()> {
         Ok(())
+    }
+    /// A fresh copy for another rank of a sharded model (`None`: this callback cannot run there).
+    fn clone_box(&self) -> Option<Box<dyn Callback>> {
+        None
     }
 }
 
@@ -44,6 +51,7 @@ fn higher_is_better(monitor: &str) -> bool {
 
 /// Stop when `monitor` has not improved by `min_delta` for `patience` epochs; optionally put back
 /// the weights of the best epoch.
+#[derive(Clone)]
 pub struct EarlyStopping {
     monitor: String,
     patience: usize,
@@ -106,6 +114,10 @@ impl Callback for EarlyStopping {
         Ok(Control::Continue)
     }
 
+    fn clone_box(&self) -> Option<Box<dyn Callback>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn on_train_end(&mut self, _history: &History, model: &Model) -> Result<()> {
         if self.restore_best_weights && !self.best_weights.is_empty() {
             for ((_, var), best) in model.variables().iter().zip(&self.best_weights) {
@@ -116,7 +128,9 @@ impl Callback for EarlyStopping {
     }
 }
 
-/// Save the weights to `path` after every epoch, or only when `monitor` improved.
+/// Save the weights to `path` after every epoch, or only when `monitor` improved. On a sharded
+/// model the whole tensors are gathered and one rank writes the file.
+#[derive(Clone)]
 pub struct ModelCheckpoint {
     path: std::path::PathBuf,
     monitor: String,
@@ -154,12 +168,15 @@ impl Callback for ModelCheckpoint {
         model.save_weights(&self.path)?;
         Ok(Control::Continue)
     }
+    fn clone_box(&self) -> Option<Box<dyn Callback>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 /// A closure called after every epoch with the epoch and the history so far.
-pub struct LambdaCallback<F: FnMut(usize, &History) -> Result<Control>>(pub F);
+pub struct LambdaCallback<F: FnMut(usize, &History) -> Result<Control> + Send>(pub F);
 
-impl<F: FnMut(usize, &History) -> Result<Control>> Callback for LambdaCallback<F> {
+impl<F: FnMut(usize, &History) -> Result<Control> + Send> Callback for LambdaCallback<F> {
     fn on_epoch_end(&mut self, epoch: usize, history: &History, _model: &Model) -> Result<Control> {
         (self.0)(epoch, history)
     }

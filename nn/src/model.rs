@@ -5,9 +5,9 @@ use crate::callback::{Callback, Control};
 use crate::data::Dataset;
 use crate::layer::join;
 use crate::optim::Optimizer;
-use crate::tp::{TpCtx, split_sizes, split_start, vocab_parallel_cross_entropy};
+use crate::tp::{Placement, TpCtx, split_sizes, split_start, vocab_parallel_cross_entropy};
 use crate::{Ctx, Layer, Loss, Metric};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 use std::sync::Arc;
 use weft_core::ReduceKind;
@@ -362,14 +362,52 @@ impl Model {
         no_grad(|| self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx())).map(drop)
     }
 
+    /// Every variable (and, with `optimizer`, every optimizer slot and the step counter) whole,
+    /// under the names a checkpoint uses. On a rank of a sharded model the split tensors are
+    /// all-gathered over the model axis, so every rank of the group must call this together.
+    pub fn whole_state(&self, optimizer: bool) -> Result<Vec<(String, Tensor)>> {
+        use crate::checkpoint::{ITERATIONS_KEY, slot_key};
+        let placements: HashMap<String, &Placement> = match &self.tp {
+            Some(tp) => {
+                tp.layers.iter().flat_map(|(lp, s)| s.vars.iter().map(move |(rel, p)| (join(lp, rel), p))).collect()
+            }
+            None => HashMap::new(),
+        };
+        let whole = |path: &str, t: &Tensor| -> Result<Tensor> {
+            match (placements.get(path), &self.tp) {
+                (Some(Placement::Shard { axis, .. }), Some(tp)) => tp.model.all_gather(t, *axis),
+                _ => Ok(t.clone()),
+            }
+        };
+        let mut all = Vec::new();
+        for (p, v) in self.variables() {
+            all.push((p.clone(), whole(&p, v.as_tensor())?));
+        }
+        if let (true, Some(opt)) = (optimizer, &self.optimizer) {
+            for (p, name, t) in opt.slots() {
+                all.push((slot_key(&name, &p), whole(&p, &t)?));
+            }
+            all.push((
+                ITERATIONS_KEY.to_string(),
+                Tensor::from_vec(vec![opt.iterations() as f32], &[1], &Device::Cpu)?,
+            ));
+        }
+        Ok(all)
+    }
+
+    /// Whether this model writes files: always on one device; on a sharded model, only the
+    /// first rank (the others take part in gathering the tensors).
+    fn writes(&self) -> bool {
+        self.tp.as_ref().is_none_or(|tp| tp.model.rank() == 0 && tp.data.rank() == 0)
+    }
+
     /// Save every variable, by path, to a safetensors file (written to a temporary file, then renamed).
     pub fn save_weights(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        let vars: Vec<(String, Tensor)> =
-            self.variables().into_iter().map(|(p, v)| (p, v.as_tensor().clone())).collect();
+        let vars = self.whole_state(false)?;
         if vars.is_empty() {
             return Err(Error::invalid("save_weights", "the model has no variables yet: build it or train it first"));
         }
-        crate::checkpoint::save(path, &vars)
+        if self.writes() { crate::checkpoint::save(path, &vars) } else { Ok(()) }
     }
 
     /// Load weights saved by `save_weights` (or any safetensors file with the same names and
@@ -396,23 +434,14 @@ impl Model {
     /// Save the weights and the optimizer's state (its slots under `optimizer/<slot>/<variable
     /// path>` and its step counter), so that training resumes exactly where it stopped.
     pub fn save_checkpoint(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        use crate::checkpoint::{ITERATIONS_KEY, slot_key};
-        let mut all: Vec<(String, Tensor)> =
-            self.variables().into_iter().map(|(p, v)| (p, v.as_tensor().clone())).collect();
+        let all = self.whole_state(true)?;
         if all.is_empty() {
             return Err(Error::invalid(
                 "save_checkpoint",
                 "the model has no variables yet: build it or train it first",
             ));
         }
-        if let Some(opt) = &self.optimizer {
-            all.extend(opt.slots().into_iter().map(|(p, n, t)| (slot_key(&n, &p), t)));
-            all.push((
-                ITERATIONS_KEY.to_string(),
-                Tensor::from_vec(vec![opt.iterations() as f32], &[1], &Device::Cpu)?,
-            ));
-        }
-        crate::checkpoint::save(path, &all)
+        if self.writes() { crate::checkpoint::save(path, &all) } else { Ok(()) }
     }
 
     /// Load what `save_checkpoint` wrote (weights, and the optimizer's slots and step counter

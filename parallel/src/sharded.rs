@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use weft_core::{Error, Result, Tensor};
-use weft_nn::checkpoint::{ITERATIONS_KEY, parse_slot_key, slot_key};
+use weft_nn::checkpoint::{ITERATIONS_KEY, parse_slot_key};
 use weft_nn::optim::Optimizer;
 use weft_nn::tp::{Placement, TpCtx};
 use weft_nn::{FitOptions, History, Layer, Loss, Metric, Model};
@@ -230,12 +230,33 @@ impl ShardedModel {
         Ok(())
     }
 
-    /// Train, as `Model::fit`. The data axis splits each batch; only rank 0 prints. Callbacks
-    /// are not supported on a sharded model yet (an `Err` says so).
+    /// Train, as `Model::fit`. The data axis splits each batch; only rank 0 prints. Each rank
+    /// runs a copy of every callback (a callback that cannot be copied is an `Err`).
     pub fn fit(&mut self, x: &Tensor, y: &Tensor, opts: FitOptions) -> Result<History> {
-        if !opts.callbacks.is_empty() {
-            return Err(Error::invalid("ShardedModel::fit", "callbacks are not supported on a sharded model yet"));
+        // Every rank runs its own copy of each callback: they see the same history, and each
+        // restores or saves through its own rank (ModelCheckpoint gathers, one rank writes).
+        let mut per_rank: Vec<Mutex<Vec<Box<dyn weft_nn::callback::Callback>>>> = Vec::new();
+        for r in 0..self.ranks.len() {
+            let copies = opts
+                .callbacks
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    if r == 0 {
+                        return Ok(None);
+                    }
+                    c.clone_box().map(Some).ok_or_else(|| {
+                        Error::invalid(
+                            "ShardedModel::fit",
+                            format!("callback {i} cannot be copied to every rank (clone_box)"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            per_rank.push(Mutex::new(copies.into_iter().flatten().collect()));
         }
+        let mut opts = opts;
+        *per_rank[0].get_mut().unwrap_or_else(|p| p.into_inner()) = std::mem::take(&mut opts.callbacks);
         // The batches fit will make: every one must split over the data axis.
         let n = x.dims().first().copied().unwrap_or(0);
         let train = match (&opts.validation_data, opts.validation_split) {
@@ -251,6 +272,7 @@ impl ShardedModel {
         let (validation_split, verbose) = (opts.validation_split, opts.verbose);
         let validation_data = &opts.validation_data;
         let mut h = self.run(|r, model| {
+            let callbacks = std::mem::take(&mut *per_rank[r].lock().unwrap_or_else(|p| p.into_inner()));
             let o = FitOptions {
                 epochs,
                 batch_size,
@@ -259,7 +281,7 @@ impl ShardedModel {
                 validation_split,
                 validation_data: validation_data.clone(),
                 verbose: verbose && r == 0,
-                callbacks: Vec::new(),
+                callbacks,
             };
             model.fit(x, y, o)
         })?;
@@ -339,31 +361,7 @@ impl ShardedModel {
     /// Every variable and optimizer slot, whole (gathered over the model axis), as a checkpoint
     /// names them: variable paths, `optimizer/<slot>/<path>`, `optimizer/iterations`.
     pub fn full_state(&mut self) -> Result<Vec<(String, Tensor)>> {
-        let placements = self.placements.clone();
-        let mut all = self.run(|_, m| {
-            let tp = m.tensor_parallel().cloned().ok_or_else(|| Error::Msg("rank without a TpCtx".into()))?;
-            let whole = |path: &str, t: &Tensor| -> Result<Tensor> {
-                match placements.get(path) {
-                    Some(Placement::Shard { axis, .. }) => tp.model.all_gather(t, *axis),
-                    _ => Ok(t.clone()),
-                }
-            };
-            let mut out = Vec::new();
-            for (p, v) in m.variables() {
-                out.push((p.clone(), whole(&p, v.as_tensor())?));
-            }
-            if let Some(opt) = m.optimizer() {
-                for (p, name, t) in opt.slots() {
-                    out.push((slot_key(&name, &p), whole(&p, &t)?));
-                }
-                out.push((
-                    ITERATIONS_KEY.to_string(),
-                    Tensor::from_vec(vec![opt.iterations() as f32], &[1], &weft_core::Device::Cpu)?,
-                ));
-            }
-            Ok(out)
-        })?;
-        Ok(all.swap_remove(0))
+        Ok(self.run(|_, m| m.whole_state(true))?.swap_remove(0))
     }
 
     /// Save whole weights (no optimizer state) to a safetensors file a single-device model loads.

@@ -14,13 +14,32 @@ fn net() -> Sequential {
 const LOSS: Loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
 
 fn opts() -> FitOptions {
-    FitOptions { epochs: 3, batch_size: 8, shuffle: true, seed: 7, validation_split: 0.2, verbose: false, ..Default::default() }
+    FitOptions {
+        epochs: 3,
+        batch_size: 8,
+        shuffle: true,
+        seed: 7,
+        validation_split: 0.2,
+        verbose: false,
+        ..Default::default()
+    }
 }
 
 fn data() -> (Tensor, Tensor) {
     let x = Tensor::rand(-1.0, 1.0, &[40, 6], 11, &Device::Cpu).unwrap();
     let v = x.to_vec::<f32>().unwrap();
-    let y: Vec<u32> = v.chunks(6).map(|r| if r[0] + r[1] > 0.3 { 0 } else if r[2] > 0.0 { 1 } else { 2 }).collect();
+    let y: Vec<u32> = v
+        .chunks(6)
+        .map(|r| {
+            if r[0] + r[1] > 0.3 {
+                0
+            } else if r[2] > 0.0 {
+                1
+            } else {
+                2
+            }
+        })
+        .collect();
     (x, Tensor::from_vec(y, &[40], &Device::Cpu).unwrap())
 }
 
@@ -59,7 +78,8 @@ fn fit_evaluate_and_predict_match_one_device() {
         DeviceMesh::cpus(4).unwrap().reshape(&[2, 2], &["data", "model"]).unwrap(),
     ];
     for mesh in meshes {
-        let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], mesh.size("model"), mesh.size("data")).unwrap();
+        let plan =
+            AutoConfig::new().min_params(0).plan(&net(), &[8, 6], mesh.size("model"), mesh.size("data")).unwrap();
         let mut m = ShardedModel::new(net, &mesh, &plan).unwrap();
         m.compile(Adam::new(1e-2), LOSS, &[Metric::SparseCategoricalAccuracy]).unwrap();
         let h2 = m.fit(&x, &y, opts()).unwrap();
@@ -69,18 +89,55 @@ fn fit_evaluate_and_predict_match_one_device() {
         close(&[m1[0].1], &[m2[0].1], "evaluate accuracy");
         close(&p1, &m.predict(&x, 16).unwrap().to_vec::<f32>().unwrap(), "predict");
         let summary = m.summary(&[6]).unwrap();
-        assert!(summary.contains("Sharding plan") && summary.contains(&format!("Rank 0 of {}", mesh.len())), "{summary}");
+        assert!(
+            summary.contains("Sharding plan") && summary.contains(&format!("Rank 0 of {}", mesh.len())),
+            "{summary}"
+        );
     }
 }
 
 #[test]
-fn callbacks_on_a_sharded_model_are_refused_with_a_reason() {
+fn early_stopping_and_checkpoints_run_on_every_rank_as_on_one_device() {
+    use weft_nn::callback::{Callback, Control, EarlyStopping, LambdaCallback, ModelCheckpoint};
     let (x, y) = data();
+    let dir = tempfile::tempdir().unwrap();
+    let callbacks = |file: &str| -> Vec<Box<dyn Callback>> {
+        vec![
+            Box::new(EarlyStopping::new("val_loss", 2).restore_best_weights(true)),
+            Box::new(ModelCheckpoint::new(dir.path().join(file)).save_best_only("val_loss")),
+        ]
+    };
+    let fit = |file: &str| FitOptions { epochs: 12, callbacks: callbacks(file), ..opts() };
+    let mut one = Model::new(net(), &Device::Cpu);
+    one.compile(Adam::new(5e-2), LOSS, &[]);
+    one.build(&[6]).unwrap();
+    let h1 = one.fit(&x, &y, fit("one.safetensors")).unwrap();
+
     let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], 2, 1).unwrap();
     let mut m = ShardedModel::new(net, &DeviceMesh::cpus(2).unwrap(), &plan).unwrap();
-    m.compile(Adam::new(1e-2), LOSS, &[]).unwrap();
+    m.compile(Adam::new(5e-2), LOSS, &[]).unwrap();
+    let h2 = m.fit(&x, &y, fit("two.safetensors")).unwrap();
+    assert!(h1.loss.len() < 12, "early stopping should have stopped: {:?}", h1.val_loss);
+    same_history(&h1, &h2);
+    // The best weights were put back on every rank: predictions agree with one device.
+    close(
+        &one.predict(&x, 40).unwrap().to_vec::<f32>().unwrap(),
+        &m.predict(&x, 40).unwrap().to_vec::<f32>().unwrap(),
+        "restored",
+    );
+    // The sharded checkpoint holds whole tensors, equal to one device's.
+    let (a, b) = (
+        weft_nn::checkpoint::load(dir.path().join("one.safetensors")).unwrap(),
+        weft_nn::checkpoint::load(dir.path().join("two.safetensors")).unwrap(),
+    );
+    assert_eq!(a.len(), b.len());
+    for (k, (shape, v)) in &a {
+        assert_eq!(shape, &b[k].0, "{k}");
+        close(v, &b[k].1, k);
+    }
+    // A closure cannot be copied to every rank: refused up front, naming it.
     let mut o = opts();
-    o.callbacks.push(Box::new(weft_nn::callback::EarlyStopping::new("val_loss", 1)));
+    o.callbacks.push(Box::new(LambdaCallback(|_, _: &History| Ok(Control::Continue))));
     let e = m.fit(&x, &y, o).unwrap_err().to_string();
-    assert!(e.contains("callbacks"), "{e}");
+    assert!(e.contains("callback 0") && e.contains("copied"), "{e}");
 }
