@@ -108,6 +108,28 @@ impl ShardedModel {
         Ok(me)
     }
 
+    /// Plan `net()` for `mesh` with `cfg` (for inputs of `input_shape`, batch first) and build it
+    /// split: the one call that takes a model from one device to several. `plan()` shows what was
+    /// decided.
+    ///
+    /// ```
+    /// use weft_nn::{layers::Dense, Activation, Sequential};
+    /// use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel};
+    /// let net = || Sequential::new().add(Dense::new(512).activation(Activation::Relu)).add(Dense::new(128));
+    /// let model = ShardedModel::auto(net, &DeviceMesh::cpus(2)?, &[16, 256], &AutoConfig::new())?;
+    /// assert_eq!(model.plan().layers[0].style.name(), "column");
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn auto<L: Layer + 'static>(
+        net: impl Fn() -> L,
+        mesh: &DeviceMesh,
+        input_shape: &[usize],
+        cfg: &crate::AutoConfig,
+    ) -> Result<Self> {
+        let plan = crate::autoconfig(&net(), input_shape, mesh, cfg)?;
+        Self::new(net, mesh, &plan)
+    }
+
     fn check_shapes(&self) -> Result<()> {
         for (rank, model) in self.ranks.iter().enumerate() {
             let mi = self.mesh.coords(rank).1;
