@@ -105,6 +105,11 @@ impl Model {
         self.optimizer.as_deref_mut()
     }
 
+    /// Training steps taken so far (dropout masks are drawn from it).
+    pub fn step_counter(&self) -> u64 {
+        self.ctx.step
+    }
+
     /// The loss chosen at compile.
     pub fn loss(&self) -> Option<Loss> {
         self.loss
@@ -197,6 +202,16 @@ impl Model {
     fn step(&mut self, x: &Tensor, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
         self.ctx.training = true;
         self.ctx.step += 1;
+        let out = self.step_inner(x, y, counts);
+        if out.is_err() {
+            // A step that failed did not happen: the next one draws the same dropout masks (on a
+            // sharded model, every rank's counter stays equal however far each got).
+            self.ctx.step -= 1;
+        }
+        out
+    }
+
+    fn step_inner(&mut self, x: &Tensor, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
         let (x, y, part) = self.data_part(x, y)?;
         let pred = self.net.call(&x, &mut self.ctx)?;
         let (_, loss_fn) = self.parts()?;
@@ -303,6 +318,12 @@ impl Model {
             let mut stop = false;
             for cb in opts.callbacks.iter_mut() {
                 stop |= cb.on_epoch_end(epoch, &history, self)? == Control::Stop;
+            }
+            if let Some(tp) = &self.tp {
+                // Every rank of a sharded model stops together, or none does.
+                let flag = Tensor::from_vec(vec![f32::from(u8::from(stop))], &[1], &Device::Cpu)?;
+                let any = tp.data.all_reduce(&tp.model.all_reduce(&flag, ReduceKind::Max)?, ReduceKind::Max)?;
+                stop = any.to_vec::<f32>()?[0] > 0.0;
             }
             if stop {
                 break;

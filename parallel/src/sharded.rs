@@ -175,10 +175,13 @@ impl ShardedModel {
     /// world, so the others leave their collectives with an `Err` instead of waiting; the error
     /// returned is the first rank's own (not a "another rank stopped" consequence).
     ///
-    /// After a failure the ranks are checked: when they still agree on the optimizer's step
-    /// count (the failure came before any rank updated its weights, as a bad batch does), the
+    /// After a failure the ranks are checked: when every rank stopped with an error and they
+    /// still agree on the optimizer's step count and the dropout step (as after a bad batch), the
     /// groups are cleared and the model stays usable; otherwise every later call is refused
     /// (load a checkpoint into a new `ShardedModel`).
+    ///
+    /// `f` must call the same collectives in the same order on every rank; a rank that returns
+    /// `Ok` while the others still wait for it leaves them waiting.
     pub fn run<T: Send>(&mut self, f: impl Fn(usize, &mut Model) -> Result<T> + Sync) -> Result<Vec<T>> {
         if let Some(why) = self.world.failure() {
             return Err(Error::Collective(format!(
@@ -186,6 +189,7 @@ impl ShardedModel {
             )));
         }
         let results = crate::comm::on_threads(self.ranks.iter_mut().collect(), &self.world, f);
+        let all_failed = results.iter().all(|r| r.is_err());
         let mut out = Vec::with_capacity(results.len());
         let mut first: Option<Error> = None;
         for r in results {
@@ -201,8 +205,14 @@ impl ShardedModel {
         }
         match first {
             Some(e) => {
-                let steps: Vec<u64> = self.ranks.iter().map(|m| m.optimizer().map_or(0, |o| o.iterations())).collect();
-                if steps.iter().all(|&s| s == steps[0]) {
+                // Carry on only if every rank stopped with an error (none went on alone) and all
+                // still agree on their optimizer step and their dropout step.
+                let steps: Vec<(u64, u64)> = self
+                    .ranks
+                    .iter()
+                    .map(|m| (m.optimizer().map_or(0, |o| o.iterations()), m.step_counter()))
+                    .collect();
+                if all_failed && steps.iter().all(|s| *s == steps[0]) {
                     self.groups.iter().for_each(InHost::reset);
                 }
                 Err(e)
@@ -375,7 +385,8 @@ impl ShardedModel {
         &self.mesh
     }
 
-    /// Each rank's model (its variables are its shards).
+    /// Each rank's model (its variables are its shards), to inspect. Anything that communicates
+    /// (`save_weights`, `call`, ...) must run on every rank at once, through [`run`](Self::run).
     pub fn ranks(&self) -> &[Model] {
         &self.ranks
     }

@@ -141,3 +141,34 @@ fn early_stopping_and_checkpoints_run_on_every_rank_as_on_one_device() {
     let e = m.fit(&x, &y, o).unwrap_err().to_string();
     assert!(e.contains("callback 0") && e.contains("copied"), "{e}");
 }
+
+/// Stops after `stop_after` epochs in the original only; its copies never stop.
+struct StopsOnOneRank {
+    stop_after: Option<usize>,
+}
+
+impl weft_nn::callback::Callback for StopsOnOneRank {
+    fn on_epoch_end(&mut self, epoch: usize, _: &History, _: &Model) -> weft_core::Result<weft_nn::callback::Control> {
+        Ok(if Some(epoch + 1) == self.stop_after {
+            weft_nn::callback::Control::Stop
+        } else {
+            weft_nn::callback::Control::Continue
+        })
+    }
+    fn clone_box(&self) -> Option<Box<dyn weft_nn::callback::Callback>> {
+        Some(Box::new(StopsOnOneRank { stop_after: None }))
+    }
+}
+
+#[test]
+fn ranks_stop_together_when_only_one_rank_asks_to() {
+    let (x, y) = data();
+    let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], 2, 1).unwrap();
+    let mut m = ShardedModel::new(net, &DeviceMesh::cpus(2).unwrap(), &plan).unwrap();
+    m.compile(Adam::new(1e-2), LOSS, &[]).unwrap();
+    let o = FitOptions { epochs: 5, callbacks: vec![Box::new(StopsOnOneRank { stop_after: Some(2) })], ..opts() };
+    let h = m.fit(&x, &y, o).unwrap();
+    assert_eq!(h.loss.len(), 2);
+    let steps: Vec<u64> = m.ranks().iter().map(|r| r.optimizer().unwrap().iterations()).collect();
+    assert_eq!(steps[0], steps[1]);
+}

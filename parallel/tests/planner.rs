@@ -278,3 +278,18 @@ fn a_plan_whose_styles_do_not_fit_the_mesh_is_refused() {
     let e = ShardingPlan::from_json(&bad.to_json().unwrap()).unwrap_err().to_string();
     assert!(e.contains("sequential/dense"), "{e}");
 }
+
+#[test]
+fn an_override_on_a_container_applies_where_it_fits() {
+    let p = AutoConfig::new()
+        .input_dtype(DType::U32)
+        .override_layer("lm", Split::Row)
+        .plan(&lm(1003), &[4, 16], 2, 1)
+        .unwrap();
+    assert!(matches!(p.layer("lm/block_0/mlp/up").unwrap().style, Style::Row { .. }), "{p}");
+    assert_eq!(
+        p.layer("lm/tokens").unwrap().style.name(),
+        "vocab",
+        "Row does not fit an embedding: it keeps its own rule"
+    );
+}

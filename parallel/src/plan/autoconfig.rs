@@ -230,10 +230,24 @@ impl<'a> Planner<'a> {
 
     /// The override for a layer: one naming it, or naming a container it is in (the last one
     /// given wins).
+    ///
+    /// An override that names the layer itself always applies (and is an `Err` later if it cannot
+    /// be made). One inherited from a container applies only where it fits the layer's kind
+    /// (`Row` on a block splits its dense layers, not its embedding).
     fn forced(&self, path: &str) -> Option<Split> {
-        let mut prefixes: Vec<&str> = path.match_indices('/').map(|(i, _)| &path[..i]).collect();
-        prefixes.push(path);
-        self.cfg.overrides.iter().rev().find(|(p, _)| prefixes.iter().any(|q| glob(p, q))).map(|(_, s)| *s)
+        let prefixes: Vec<&str> = path.match_indices('/').map(|(i, _)| &path[..i]).collect();
+        let kind = self.layer(path).map_or("", |l| l.kind.as_str());
+        let fits = |s: Split| match s {
+            Split::Replicate => true,
+            Split::Column => matches!(kind, "Dense" | "EinsumDense" | "MultiHeadAttention"),
+            Split::Row => matches!(kind, "Dense" | "EinsumDense"),
+            Split::Vocab => kind == "Embedding",
+        };
+        self.cfg
+            .overrides
+            .iter()
+            .rev()
+            .find_map(|(p, s)| (glob(p, path) || (prefixes.iter().any(|q| glob(p, q)) && fits(*s))).then_some(*s))
     }
 
     fn check_overrides(&self) -> Result<()> {
