@@ -340,12 +340,14 @@ impl Model {
         let loss_fn = self.parts()?.1;
         let (x, y) = (x.to_device(&self.device)?, as_f32(&y.to_device(&self.device)?)?);
         let n = x.dims().first().copied().unwrap_or(0);
+        // On a data axis each rank evaluates its own rows; the sums are added up at the end.
+        let (lo, hi) = self.data_rows(n).unwrap_or((0, n));
         let mut loss_sum = 0f64;
         let mut counts = vec![(0f64, 0f64); self.metrics.len()];
         no_grad(|| -> Result<()> {
             let mut ctx = self.inference_ctx();
-            for s in (0..n).step_by(batch_size.max(1)) {
-                let len = batch_size.min(n - s);
+            for s in (lo..hi).step_by(batch_size.max(1)) {
+                let len = batch_size.min(hi - s);
                 let (bx, by) = (x.narrow(0, s, len)?, y.narrow(0, s, len)?);
                 let pred = self.net.call(&bx, &mut ctx)?;
                 loss_sum += self.loss_of(loss_fn, &pred, &by)?.to_scalar::<f32>()? as f64 * len as f64;
@@ -358,22 +360,53 @@ impl Model {
             }
             Ok(())
         })?;
+        if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
+            let mut sums = vec![loss_sum as f32];
+            sums.extend(counts.iter().flat_map(|c| [c.0 as f32, c.1 as f32]));
+            let total =
+                tp.data.all_reduce(&Tensor::from_vec(sums.clone(), &[sums.len()], &Device::Cpu)?, ReduceKind::Sum)?;
+            let v = total.to_vec::<f32>()?;
+            loss_sum = v[0] as f64;
+            for (i, c) in counts.iter_mut().enumerate() {
+                *c = (v[1 + 2 * i] as f64, v[2 + 2 * i] as f64);
+            }
+        }
         let metrics =
             self.metrics.iter().zip(&counts).map(|(m, c)| (m.name().to_string(), (c.0 / c.1.max(1.0)) as f32));
         Ok(((loss_sum / n.max(1) as f64) as f32, metrics.collect()))
     }
 
-    /// Outputs for `x`, computed in batches, without training.
+    /// On a data axis: this rank's rows `lo..hi` of `n` (`None` off a data axis, or when `n` is
+    /// too small to give every rank a row).
+    fn data_rows(&self, n: usize) -> Option<(usize, usize)> {
+        let tp = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1)?;
+        let d = tp.data.world_size();
+        if n < d {
+            return None;
+        }
+        let sizes = split_sizes(n, d);
+        let lo = split_start(&sizes, tp.data.rank());
+        Some((lo, lo + sizes[tp.data.rank()]))
+    }
+
+    /// Outputs for `x`, computed in batches, without training. On a data axis each rank predicts
+    /// its own rows and the parts are gathered.
     pub fn predict(&self, x: &Tensor, batch_size: usize) -> Result<Tensor> {
         let x = x.to_device(&self.device)?;
         let n = x.dims().first().copied().unwrap_or(0);
+        let rows = self.data_rows(n);
+        let (lo, hi) = rows.unwrap_or((0, n));
         no_grad(|| {
             let mut ctx = self.inference_ctx();
             let mut outs = Vec::new();
-            for s in (0..n).step_by(batch_size.max(1)) {
-                outs.push(self.whole(&self.net.call(&x.narrow(0, s, batch_size.min(n - s))?, &mut ctx)?)?);
+            for s in (lo..hi).step_by(batch_size.max(1)) {
+                outs.push(self.whole(&self.net.call(&x.narrow(0, s, batch_size.min(hi - s))?, &mut ctx)?)?);
             }
-            Tensor::concat(&outs, 0)
+            let mine = Tensor::concat(&outs, 0)?;
+            match (rows, &self.tp) {
+                (Some(_), Some(tp)) => tp.data.all_gather(&mine, 0),
+                _ => Ok(mine),
+            }
         })
     }
 
