@@ -46,7 +46,25 @@ macro_rules! delegate_state {
 }
 pub(crate) use delegate_state;
 
-/// An optimizer for one rank of a sharded model.
+/// An optimizer for one rank of a sharded model. `ShardedModel::compile` makes one per rank;
+/// alone, over a group of one, it is the optimizer it wraps.
+///
+/// ```
+/// use std::sync::Arc;
+/// use weft_core::{Device, SingleRank, Tensor, Var};
+/// use weft_nn::optim::{Optimizer, Sgd};
+/// use weft_parallel::CoordinatedOptimizer;
+/// let w = Var::new(Tensor::ones(&[2], &Device::Cpu)?)?;
+/// let loss = w.as_tensor().square()?.sum_all()?; // gradient 2w = [2, 2], norm 2.83
+/// let grads = loss.backward()?;
+/// let one = Arc::new(SingleRank);
+/// let sgd = Sgd::new(0.5).clip_global_norm(1.0); // the wrapper takes over the clipping
+/// let mut opt = CoordinatedOptimizer::new(Box::new(sgd), one.clone(), one, ["w".to_string()].into());
+/// opt.apply(&[("w".to_string(), w.clone())], &grads)?;
+/// let v = w.to_vec::<f32>()?;
+/// assert!((v[0] - (1.0 - 0.5 * 2.0 / 8f32.sqrt())).abs() < 1e-6);
+/// # Ok::<(), weft_core::Error>(())
+/// ```
 pub struct CoordinatedOptimizer {
     inner: Box<dyn Optimizer>,
     model: Arc<dyn Collectives>,

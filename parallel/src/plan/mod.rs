@@ -79,7 +79,18 @@ pub struct CollectiveCost {
     pub bytes: u64,
 }
 
-/// The plan of one model on one mesh.
+/// The plan of one model on one mesh. It prints as a table (`{plan}`) and travels as JSON.
+///
+/// ```
+/// use weft_nn::{layers::Dense, Activation, Sequential};
+/// use weft_parallel::{AutoConfig, ShardingPlan};
+/// let net = Sequential::new().add(Dense::new(1024).activation(Activation::Relu)).add(Dense::new(256));
+/// let plan = AutoConfig::new().plan(&net, &[8, 256], 4, 1)?;
+/// assert!(plan.to_string().contains("paired with sequential/dense_1"));
+/// assert_eq!(plan.memory[0].params, 4 * (256 * 256 + 256 + 256 * 256 + 256)); // a quarter of each kernel, plus a bias
+/// assert_eq!(ShardingPlan::from_json(&plan.to_json()?)?, plan);
+/// # Ok::<(), weft_core::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardingPlan {
     /// The model's root name.
