@@ -26,12 +26,17 @@ pub enum Initializer {
     TruncatedNormal(f32),
 }
 
+/// The distribution an initializer draws from, for a given full shape.
+enum Dist {
+    Uniform(f32, f32),
+    Normal(f32, f32),
+    Const(f32),
+    Truncated(f32),
+}
+
 impl Initializer {
-    /// A tensor of `shape` on `device` drawn from `seed`.
-    pub fn init(self, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
-        if matches!(device, Device::Meta) {
-            return Tensor::zeros(shape, device); // planning: shapes only
-        }
+    /// The distribution for a tensor of `shape` (fans come from the whole shape).
+    fn dist(self, shape: &[usize]) -> Dist {
         let (fan_in, fan_out) = match shape.len() {
             0 => (1, 1),
             1 => (shape[0], shape[0]),
@@ -41,19 +46,32 @@ impl Initializer {
         match self {
             Initializer::GlorotUniform => {
                 let l = (6.0 / (fi + fo)).sqrt();
-                Tensor::rand(-l, l, shape, seed, device)
+                Dist::Uniform(-l, l)
             }
-            Initializer::GlorotNormal => Tensor::randn(0.0, (2.0 / (fi + fo)).sqrt(), shape, seed, device),
+            Initializer::GlorotNormal => Dist::Normal(0.0, (2.0 / (fi + fo)).sqrt()),
             Initializer::HeUniform => {
                 let l = (6.0 / fi).sqrt();
-                Tensor::rand(-l, l, shape, seed, device)
+                Dist::Uniform(-l, l)
             }
-            Initializer::HeNormal => Tensor::randn(0.0, (2.0 / fi).sqrt(), shape, seed, device),
-            Initializer::Zeros => Tensor::zeros(shape, device),
-            Initializer::Ones => Tensor::ones(shape, device),
-            Initializer::Normal(std) => Tensor::randn(0.0, std, shape, seed, device),
-            Initializer::Uniform(l) => Tensor::rand(-l, l, shape, seed, device),
-            Initializer::TruncatedNormal(std) => {
+            Initializer::HeNormal => Dist::Normal(0.0, (2.0 / fi).sqrt()),
+            Initializer::Zeros => Dist::Const(0.0),
+            Initializer::Ones => Dist::Const(1.0),
+            Initializer::Normal(std) => Dist::Normal(0.0, std),
+            Initializer::Uniform(l) => Dist::Uniform(-l, l),
+            Initializer::TruncatedNormal(std) => Dist::Truncated(std),
+        }
+    }
+
+    /// A tensor of `shape` on `device` drawn from `seed`.
+    pub fn init(self, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+        if matches!(device, Device::Meta) {
+            return Tensor::zeros(shape, device); // planning: shapes only
+        }
+        match self.dist(shape) {
+            Dist::Uniform(lo, hi) => Tensor::rand(lo, hi, shape, seed, device),
+            Dist::Normal(mean, std) => Tensor::randn(mean, std, shape, seed, device),
+            Dist::Const(v) => Tensor::full(v, shape, device),
+            Dist::Truncated(std) => {
                 // Draw on the host, redraw values beyond two std, then upload.
                 let n: usize = shape.iter().product();
                 let mut vals = Vec::with_capacity(n);
@@ -68,5 +86,60 @@ impl Initializer {
                 Tensor::from_vec(vals, shape, device)
             }
         }
+    }
+
+    /// Entries `start..start + len` of axis `axis` of what `init(shape, seed, ..)` draws, drawn
+    /// alone: the same values, without ever making the whole tensor (a split layer builds its
+    /// shard this way). The generator is counter-based, so each value depends only on its index.
+    ///
+    /// ```
+    /// use weft_core::Device;
+    /// use weft_nn::Initializer;
+    /// let whole = Initializer::GlorotUniform.init(&[4, 10], 7, &Device::Cpu)?;
+    /// let part = Initializer::GlorotUniform.init_part(&[4, 10], 1, 4, 3, 7, &Device::Cpu)?;
+    /// assert_eq!(part.to_vec::<f32>()?, whole.narrow(1, 4, 3)?.to_vec::<f32>()?);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn init_part(
+        self,
+        shape: &[usize],
+        axis: usize,
+        start: usize,
+        len: usize,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Tensor> {
+        if axis >= shape.len() || start + len > shape[axis] {
+            return Err(weft_core::Error::invalid(
+                "Initializer::init_part",
+                format!("entries {start}..{} of axis {axis} of shape {shape:?}", start + len),
+            ));
+        }
+        let mut local = shape.to_vec();
+        local[axis] = len;
+        if matches!(device, Device::Meta) {
+            return Tensor::zeros(&local, device);
+        }
+        let (inner, outer): (usize, usize) = (shape[axis + 1..].iter().product(), shape[..axis].iter().product());
+        let row = shape[axis] * inner;
+        let key = weft_core::rng::seed_key(seed);
+        let draw = |f: &dyn Fn(u32) -> f32| {
+            let mut v = Vec::with_capacity(outer * len * inner);
+            for o in 0..outer {
+                let base = o * row + start * inner;
+                v.extend((base..base + len * inner).map(|i| f(i as u32)));
+            }
+            v
+        };
+        let values = match self.dist(shape) {
+            Dist::Uniform(lo, hi) => draw(&|i| lo + (hi - lo) * weft_core::rng::uniform(key, i)),
+            Dist::Normal(mean, std) => draw(&|i| mean + std * weft_core::rng::normal(key, i)),
+            Dist::Const(c) => return Tensor::full(c, &local, device),
+            // Redraws make each value depend on those before it: draw the whole on the host.
+            Dist::Truncated(_) => {
+                return self.init(shape, seed, &Device::Cpu)?.narrow(axis as isize, start, len)?.to_device(device);
+            }
+        };
+        Tensor::from_vec(values, &local, device)
     }
 }

@@ -165,24 +165,32 @@ pub(crate) fn shard_of<'a>(
     tp.layers.get(path).map(|s| (s, &tp.model))
 }
 
-/// A variable for `name` of the layer at `path`: `init` draws the full tensor (on the host when the
-/// variable is split, so the full tensor never reaches the device), then this rank keeps its part.
+/// A variable for `name` of the layer at `path`, of whole shape `shape`, drawn by `init` from
+/// `seed`: on a split, this rank draws only its part (the values one device would have there).
 pub(crate) fn new_var(
     shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
     path: &str,
     name: &str,
     device: &Device,
-    init: impl Fn(&Device) -> Result<Tensor>,
+    init: crate::Initializer,
+    shape: &[usize],
+    seed: u64,
 ) -> Result<Var> {
     match shard.and_then(|(s, c)| s.vars.get(name).map(|p| (p, c))) {
-        Some((p @ Placement::Shard { .. }, comm)) => {
-            let full = init(&Device::Cpu)?;
-            let local = p.local(&full, comm.rank()).map_err(|e| {
-                Error::invalid("sharded build", format!("{path}/{name}: {e}; was the plan made for this model?"))
-            })?;
-            Var::new(local.to_device(device)?)
+        Some((Placement::Shard { axis, sizes }, comm)) => {
+            let r = comm.rank();
+            let fits = shape.get(*axis) == Some(&sizes.iter().sum()) && r < sizes.len();
+            if !fits {
+                return Err(Error::invalid(
+                    "sharded build",
+                    format!(
+                        "{path}/{name}: cannot cut {sizes:?} from axis {axis} of shape {shape:?}; was the plan made for this model?"
+                    ),
+                ));
+            }
+            Var::new(init.init_part(shape, *axis, split_start(sizes, r), sizes[r], seed, device)?)
         }
-        _ => Var::new(init(device)?),
+        _ => Var::new(init.init(shape, seed, device)?),
     }
 }
 

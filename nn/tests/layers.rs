@@ -216,3 +216,34 @@ fn embedding_layer_norm_and_reshape() {
     assert_eq!(r.dims(), &[4, 3, 2]);
     assert!(Reshape::new(&[5, -1]).call(&x, ctx).is_err());
 }
+
+#[test]
+fn a_part_drawn_alone_equals_the_same_part_of_the_whole() {
+    use weft_nn::Initializer::*;
+    let kinds = [
+        GlorotUniform,
+        GlorotNormal,
+        HeUniform,
+        HeNormal,
+        Zeros,
+        Ones,
+        Normal(0.3),
+        Uniform(0.05),
+        TruncatedNormal(0.02),
+    ];
+    for init in kinds {
+        for (shape, axis, start, len) in
+            [(&[7, 10][..], 1, 3, 4), (&[7, 10][..], 0, 4, 3), (&[5, 3, 4][..], 1, 1, 1), (&[9][..], 0, 0, 9)]
+        {
+            let whole = init.init(shape, 11, &Device::Cpu).unwrap();
+            let part = init.init_part(shape, axis, start, len, 11, &Device::Cpu).unwrap();
+            assert_eq!(
+                part.to_vec::<f32>().unwrap(),
+                whole.narrow(axis as isize, start, len).unwrap().to_vec::<f32>().unwrap(),
+                "{init:?} {shape:?} axis {axis} {start}+{len}"
+            );
+        }
+    }
+    let e = GlorotUniform.init_part(&[4, 4], 1, 3, 2, 0, &Device::Cpu).unwrap_err().to_string();
+    assert!(e.contains("3..5") && e.contains("[4, 4]"), "{e}");
+}

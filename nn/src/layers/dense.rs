@@ -78,13 +78,11 @@ impl Layer for Dense {
             None => {
                 let in_dim = tp::full_input(shard.map(|s| &s.0.style), local_in);
                 let seed = ctx.seed_for(&path);
-                let k = tp::new_var(shard, &path, "kernel", x.device(), |d| {
-                    self.kernel_init.init(&[in_dim, self.units], seed, d)
-                })?;
+                let k = tp::new_var(shard, &path, "kernel", x.device(), self.kernel_init, &[in_dim, self.units], seed)?;
                 let b = match self.use_bias {
-                    true => Some(tp::new_var(shard, &path, "bias", x.device(), |d| {
-                        self.bias_init.init(&[self.units], seed ^ 1, d)
-                    })?),
+                    true => {
+                        Some(tp::new_var(shard, &path, "bias", x.device(), self.bias_init, &[self.units], seed ^ 1)?)
+                    }
                     false => None,
                 };
                 let _ = self.vars.set((k, b));

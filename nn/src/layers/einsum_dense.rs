@@ -141,7 +141,7 @@ impl EinsumDense {
         };
         let kshape = ker.iter().map(|&c| size_of(c)).collect::<Result<Vec<_>>>()?;
         let seed = ctx.seed_for(path);
-        let kernel = tp::new_var(shard, path, "kernel", x.device(), |d| self.kernel_init.init(&kshape, seed, d))?;
+        let kernel = tp::new_var(shard, path, "kernel", x.device(), self.kernel_init, &kshape, seed)?;
         let bias = if self.bias_axes.is_empty() {
             None
         } else {
@@ -160,7 +160,7 @@ impl EinsumDense {
                     }
                 })
                 .collect();
-            Some(tp::new_var(shard, path, "bias", x.device(), |d| Tensor::zeros(&bshape, d))?)
+            Some(tp::new_var(shard, path, "bias", x.device(), Initializer::Zeros, &bshape, 0)?)
         };
         Ok((kernel, bias))
     }

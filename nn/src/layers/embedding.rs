@@ -58,7 +58,7 @@ impl Layer for Embedding {
             Some(t) => t,
             None => {
                 let (shape, seed) = ([self.input_dim, self.output_dim], ctx.seed_for(&path));
-                let t = tp::new_var(shard, &path, "embeddings", ids.device(), |d| self.init.init(&shape, seed, d))?;
+                let t = tp::new_var(shard, &path, "embeddings", ids.device(), self.init, &shape, seed)?;
                 let _ = self.table.set(t);
                 self.table.get().expect("just set")
             }
