@@ -7,29 +7,19 @@
 mod common;
 
 use std::time::Instant;
-use weft::nn::layers::{Cropping1D, Embedding, LayerNormalization, PositionEmbedding, TransformerBlock};
 use weft::nn::optim::Adam;
-use weft::nn::{Loss, Model, Sequential};
+use weft::nn::{Loss, Model};
 use weft::parallel::{AutoConfig, DeviceMesh, ShardedModel};
 use weft::prelude::*;
 
-fn gpt() -> Sequential {
-    let tokens = Embedding::new(12, 64).named("tokens");
-    let head = tokens.tied_head().named("head");
-    Sequential::new()
-        .named("tiny_gpt")
-        .add(tokens)
-        .add(PositionEmbedding::new(11).named("positions"))
-        .add(TransformerBlock::new(4, 16, 256).causal(true).named("block_0"))
-        .add(TransformerBlock::new(4, 16, 256).causal(true).named("block_1"))
-        .add(LayerNormalization::new().epsilon(1e-5).named("ln_f"))
-        .add(Cropping1D::new(7, 0).named("answer"))
-        .add(head)
-}
+#[path = "../examples/common/answer_gpt.rs"]
+mod answer_gpt;
+use answer_gpt::{VOCAB, gpt};
 
 fn batch(n: usize, step: u64) -> Result<(Tensor, Tensor)> {
     let key = weft::core::rng::seed_key(step);
-    let x: Vec<u32> = (0..n * 11).map(|i| (weft::core::rng::uniform(key, i as u32) * 12.0) as u32 % 12).collect();
+    let x: Vec<u32> =
+        (0..n * 11).map(|i| (weft::core::rng::uniform(key, i as u32) * VOCAB as f32) as u32 % VOCAB as u32).collect();
     let y: Vec<u32> =
         (0..n * 4).map(|i| (weft::core::rng::uniform(key, 1 << 20 | i as u32) * 10.0) as u32 % 10).collect();
     Ok((Tensor::from_vec(x, &[n, 11], &Device::Cpu)?, Tensor::from_vec(y, &[n, 4], &Device::Cpu)?))

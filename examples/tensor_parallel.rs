@@ -8,9 +8,8 @@
 //!
 //! `cargo run --release --example tensor_parallel` (`-- --steps N`, `--devices N`, `--cpu`)
 
-use weft::nn::layers::{Cropping1D, Embedding, LayerNormalization, PositionEmbedding, TransformerBlock};
 use weft::nn::optim::{Adam, LearningRate};
-use weft::nn::{FitOptions, Loss, Sequential};
+use weft::nn::{FitOptions, Loss};
 use weft::parallel::{AutoConfig, DeviceMesh, ShardedModel, verify};
 use weft::prelude::*;
 
@@ -18,21 +17,9 @@ use weft::prelude::*;
 mod addition;
 use addition::{CHARS, encode, held_out, sample};
 
-/// Token and position embeddings, two causal blocks, and a head tied to the token embedding.
-/// The first 7 positions are cropped before the head: only the answer is graded.
-fn gpt() -> Sequential {
-    let tokens = Embedding::new(CHARS.len(), 64).named("tokens");
-    let head = tokens.tied_head().named("head");
-    Sequential::new()
-        .named("tiny_gpt")
-        .add(tokens)
-        .add(PositionEmbedding::new(11).named("positions"))
-        .add(TransformerBlock::new(4, 16, 256).causal(true).named("block_0"))
-        .add(TransformerBlock::new(4, 16, 256).causal(true).named("block_1"))
-        .add(LayerNormalization::new().epsilon(1e-5).named("ln_f"))
-        .add(Cropping1D::new(7, 0).named("answer"))
-        .add(head)
-}
+#[path = "common/answer_gpt.rs"]
+mod answer_gpt;
+use answer_gpt::gpt;
 
 /// `n` lines: inputs are the first 11 characters, targets the 4 answer characters.
 fn data(n: usize, seed: u64, held: bool) -> Result<(Tensor, Tensor)> {
@@ -96,6 +83,7 @@ fn mesh(args: &[String]) -> Result<(DeviceMesh, bool)> {
 }
 
 fn main() -> Result<()> {
+    assert_eq!(answer_gpt::VOCAB, CHARS.len(), "the model's vocabulary is the task's alphabet");
     let args: Vec<String> = std::env::args().collect();
     let (mesh, software) = mesh(&args)?;
     let steps: usize = match args.iter().position(|a| a == "--steps").and_then(|i| args.get(i + 1)) {

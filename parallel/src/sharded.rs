@@ -419,11 +419,25 @@ impl ShardedModel {
     /// has it and the model is compiled.
     pub fn load_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
         let path = path.as_ref();
-        let file = weft_nn::checkpoint::load(path)?;
+        self.load_state(&weft_nn::checkpoint::load(path)?, path)
+    }
+
+    /// Set weights (and optimizer state, for names a checkpoint gives it) from whole tensors,
+    /// e.g. a one-device model's `whole_state`: each rank keeps its part. Checked as
+    /// `load_checkpoint` checks a file.
+    pub fn set_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let mut loaded = weft_nn::checkpoint::Loaded::new();
+        for (k, t) in state {
+            loaded.insert(k.clone(), (t.dims().to_vec(), t.to_vec::<f32>()?));
+        }
+        self.load_state(&loaded, std::path::Path::new("(tensors in memory)"))
+    }
+
+    fn load_state(&mut self, file: &weft_nn::checkpoint::Loaded, path: &std::path::Path) -> Result<()> {
         let expected: Vec<(String, Vec<usize>)> =
             self.plan.layers.iter().flat_map(|l| &l.variables).map(|v| (v.path.clone(), v.shape.clone())).collect();
-        weft_nn::checkpoint::check_weights(&file, &expected, path)?;
-        for (key, (shape, _)) in &file {
+        weft_nn::checkpoint::check_weights(file, &expected, path)?;
+        for (key, (shape, _)) in file {
             if let Some((_, var)) = parse_slot_key(key)
                 && let Some((_, want)) = expected.iter().find(|(p, _)| p == var)
                 && shape != want
@@ -436,7 +450,6 @@ impl ShardedModel {
         }
         let placements = self.placements.clone();
         let mesh = self.mesh.clone();
-        let file = &file;
         self.run(|rank, m| {
             let mi = mesh.coords(rank).1;
             let dev = m.device().clone();

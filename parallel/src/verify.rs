@@ -140,15 +140,7 @@ pub fn verify<L: Layer + 'static>(
     sharded.compile(optimizer, loss, &[])?;
     // Start from the one-device weights (they match already when both draw from the same seeds;
     // copying makes the comparison independent of that).
-    let tmp = std::env::temp_dir().join(format!(
-        "weft-verify-{}-{:?}.safetensors",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    one.save_weights(&tmp)?;
-    let loaded = sharded.load_weights(&tmp);
-    let _ = std::fs::remove_file(&tmp);
-    loaded?;
+    sharded.set_state(&one.whole_state(false)?)?;
 
     let mut losses = Vec::with_capacity(steps);
     let mut diffs = Vec::new();

@@ -9,22 +9,11 @@ use weft_core::collectives::gather_from_parallel;
 use weft_core::{Collectives, Device, GradStore, Result, Tensor, Var};
 use weft_nn::optim::{LearningRate, Optimizer, Sgd};
 use weft_nn::tp::vocab_parallel_cross_entropy;
-use weft_parallel::{CoordinatedOptimizer, InHost, World};
+use weft_parallel::{CoordinatedOptimizer, InHost};
 
+/// Run `f` on `n` ranks of one in-host group; every rank must succeed.
 fn on_ranks<T: Send>(n: usize, f: impl Fn(usize, Arc<dyn Collectives>) -> Result<T> + Sync) -> Vec<T> {
-    let world = World::new();
-    let comms = InHost::group(n, &world);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let f = &f;
-                s.spawn(move || f(r, Arc::new(c)))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
-    })
+    InHost::run(n, |r, c| f(r, Arc::new(c.clone()))).into_iter().map(|o| o.unwrap()).collect()
 }
 
 /// Rank r holds split weight `w` (one entry) and replicated `b`; returns both after one step.
@@ -96,27 +85,12 @@ fn vocabulary_parallel_cross_entropy_equals_the_plain_one() {
 fn a_label_past_the_vocabulary_is_an_error_on_split_logits_too() {
     let logits = Tensor::zeros(&[2, 6], &Device::Cpu).unwrap();
     let labels = Tensor::from_vec(vec![1u32, 6], &[2], &Device::Cpu).unwrap();
-    let world = World::new();
-    let comms = InHost::group(2, &world);
-    let errs: Vec<bool> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let (logits, labels) = (&logits, &labels);
-                s.spawn(move || {
-                    let comm: Arc<dyn Collectives> = Arc::new(c.clone());
-                    let out =
-                        vocab_parallel_cross_entropy(&logits.narrow(1, 3 * r, 3).unwrap(), labels, &[3, 3], &comm)
-                            .and_then(|l| l.to_scalar::<f32>());
-                    if let Err(e) = &out {
-                        c.fail(&e.to_string());
-                    }
-                    out.is_err()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let errs: Vec<bool> = InHost::run(2, |r, c| {
+        let comm: Arc<dyn Collectives> = Arc::new(c.clone());
+        vocab_parallel_cross_entropy(&logits.narrow(1, 3 * r, 3)?, &labels, &[3, 3], &comm)?.to_scalar::<f32>()
+    })
+    .iter()
+    .map(Result::is_err)
+    .collect();
     assert!(errs.iter().all(|&e| e), "every rank must see the bad label: {errs:?}");
 }

@@ -98,13 +98,9 @@ impl Layer for MultiHeadAttention {
         let q = q.mul_scalar(1.0 / (self.key_dim as f32).sqrt())?; // [b, t, h, k]
         let mut scores = Tensor::einsum("aecd,abcd->acbe", &[&k, &q])?; // [b, h, t, s]
         if self.causal {
-            // On Meta (planning) only the shape matters: skip drawing the mask on the host.
-            let mask = if matches!(x.device(), weft_core::Device::Meta) {
-                Tensor::zeros(&[t, t], x.device())?
-            } else {
-                let mask: Vec<f32> = (0..t * t).map(|i| if i % t > i / t { 1.0 } else { 0.0 }).collect();
-                Tensor::from_vec(mask, &[t, t], x.device())?
-            };
+            // mask[query, key] = key > query, made on the device from one row of positions.
+            let pos = Tensor::arange(0.0, t as f32, 1.0, x.device())?;
+            let mask = pos.unsqueeze(0)?.binary(weft_core::ops::BinaryOp::Gt, &pos.unsqueeze(1)?)?;
             scores = scores.masked_fill(&mask, -1e9)?;
         }
         let probs = self.dropout.call(&scores.softmax(-1)?, ctx)?;

@@ -84,12 +84,15 @@ impl Base {
                     pairs.push((path, var, g.clone()));
                 }
             }
-            if let Some(clip) = self.clip_global_norm {
-                let mut sq = 0f32;
+            if let Some(clip) = self.clip_global_norm
+                && let Some((_, _, first)) = pairs.first()
+            {
+                // Summed on the device; one read-back per step, not one per variable.
+                let mut sq = Tensor::zeros(&[], first.device())?;
                 for (_, _, g) in &pairs {
-                    sq += g.square()?.sum_all()?.to_scalar::<f32>()?;
+                    sq = sq.add(&g.square()?.sum_all()?)?;
                 }
-                let norm = sq.sqrt();
+                let norm = sq.to_scalar::<f32>()?.sqrt();
                 if norm > clip {
                     for p in pairs.iter_mut() {
                         p.2 = p.2.mul_scalar(clip / norm)?;
