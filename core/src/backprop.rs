@@ -311,6 +311,7 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
                 U::Recip => g.mul(&out.square()?)?.neg()?,
                 U::Tanh => g.mul(&out.square()?.affine(-1.0, 1.0)?)?,
                 U::Sigmoid => g.mul(&out.mul(&out.affine(-1.0, 1.0)?)?)?,
+                // step(NaN) is NaN, so a NaN input gives a NaN gradient, not a silent zero.
                 U::Relu => g.mul(&x.unary(U::Step)?)?,
                 U::GeluTanh => {
                     // With u = C (x + 0.044715 x³) and s = sigmoid(2u) (so tanh(u) = 2s - 1):
@@ -339,7 +340,10 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
                 U::Powf(e) => g.mul(&x.powf(e - 1.0)?)?.mul_scalar(e)?,
                 U::Clamp { lo, hi } => {
                     let inside = x.cmp_scalar(BinaryOp::Ge, lo)?.mul(&x.cmp_scalar(BinaryOp::Le, hi)?)?;
-                    g.mul(&inside)?
+                    // Comparisons give 0 for NaN, which would turn a NaN into a zero gradient; step
+                    // keeps NaN, so this adds 0, or NaN where x is NaN.
+                    let nan = x.unary(U::Step)?.mul_scalar(0.0)?;
+                    g.mul(&inside.add(&nan)?)?
                 }
             };
             vec![Some(d)]

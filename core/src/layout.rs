@@ -18,6 +18,17 @@ pub struct Layout {
     offset: usize,
 }
 
+/// The number of elements of `shape`, or an `Err` naming `op` and the shape when that number does
+/// not fit a `usize` (a shape like `[2, 2^63 + 3]` would otherwise wrap to a small count).
+pub fn checked_numel(op: &'static str, shape: &[usize]) -> Result<usize> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
+    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
+        Error::invalid(op, format!("shape {shape:?} has more elements than a usize can count ({})", usize::MAX))
+    })
+}
+
 /// Row-major strides of a shape.
 pub fn contiguous_strides(shape: &[usize]) -> Dims {
     let mut strides: Dims = SmallVec::from_elem(0, shape.len());
@@ -29,7 +40,8 @@ pub fn contiguous_strides(shape: &[usize]) -> Dims {
     strides
 }
 
-/// The shape two shapes broadcast to (NumPy rules), or a `ShapeMismatch` naming `op`.
+/// The shape two shapes broadcast to (NumPy rules), or a `ShapeMismatch` naming `op`, or an
+/// `Err` when the result has more elements than a `usize` counts.
 pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Dims> {
     let rank = a.len().max(b.len());
     let mut out: Dims = SmallVec::from_elem(1, rank);
@@ -45,6 +57,7 @@ pub fn broadcast_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<Dim
             }
         };
     }
+    checked_numel(op, &out)?;
     Ok(out)
 }
 
@@ -170,10 +183,12 @@ impl Layout {
 
     /// Keep `len` entries of `axis` starting at `start`.
     pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Self> {
-        if axis >= self.rank() || start + len > self.shape[axis] {
+        // Checked: `start + len` must not wrap around to a small, in-bounds end.
+        let end = start.checked_add(len);
+        if axis >= self.rank() || end.is_none_or(|e| e > self.shape[axis]) {
             return Err(Error::invalid(
                 "narrow",
-                format!("range {start}..{} of axis {axis} is out of bounds for shape {:?}", start + len, self.shape),
+                format!("{len} entries from {start} of axis {axis} are out of bounds for shape {:?}", self.shape),
             ));
         }
         let mut l = self.clone();
@@ -182,8 +197,10 @@ impl Layout {
         Ok(l)
     }
 
-    /// View with a broadcast shape: new leading axes and size-1 axes get stride 0.
+    /// View with a broadcast shape: new leading axes and size-1 axes get stride 0. A shape whose
+    /// element count overflows `usize` is an `Err`.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Self> {
+        checked_numel("broadcast_to", shape)?;
         let err = || Error::ShapeMismatch { op: "broadcast_to", lhs: self.shape.to_vec(), rhs: shape.to_vec() };
         if shape.len() < self.rank() {
             return Err(err());
@@ -208,7 +225,7 @@ impl Layout {
     /// gap-free); the caller then copies. A permuted view whose merged axes stay together reshapes
     /// for free, which is what lets einsum reach matmul without copies.
     pub fn reshape(&self, shape: &[usize]) -> Option<Self> {
-        if shape.iter().product::<usize>() != self.numel() {
+        if checked_numel("reshape", shape).ok() != Some(self.numel()) {
             return None;
         }
         if self.is_contiguous() || self.numel() == 0 {

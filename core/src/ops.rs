@@ -22,11 +22,11 @@ pub enum UnaryOp {
     Square,
     /// 1 / x
     Recip,
-    /// Hyperbolic tangent.
+    /// Hyperbolic tangent (NaN stays NaN).
     Tanh,
     /// 1 / (1 + e^-x)
     Sigmoid,
-    /// max(x, 0)
+    /// max(x, 0); NaN stays NaN (as in NumPy and PyTorch).
     Relu,
     /// GELU, tanh approximation.
     GeluTanh,
@@ -38,9 +38,9 @@ pub enum UnaryOp {
     Sin,
     /// Cosine.
     Cos,
-    /// 1 where x > 0, else 0 (relu's derivative).
+    /// 1 where x > 0, else 0 (relu's derivative); NaN stays NaN, so a NaN is not lost in backward.
     Step,
-    /// Sign of x: -1, 0 or 1.
+    /// Sign of x: -1, 0 or 1; NaN stays NaN.
     Sign,
     /// The error function.
     Erf,
@@ -53,7 +53,7 @@ pub enum UnaryOp {
     },
     /// `x ^ e`.
     Powf(f32),
-    /// `min(max(x, lo), hi)`.
+    /// `min(max(x, lo), hi)`; NaN stays NaN.
     Clamp {
         /// Lower bound.
         lo: f32,
@@ -103,7 +103,8 @@ impl UnaryOp {
         }
     }
 
-    /// The op on one value: the Cpu reference.
+    /// The op on one value: the Cpu reference. NaN propagates through every op (Rust's `max`,
+    /// `min` and comparisons would drop it, so those ops test for it first).
     pub fn apply(self, x: f32) -> f32 {
         use UnaryOp::*;
         match self {
@@ -118,35 +119,47 @@ impl UnaryOp {
             Recip => 1.0 / x,
             Tanh => x.tanh(),
             Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            Relu => x.max(0.0),
+            Relu => nan_or(x, x.max(0.0)),
             // 0.5 x (1 + tanh(u)) written as x * sigmoid(2u): one exp instead of a (slow) tanh.
             GeluTanh => x / (1.0 + (-1.595_769_2 * (x + 0.044715 * x * x * x)).exp()),
             GeluErf => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
             Silu => x / (1.0 + (-x).exp()),
             Sin => x.sin(),
             Cos => x.cos(),
-            Step => {
-                if x > 0.0 {
-                    1.0
-                } else {
-                    0.0
-                }
-            }
-            Sign => {
+            Step => nan_or(x, if x > 0.0 { 1.0 } else { 0.0 }),
+            Sign => nan_or(
+                x,
                 if x > 0.0 {
                     1.0
                 } else if x < 0.0 {
                     -1.0
                 } else {
                     0.0
-                }
-            }
+                },
+            ),
             Erf => erf(x),
             Affine { mul, add } => x * mul + add,
             Powf(e) => x.powf(e),
-            Clamp { lo, hi } => x.max(lo).min(hi),
+            Clamp { lo, hi } => nan_or(x, x.max(lo).min(hi)),
         }
     }
+}
+
+/// `x` when it is NaN, else `v`.
+#[inline(always)]
+fn nan_or(x: f32, v: f32) -> f32 {
+    if x.is_nan() { x } else { v }
+}
+
+/// NumPy's maximum and minimum: NaN when either operand is NaN.
+#[inline(always)]
+fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() { a + b } else { a.max(b) }
+}
+
+#[inline(always)]
+fn nan_min(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() { a + b } else { a.min(b) }
 }
 
 /// The error function, to 1.2e-7 absolute (Numerical Recipes' erfc Chebyshev fit). The WGSL
@@ -178,9 +191,9 @@ pub enum BinaryOp {
     Div,
     /// a ^ b
     Pow,
-    /// max(a, b)
+    /// max(a, b); NaN if either is NaN (NumPy's `maximum`).
     Maximum,
-    /// min(a, b)
+    /// min(a, b); NaN if either is NaN (NumPy's `minimum`).
     Minimum,
     /// a == b
     Eq,
@@ -227,8 +240,8 @@ impl BinaryOp {
             Mul => a * b,
             Div => a / b,
             Pow => a.powf(b),
-            Maximum => a.max(b),
-            Minimum => a.min(b),
+            Maximum => nan_max(a, b),
+            Minimum => nan_min(a, b),
             Eq => c(a == b),
             Ne => c(a != b),
             Lt => c(a < b),
@@ -249,11 +262,12 @@ impl BinaryOp {
 pub enum ReduceOp {
     /// Sum.
     Sum,
-    /// Largest value.
+    /// Largest value (NaN if any is NaN).
     Max,
-    /// Smallest value.
+    /// Smallest value (NaN if any is NaN).
     Min,
-    /// Index of the largest value (first on ties), over one axis; u32 output.
+    /// Index of the largest value (first on ties; the first NaN if any, as NumPy), over one
+    /// axis; u32 output.
     ArgMax,
 }
 

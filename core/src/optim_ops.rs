@@ -57,7 +57,7 @@ impl Tensor {
             (Storage::Cpu(w), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
                 let (w, g, m, v) =
                     (w.f32s("adam_step")?, g.f32s("adam_step")?, m.f32s("adam_step")?, v.f32s("adam_step")?);
-                let (mut wo, mut mo, mut vo) = (cpu::zeros(n), cpu::zeros(n), cpu::zeros(n));
+                let (mut wo, mut mo, mut vo) = (cpu::try_zeros(n)?, cpu::try_zeros(n)?, cpu::try_zeros(n)?);
                 const CHUNK: usize = 1 << 14;
                 wo.par_chunks_mut(CHUNK)
                     .zip(mo.par_chunks_mut(CHUNK))
@@ -95,7 +95,8 @@ impl Tensor {
                     &[&w.buf, &g.buf, &m.buf, &v.buf, &wo.buf, &mo.buf, &vo.buf],
                     ctx.grid_1d(n),
                 )?;
-                [wo, mo, vo].map(Storage::Gpu)
+                // The new state depends on every input's values, so on their index faults too.
+                [wo, mo, vo].map(|o| Storage::Gpu(o.inherit(&[&w, &g, &m, &v])))
             }
             (Storage::Meta, ..) => [Storage::Meta, Storage::Meta, Storage::Meta],
             _ => return Err(Error::invalid("adam_step", "operands are on different devices")),

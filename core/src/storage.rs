@@ -1,5 +1,9 @@
 //! A tensor's memory on its device, and the dispatch of each primitive op to the backend that
 //! owns it. This is the one place that matches on the backend; everything above works on `Tensor`.
+//!
+//! Every GPU result here `inherit`s the fault slots of its GPU inputs, so an index fault travels
+//! with the values it spoiled (see `gpu/fault.rs`), and every GPU input layout is checked to fit
+//! the kernels' u32 indexing first.
 
 use crate::cpu::{self, CpuStorage};
 use crate::gpu::{self, GpuStorage};
@@ -31,7 +35,10 @@ impl Storage {
     pub fn unary(&self, op: UnaryOp, l: &Layout) -> Result<Storage> {
         Ok(match self {
             Storage::Cpu(s) => Storage::Cpu(cpu::unary(op, s, l)?),
-            Storage::Gpu(s) => Storage::Gpu(gpu::unary(op, s, l)?),
+            Storage::Gpu(s) => {
+                gpu::check_layout(op.name(), l)?;
+                Storage::Gpu(gpu::unary(op, s, l)?.inherit(&[s]))
+            }
             Storage::Meta => Storage::Meta,
         })
     }
@@ -40,7 +47,10 @@ impl Storage {
     pub fn binary(&self, op: BinaryOp, la: &Layout, rhs: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, rhs) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::binary(op, a, la, b, lb)?),
-            (Storage::Gpu(a), Storage::Gpu(b)) => Storage::Gpu(gpu::binary(op, a, la, b, lb)?),
+            (Storage::Gpu(a), Storage::Gpu(b)) => {
+                gpu::check_layout(op.name(), la)?;
+                Storage::Gpu(gpu::binary(op, a, la, b, lb)?.inherit(&[a, b]))
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch(op.name(), self, rhs)),
         })
@@ -50,7 +60,10 @@ impl Storage {
     pub fn where_cond(&self, lm: &Layout, a: &Storage, la: &Layout, b: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, a, b) {
             (Storage::Cpu(m), Storage::Cpu(x), Storage::Cpu(y)) => Storage::Cpu(cpu::where_cond(m, lm, x, la, y, lb)?),
-            (Storage::Gpu(m), Storage::Gpu(x), Storage::Gpu(y)) => Storage::Gpu(gpu::where_cond(m, lm, x, la, y, lb)?),
+            (Storage::Gpu(m), Storage::Gpu(x), Storage::Gpu(y)) => {
+                gpu::check_layout("where_cond", la)?;
+                Storage::Gpu(gpu::where_cond(m, lm, x, la, y, lb)?.inherit(&[m, x, y]))
+            }
             (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("where_cond", a, b)),
         })
@@ -60,7 +73,10 @@ impl Storage {
     pub fn reduce(&self, op: ReduceOp, l: &Layout, axes: &[usize]) -> Result<Storage> {
         Ok(match self {
             Storage::Cpu(s) => Storage::Cpu(cpu::reduce(op, s, l, axes)?),
-            Storage::Gpu(s) => Storage::Gpu(gpu::reduce(op, s, l, axes)?),
+            Storage::Gpu(s) => {
+                gpu::check_layout(op.name(), l)?;
+                Storage::Gpu(gpu::reduce(op, s, l, axes)?.inherit(&[s]))
+            }
             Storage::Meta => Storage::Meta,
         })
     }
@@ -69,7 +85,11 @@ impl Storage {
     pub fn matmul(&self, la: &Layout, rhs: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, rhs) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::matmul(a, la, b, lb)?),
-            (Storage::Gpu(a), Storage::Gpu(b)) => Storage::Gpu(gpu::matmul(a, la, b, lb)?),
+            (Storage::Gpu(a), Storage::Gpu(b)) => {
+                gpu::check_layout("matmul", la)?;
+                gpu::check_layout("matmul", lb)?;
+                Storage::Gpu(gpu::matmul(a, la, b, lb)?.inherit(&[a, b]))
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("matmul", self, rhs)),
         })
@@ -79,7 +99,10 @@ impl Storage {
     pub fn softmax(&self, l: &Layout, log: bool) -> Result<Storage> {
         Ok(match self {
             Storage::Cpu(s) => Storage::Cpu(cpu::softmax(s, l, log)?),
-            Storage::Gpu(s) => Storage::Gpu(gpu::softmax(s, l, log)?),
+            Storage::Gpu(s) => {
+                gpu::check_layout("softmax", l)?;
+                Storage::Gpu(gpu::softmax(s, l, log)?.inherit(&[s]))
+            }
             Storage::Meta => Storage::Meta,
         })
     }
@@ -98,7 +121,10 @@ impl Storage {
             (Storage::Cpu(x), Storage::Cpu(g), Storage::Cpu(b)) => {
                 Storage::Cpu(cpu::layer_norm(x, l, g, lg, b, lb, eps)?)
             }
-            (Storage::Gpu(x), Storage::Gpu(g), Storage::Gpu(b)) => Storage::Gpu(gpu::layer_norm(x, l, g, b, eps)?),
+            (Storage::Gpu(x), Storage::Gpu(g), Storage::Gpu(b)) => {
+                gpu::check_layout("layer_norm", l)?;
+                Storage::Gpu(gpu::layer_norm(x, l, g, b, eps)?.inherit(&[x, g, b]))
+            }
             (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("layer_norm", self, g)),
         })
@@ -108,7 +134,11 @@ impl Storage {
     pub fn index_select(&self, l: &Layout, ids: &Storage, li: &Layout, axis: usize) -> Result<Storage> {
         Ok(match (self, ids) {
             (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::index_select(s, l, i, li, axis)?),
-            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::index_select(s, l, i, li, axis)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => {
+                gpu::check_layout("index_select", l)?;
+                gpu::check_layout("index_select", li)?;
+                Storage::Gpu(gpu::index_select(s, l, i, li, axis)?.inherit(&[s, i]))
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("index_select", self, ids)),
         })
@@ -118,7 +148,11 @@ impl Storage {
     pub fn gather(&self, l: &Layout, ids: &Storage, li: &Layout, axis: usize) -> Result<Storage> {
         Ok(match (self, ids) {
             (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::gather(s, l, i, li, axis)?),
-            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::gather(s, l, i, li, axis)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => {
+                gpu::check_layout("gather", l)?;
+                gpu::check_layout("gather", li)?;
+                Storage::Gpu(gpu::gather(s, l, i, li, axis)?.inherit(&[s, i]))
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("gather", self, ids)),
         })
@@ -128,7 +162,11 @@ impl Storage {
     pub fn index_add(&self, ls: &Layout, shape: &[usize], axis: usize, ids: &Storage, li: &Layout) -> Result<Storage> {
         Ok(match (self, ids) {
             (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::index_add(shape, axis, i, li, s, ls)?),
-            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::index_add(shape, axis, i, li, s, ls)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => {
+                gpu::check_layout("index_add", ls)?;
+                gpu::check_layout("index_add", li)?;
+                Storage::Gpu(gpu::index_add(shape, axis, i, li, s, ls)?.inherit(&[s, i]))
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("index_add", self, ids)),
         })
@@ -145,7 +183,11 @@ impl Storage {
     ) -> Result<Storage> {
         Ok(match (self, ids) {
             (Storage::Cpu(s), Storage::Cpu(i)) => Storage::Cpu(cpu::scatter_add(shape, axis, i, li, s, ls)?),
-            (Storage::Gpu(s), Storage::Gpu(i)) => Storage::Gpu(gpu::scatter_add(shape, axis, i, li, s, ls)?),
+            (Storage::Gpu(s), Storage::Gpu(i)) => {
+                gpu::check_layout("scatter_add", ls)?;
+                gpu::check_layout("scatter_add", li)?;
+                Storage::Gpu(gpu::scatter_add(shape, axis, i, li, s, ls)?.inherit(&[s, i]))
+            }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("scatter_add", self, ids)),
         })
@@ -155,8 +197,28 @@ impl Storage {
     pub fn cast(&self, l: &Layout, from: DType, to: DType) -> Result<Storage> {
         Ok(match self {
             Storage::Cpu(s) => Storage::Cpu(cpu::cast(s, l, to)?),
-            Storage::Gpu(s) => Storage::Gpu(gpu::cast(s, l, from, to)?),
+            Storage::Gpu(s) => {
+                gpu::check_layout("cast", l)?;
+                Storage::Gpu(gpu::cast(s, l, from, to)?.inherit(&[s]))
+            }
             Storage::Meta => Storage::Meta,
+        })
+    }
+
+    /// The values of `l` (of dtype `from`) as u32 indices, checked to be whole, not negative,
+    /// finite and below `bound`; with the flat position of the first value that is not, if any
+    /// (the indices are then not to be used).
+    pub fn index_check(&self, l: &Layout, from: DType, bound: Option<usize>) -> Result<(Storage, Option<usize>)> {
+        Ok(match self {
+            Storage::Cpu(s) => {
+                let (out, bad) = cpu::index_check(s, l, bound)?;
+                (Storage::Cpu(out), bad)
+            }
+            Storage::Gpu(s) => {
+                let (out, bad) = gpu::index_check(s, l, from, bound)?;
+                (Storage::Gpu(out), bad)
+            }
+            Storage::Meta => (Storage::Meta, None),
         })
     }
 
@@ -173,7 +235,7 @@ impl Storage {
         match parts.first().map(|p| &p.0) {
             None | Some(Storage::Meta) => Ok(Storage::Meta),
             Some(Storage::Cpu(_)) => {
-                let mut out = crate::cpu::zeros(numel);
+                let mut out = crate::cpu::try_zeros(numel)?;
                 let mut start = 0;
                 for (s, l) in parts {
                     let Storage::Cpu(s) = s else {
@@ -186,7 +248,7 @@ impl Storage {
                 Ok(Storage::Cpu(crate::cpu::f32_storage(out)))
             }
             Some(Storage::Gpu(first)) => {
-                let out = GpuStorage::alloc(&first.ctx, numel, DType::F32)?;
+                let mut out = GpuStorage::alloc(&first.ctx, numel, DType::F32)?;
                 let mut start = 0;
                 for (s, l) in parts {
                     let Storage::Gpu(s) = s else {
@@ -195,9 +257,11 @@ impl Storage {
                     if s.ctx.ordinal != first.ctx.ordinal {
                         return Err(mismatch("concat", &parts[0].0, &Storage::Gpu(s.clone())));
                     }
+                    gpu::check_layout("concat", l)?;
                     let dst = out_layout.narrow(axis, start, l.shape()[axis])?;
                     gpu::copy_into(s, l, &out, &dst)?;
                     start += l.shape()[axis];
+                    out = out.inherit(&[s]);
                 }
                 Ok(Storage::Gpu(out))
             }

@@ -38,6 +38,8 @@ pub const MATMUL: &str = include_str!("../wgsl/matmul.wgsl");
 pub const INDEX: &str = include_str!("../wgsl/index.wgsl");
 /// index_add and scatter_add.
 pub const INDEX_ADD: &str = include_str!("../wgsl/index_add.wgsl");
+/// The checked conversion of labels and ids to u32 indices.
+pub const INDEX_CHECK: &str = include_str!("../wgsl/index_check.wgsl");
 /// The tiled matmul with vec4 tile loads.
 pub const MATMUL_VEC4: &str = include_str!("../wgsl/matmul_vec4.wgsl");
 /// Register-blocked batched matmul without workgroup memory.
@@ -60,18 +62,18 @@ pub const UNARY_OPS: &[(&str, &str)] = &[
     ("recip", "1.0 / x"),
     ("tanh", "tanh_(x)"),
     ("sigmoid", "1.0 / (1.0 + exp(-x))"),
-    ("relu", "max(x, 0.0)"),
+    ("relu", "select(max(x, 0.0), x, is_nan_(x))"),
     ("gelu_tanh", "x / (1.0 + exp(-1.5957692 * (x + 0.044715 * x * x * x)))"),
     ("gelu_erf", "0.5 * x * (1.0 + erf_(x * 0.70710677))"),
     ("silu", "x / (1.0 + exp(-x))"),
     ("sin", "sin(x)"),
     ("cos", "cos(x)"),
-    ("step", "select(0.0, 1.0, x > 0.0)"),
-    ("sign", "sign(x)"),
+    ("step", "select(select(0.0, 1.0, x > 0.0), x, is_nan_(x))"),
+    ("sign", "select(sign(x), x, is_nan_(x))"),
     ("erf", "erf_(x)"),
     ("affine", "x * p0 + p1"),
     ("powf", "pow_(x, p0)"),
-    ("clamp", "min(max(x, p0), p1)"),
+    ("clamp", "select(min(max(x, p0), p1), x, is_nan_(x))"),
 ];
 
 /// Binary ops: name and WGSL expression of `a` and `b`.
@@ -81,8 +83,8 @@ pub const BINARY_OPS: &[(&str, &str)] = &[
     ("mul", "a * b"),
     ("div", "a / b"),
     ("pow", "pow_(a, b)"),
-    ("maximum", "max(a, b)"),
-    ("minimum", "min(a, b)"),
+    ("maximum", "max_(a, b)"),
+    ("minimum", "min_(a, b)"),
     ("eq", "select(0.0, 1.0, a == b)"),
     ("ne", "select(0.0, 1.0, a != b)"),
     ("lt", "select(0.0, 1.0, a < b)"),
@@ -91,30 +93,80 @@ pub const BINARY_OPS: &[(&str, &str)] = &[
     ("ge", "select(0.0, 1.0, a >= b)"),
 ];
 
-/// Reductions: name, initial value, combine body (of `acc`, `ai`, `v`, `vi`), output type, store expression.
-const REDUCE_OPS: &[(&str, &str, &str, &str, &str)] = &[
-    ("sum", "0.0", "return Pair(acc + v, 0u);", "f32", "v"),
-    ("max", "-3.4028235e38", "return Pair(max(acc, v), 0u);", "f32", "v"),
-    ("min", "3.4028235e38", "return Pair(min(acc, v), 0u);", "f32", "v"),
-    (
-        "argmax",
-        "-3.4028235e38",
-        "if (v > acc || (v == acc && vi < ai)) { return Pair(v, vi); } return Pair(acc, ai);",
-        "u32",
-        "i",
-    ),
+/// Reductions: name, initial value, combine body (of `acc`, `ai`, `v`, `vi`), and whether the
+/// partials carry an index (argmax).
+const REDUCE_OPS: &[(&str, &str, &str, bool)] = &[
+    ("sum", "0.0", "return Pair(acc + v, 0u);", false),
+    ("max", "bitcast<f32>(0xff800000u)", "return Pair(max_(acc, v), 0u);", false),
+    ("min", "bitcast<f32>(0x7f800000u)", "return Pair(min_(acc, v), 0u);", false),
+    ("argmax", "bitcast<f32>(0xff800000u)", ARGMAX_COMBINE, true),
 ];
+
+/// argmax's combine: a NaN beats any number, and between two NaNs or two equal values the
+/// lower index wins (NumPy: the first maximum, or the first NaN).
+const ARGMAX_COMBINE: &str = "let an = is_nan_(acc);
+    let vn = is_nan_(v);
+    if (an || vn) {
+        if (an && vn && vi < ai) {
+            return Pair(v, vi);
+        }
+        if (an) {
+            return Pair(acc, ai);
+        }
+        return Pair(v, vi);
+    }
+    if (v > acc || (v == acc && vi < ai)) {
+        return Pair(v, vi);
+    }
+    return Pair(acc, ai);";
+
+/// The index bindings of a reduction whose partials carry one (argmax), and the no-op helpers
+/// of one that does not.
+const REDUCE_WITH_INDEX: &str = "@group(0) @binding(3) var<storage, read> xi_buf: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out_i: array<u32>;
+
+// The index of the element at `off`: its position `r` in the run on the first pass, the index
+// a partial carries on later passes.
+fn index_at(off: u32, r: u32) -> u32 {
+    if (info[7] != 0u) {
+        return xi_buf[off];
+    }
+    return r;
+}
+
+fn store_index(o: u32, i: u32) {
+    out_i[o] = i;
+}";
+const REDUCE_WITHOUT_INDEX: &str = "fn index_at(off: u32, r: u32) -> u32 {
+    return 0u;
+}
+
+fn store_index(o: u32, i: u32) {}";
 
 /// Casts: name, input type, output type, conversion of `v`.
 const CASTS: &[(&str, &str, &str, &str)] = &[
     ("f32_f16", "f32", "f16", "f16(v)"),
     ("f16_f32", "f16", "f32", "f32(v)"),
+    // A plain cast: negatives become 0, fractions are cut. `Tensor::to_index` is the checked one.
     ("f32_u32", "f32", "u32", "u32(max(v, 0.0))"),
     ("f32_i32", "f32", "i32", "i32(v)"),
     ("u32_f32", "u32", "f32", "f32(v)"),
     ("i32_f32", "i32", "f32", "f32(v)"),
     ("u32_i32", "u32", "i32", "bitcast<i32>(v)"),
     ("i32_u32", "i32", "u32", "bitcast<u32>(v)"),
+];
+
+/// Index checks: input type, and the check of `v` (returns (index, 1) or (0, 0)).
+const INDEX_CHECKS: &[(&str, &str)] = &[
+    (
+        "f32",
+        "if (!is_finite_(v) || v < 0.0 || v >= 4294967296.0 || floor(v) != v) {
+        return vec2(0u, 0u);
+    }
+    return vec2(u32(v), 1u);",
+    ),
+    ("i32", "return vec2(u32(max(v, 0)), select(1u, 0u, v < 0));"),
+    ("u32", "return vec2(v, 1u);"),
 ];
 
 /// The register-blocked matmul for a `tm x tn` block per invocation: the template with its
@@ -185,12 +237,9 @@ pub fn source(name: &str) -> Option<String> {
             BINARY.replace("{{OP}}", expr)
         }
         "reduce" => {
-            let (_, init, combine, out, store) = REDUCE_OPS.iter().find(|r| r.0 == variant)?;
-            REDUCE
-                .replace("{{INIT}}", init)
-                .replace("{{COMBINE}}", combine)
-                .replace("{{OUT}}", out)
-                .replace("{{STORE}}", store)
+            let (_, init, combine, with_index) = REDUCE_OPS.iter().find(|r| r.0 == variant)?;
+            let index = if *with_index { REDUCE_WITH_INDEX } else { REDUCE_WITHOUT_INDEX };
+            REDUCE.replace("{{INDEX}}", index).replace("{{INIT}}", init).replace("{{COMBINE}}", combine)
         }
         "softmax" => match variant {
             "softmax" => SOFTMAX.replace("{{OUT}}", "exp(v - m) / s"),
@@ -216,6 +265,10 @@ pub fn source(name: &str) -> Option<String> {
         }
         "index" if variant.is_empty() => INDEX.to_string(),
         "index_add" if variant.is_empty() => INDEX_ADD.to_string(),
+        "index_check" => {
+            let (ty, check) = INDEX_CHECKS.iter().find(|c| c.0 == variant)?;
+            INDEX_CHECK.replace("{{IN}}", ty).replace("{{CHECK}}", check)
+        }
         "fma_peak" if variant.is_empty() => FMA_PEAK.to_string(),
         "adam" if variant.is_empty() => ADAM.to_string(),
         _ => return None,
@@ -230,6 +283,7 @@ pub fn all_kernels() -> Vec<String> {
     names.extend(BINARY_OPS.iter().map(|(n, _)| format!("binary/{n}")));
     names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
     names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
+    names.extend(INDEX_CHECKS.iter().map(|c| format!("index_check/{}", c.0)));
     names.extend(
         [
             "softmax/softmax",

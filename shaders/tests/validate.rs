@@ -44,6 +44,7 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("matmul_vec4", weft_shaders::MATMUL_VEC4),
         ("index", weft_shaders::INDEX),
         ("index_add", weft_shaders::INDEX_ADD),
+        ("index_check", weft_shaders::INDEX_CHECK),
         ("fma_peak", weft_shaders::FMA_PEAK),
         ("adam", weft_shaders::ADAM),
     ] {

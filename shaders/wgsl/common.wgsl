@@ -73,7 +73,42 @@ fn pow_(x: f32, e: f32) -> f32 {
     return pow(x, e);
 }
 
-// tanh that stays finite for large |x| on every driver.
+// NaN tests on the bits. WGSL lets a compiler assume floats are never NaN, so `x != x` may fold
+// to false and `max`, `min` and `clamp` may drop a NaN; an integer test on the bits cannot be
+// folded away. Ops that must propagate NaN (as NumPy and PyTorch do) use these.
+fn is_nan_(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+fn is_finite_(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) < 0x7f800000u;
+}
+
+// max and min that return the NaN when either operand is one (NumPy's maximum and minimum).
+fn max_(a: f32, b: f32) -> f32 {
+    if (is_nan_(a)) {
+        return a;
+    }
+    if (is_nan_(b)) {
+        return b;
+    }
+    return max(a, b);
+}
+
+fn min_(a: f32, b: f32) -> f32 {
+    if (is_nan_(a)) {
+        return a;
+    }
+    if (is_nan_(b)) {
+        return b;
+    }
+    return min(a, b);
+}
+
+// tanh that stays finite for large |x| on every driver, and keeps a NaN.
 fn tanh_(x: f32) -> f32 {
+    if (is_nan_(x)) {
+        return x;
+    }
     return tanh(clamp(x, -15.0, 15.0));
 }

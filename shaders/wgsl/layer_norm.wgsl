@@ -4,6 +4,8 @@
 // workgroup memory (a tree of halvings) to get the mean, then do the same for the squared
 // deviations to get the variance (two passes: more stable than E[x^2] - E[x]^2), and finally
 // write the normalised row. x is read through its strides; gamma and beta are contiguous.
+// A row holding a NaN (or an infinity, whose deviation is NaN) has a NaN sum; the whole row is
+// then written as that NaN, tested on the bits (WGSL may assume there is no NaN).
 //
 // info: [n_rows, n, outer_rank, offset, last_stride, eps bits, outer_shape[8], outer_strides[8]]
 
@@ -56,10 +58,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     part[t] = q;
     workgroupBarrier();
-    let rstd = inverseSqrt(tree_sum(t) / f32(n) + param(5u));
+    let qs = tree_sum(t);
+    let rstd = inverseSqrt(qs / f32(n) + param(5u));
+    let bad = is_nan_(mean) || is_nan_(qs);
+    let nan = select(qs, mean, is_nan_(mean));
     if (live) {
         for (var j = t; j < n; j = j + WG) {
-            y_buf[row * n + j] = (x_buf[base + j * stride] - mean) * rstd * gamma[j] + beta[j];
+            let y = (x_buf[base + j * stride] - mean) * rstd * gamma[j] + beta[j];
+            y_buf[row * n + j] = select(y, nan, bad);
         }
     }
 }

@@ -5,6 +5,8 @@
 // partial max and sum in workgroup memory (a tree of halvings). Subtracting the maximum keeps
 // exp from overflowing. The row is read through its strides; the output is contiguous.
 // `{{OUT}}` is the result expression of `v` (the input), `m` (row max) and `s` (sum of exps).
+// The row max propagates NaN (`max_`, a test on the bits), and a row holding a NaN comes out
+// all NaN, as on the Cpu: never a finite, silently wrong distribution.
 //
 // info: [n_rows, n, outer_rank, offset, last_stride, outer_shape[8], outer_strides[8]]
 
@@ -16,7 +18,7 @@ var<workgroup> part: array<f32, 256>;
 fn tree(t: u32, is_max: bool) -> f32 {
     for (var s = WG / 2u; s > 0u; s = s / 2u) {
         if (t < s) {
-            part[t] = select(part[t] + part[t + s], max(part[t], part[t + s]), is_max);
+            part[t] = select(part[t] + part[t + s], max_(part[t], part[t + s]), is_max);
         }
         workgroupBarrier();
     }
@@ -40,7 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var m = -3.4028235e38;
     if (live) {
         for (var j = t; j < n; j = j + WG) {
-            m = max(m, x_buf[base + j * stride]);
+            m = max_(m, x_buf[base + j * stride]);
         }
     }
     part[t] = m;
@@ -58,7 +60,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (live) {
         for (var j = t; j < n; j = j + WG) {
             let v = x_buf[base + j * stride];
-            y_buf[row * n + j] = {{OUT}};
+            // m is the NaN itself when the row holds one.
+            y_buf[row * n + j] = select({{OUT}}, m, is_nan_(m));
         }
     }
 }

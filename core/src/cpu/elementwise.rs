@@ -5,7 +5,7 @@
 //! per operand (1 for contiguous data, 0 for a broadcast value). The op is matched once, outside
 //! the loops, so each loop is compiled for one op.
 
-use super::{CpuStorage, f32_storage, take};
+use super::{CpuStorage, f32_storage, try_take};
 use crate::layout::coalesce;
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::{DType, Layout, Result};
@@ -76,7 +76,7 @@ fn run<const N: usize>(
 pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
     let x = s.f32s(op.name())?;
     let r = rows(&[l]);
-    let mut out = take(l.numel());
+    let mut out = try_take(l.numel())?;
     macro_rules! go {
         ($f:expr) => {
             run(&mut out, l.numel(), &r, [x], |[v]| $f(v))
@@ -90,7 +90,7 @@ pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
                 $(UnaryOp::$v => go!(|v: f32| UnaryOp::$v.apply(v)),)*
                 UnaryOp::Affine { mul, add } => go!(|v: f32| v * mul + add),
                 UnaryOp::Powf(e) => go!(|v: f32| v.powf(e)),
-                UnaryOp::Clamp { lo, hi } => go!(|v: f32| v.max(lo).min(hi)),
+                UnaryOp::Clamp { lo, hi } => go!(|v: f32| UnaryOp::Clamp { lo, hi }.apply(v)),
             }
         };
     }
@@ -105,7 +105,7 @@ pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
 pub fn binary(op: BinaryOp, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<CpuStorage> {
     let (x, y) = (a.f32s(op.name())?, b.f32s(op.name())?);
     let r = rows(&[la, lb]);
-    let mut out = take(la.numel());
+    let mut out = try_take(la.numel())?;
     macro_rules! go {
         ($f:expr) => {
             run(&mut out, la.numel(), &r, [x, y], |[p, q]| $f(p, q))
@@ -132,12 +132,13 @@ pub fn where_cond(
 ) -> Result<CpuStorage> {
     let d = [m.f32s("where_cond")?, a.f32s("where_cond")?, b.f32s("where_cond")?];
     let r = rows(&[lm, la, lb]);
-    let mut out = take(la.numel());
+    let mut out = try_take(la.numel())?;
     run(&mut out, la.numel(), &r, d, |[c, p, q]| if c != 0.0 { p } else { q });
     Ok(f32_storage(out))
 }
 
-/// Convert to another dtype (f32 <-> f16 rounds to nearest; float -> integer truncates toward zero).
+/// Convert to another dtype (f32 <-> f16 rounds to nearest; float -> integer truncates toward zero
+/// and saturates, NaN becoming 0: a plain cast that validates nothing, see `Tensor::to_index`).
 pub fn cast(s: &CpuStorage, l: &Layout, to: DType) -> Result<CpuStorage> {
     let as_f32: Vec<f32> = match s {
         CpuStorage::F32(v) => l.offsets().map(|o| v[o]).collect(),
@@ -167,7 +168,10 @@ pub fn copy_into(src: &CpuStorage, ls: &Layout, dst: &mut [f32], ld: &Layout) ->
     Ok(())
 }
 
-/// `n` uniform values in [0, 1) of stream `key`, starting at counter `start`.
-pub fn rand_uniform(n: usize, key: u32, start: u32) -> CpuStorage {
-    f32_storage((0..n as u32).map(|i| crate::rng::uniform(key, start.wrapping_add(i))).collect())
+/// `n` uniform values in [0, 1) of stream `key`, starting at counter `start` (the caller keeps
+/// `n` within the 2^32 counters of a stream).
+pub fn rand_uniform(n: usize, key: u32, start: u32) -> Result<CpuStorage> {
+    let mut out = try_take(n)?;
+    out.extend((0..n).map(|i| crate::rng::uniform(key, start.wrapping_add(i as u32))));
+    Ok(f32_storage(out))
 }

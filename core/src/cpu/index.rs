@@ -1,7 +1,7 @@
 //! Indexing on the Cpu: index_select (embedding lookup), gather (torch semantics) and their
 //! adjoints index_add and scatter_add. Out-of-range indices are errors, never silent reads.
 
-use super::{CpuStorage, f32_storage, strided};
+use super::{CpuStorage, f32_storage, strided, try_take, try_zeros};
 use crate::{Error, Layout, Result};
 
 fn check(op: &'static str, ids: &[u32], size: usize) -> Result<()> {
@@ -22,7 +22,7 @@ pub fn index_select(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, a
     let ids = ids.indices("index_select", li)?;
     let (outer, size, inner) = split(l.shape(), axis);
     check("index_select", &ids, size)?;
-    let mut out = Vec::with_capacity(outer * ids.len() * inner);
+    let mut out = try_take(outer * ids.len() * inner)?;
     for o in 0..outer {
         for &i in &ids {
             let start = (o * size + i as usize) * inner;
@@ -45,7 +45,7 @@ pub fn index_add(
     let ids = ids.indices("index_add", li)?;
     let (outer, size, inner) = split(shape, axis);
     check("index_add", &ids, size)?;
-    let mut out = vec![0f32; outer * size * inner];
+    let mut out = try_zeros(outer * size * inner)?;
     for o in 0..outer {
         for (j, &i) in ids.iter().enumerate() {
             let d = (o * size + i as usize) * inner;
@@ -66,7 +66,7 @@ pub fn gather(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, axis: u
     let (outer, size, inner) = split(l.shape(), axis);
     let k = li.shape()[axis];
     check("gather", &ids, size)?;
-    let mut out = vec![0f32; ids.len()];
+    let mut out = try_zeros(ids.len())?;
     for o in 0..outer {
         for j in 0..k {
             for t in 0..inner {
@@ -92,7 +92,7 @@ pub fn scatter_add(
     let (outer, size, inner) = split(shape, axis);
     let k = li.shape()[axis];
     check("scatter_add", &ids, size)?;
-    let mut out = vec![0f32; outer * size * inner];
+    let mut out = try_zeros(outer * size * inner)?;
     for o in 0..outer {
         for j in 0..k {
             for t in 0..inner {
@@ -102,4 +102,32 @@ pub fn scatter_add(
         }
     }
     Ok(f32_storage(out))
+}
+
+/// Check that the values of `l` are valid u32 indices below `bound` (whole, not negative, finite,
+/// below 2^32) and convert them; on the first value that is not, its flat position instead.
+pub fn index_check(s: &CpuStorage, l: &Layout, bound: Option<usize>) -> Result<(CpuStorage, Option<usize>)> {
+    let limit = bound.map_or(1u64 << 32, |b| (b as u64).min(1 << 32));
+    let mut out: Vec<u32> = Vec::new();
+    out.try_reserve_exact(l.numel())
+        .map_err(|_| Error::OutOfMemory { bytes: l.numel() as u64 * 4, device: "cpu".into() })?;
+    let whole = |v: f32| (v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 4_294_967_296.0).then_some(v as u32);
+    let mut bad = None;
+    let mut visit = |i: usize, idx: Option<u32>| match idx {
+        Some(u) if u64::from(u) < limit => {
+            out.push(u);
+            true
+        }
+        _ => {
+            bad = Some(i);
+            false
+        }
+    };
+    let _ = match s {
+        CpuStorage::F32(v) => l.offsets().enumerate().all(|(i, o)| visit(i, whole(v[o]))),
+        CpuStorage::F16(v) => l.offsets().enumerate().all(|(i, o)| visit(i, whole(v[o].to_f32()))),
+        CpuStorage::I32(v) => l.offsets().enumerate().all(|(i, o)| visit(i, u32::try_from(v[o]).ok())),
+        CpuStorage::U32(v) => l.offsets().enumerate().all(|(i, o)| visit(i, Some(v[o]))),
+    };
+    Ok((CpuStorage::U32(std::sync::Arc::new(out)), bad))
 }

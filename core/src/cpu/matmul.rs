@@ -1,7 +1,7 @@
 //! Batched matmul on the Cpu through the `gemm` crate (packed, SIMD, multithreaded), which takes
 //! arbitrary row and column strides, so transposed views are read in place.
 
-use super::{CpuStorage, f32_storage, zeros};
+use super::{CpuStorage, f32_storage, try_zeros};
 use crate::{Layout, Result};
 use rayon::prelude::*;
 
@@ -12,7 +12,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch = Layout::contiguous(&la.shape()[..r - 2]);
     let nb = batch.numel();
-    let mut out = zeros(nb * m * n);
+    let mut out = try_zeros(nb * m * n)?;
     let (ars, acs) = (la.strides()[r - 2] as isize, la.strides()[r - 1] as isize);
     let (brs, bcs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
     // Offsets of each batch's matrix in a and b.

@@ -7,9 +7,10 @@ mod matmul;
 mod norm;
 mod pool;
 mod reduce;
+mod sum_columns;
 
 pub use elementwise::{binary, cast, copy_into, rand_uniform, unary, where_cond};
-pub use index::{gather, index_add, index_select, scatter_add};
+pub use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use matmul::matmul;
 pub use norm::{layer_norm, softmax};
 pub use pool::HostBuf;
@@ -126,4 +127,4 @@ pub(crate) fn f32_storage(v: Vec<f32>) -> CpuStorage {
     CpuStorage::F32(Arc::new(HostBuf::new(v)))
 }
 
-pub(crate) use pool::{take, zeros};
+pub(crate) use pool::{try_take, try_zeros};

@@ -1,50 +1,309 @@
 //! Reductions on the Cpu over any set of axes; the result keeps reduced axes as size 1.
+//!
+//! Each output element reduces one run of the reduced ("inner") index space. The run is walked in
+//! row-major order as segments of its last (coalesced) axis, so no list of offsets is ever built
+//! (for `sum_all` of 2^24 elements that list alone was 128 MB).
+//!
+//! Sums are blocked pairwise: 8 lanes add up blocks of 128 elements, and block sums meet in a
+//! binary tree, so the rounding error grows with the log of the length instead of the length (a
+//! running f32 sum of 2^24 threes stops growing at 2^24 and gives 61,516,456). Long runs are cut
+//! into pieces of a fixed size, reduced in parallel and combined pairwise in order: the result
+//! does not depend on the number of threads. Max, min and argmax propagate NaN as NumPy does:
+//! the first NaN wins; argmax keeps the first index on ties.
 
 use super::{CpuStorage, f32_storage};
+use crate::layout::{Dims, coalesce};
 use crate::ops::ReduceOp;
-use crate::{Layout, Result};
+use crate::{Error, Layout, Result};
 use rayon::prelude::*;
+use smallvec::SmallVec;
+use std::ops::ControlFlow;
 use std::sync::Arc;
+
+/// Elements summed by the 8 lanes before a block joins the pairwise tree.
+pub(super) const BLOCK: usize = 128;
+/// Elements per parallel piece of one long run (a whole number of blocks).
+const PIECE: usize = 1 << 16;
+/// Work below this many elements stays on the calling thread.
+const PAR_MIN: usize = 1 << 15;
+
+/// The reduced index space of one output element: a coalesced shape and its strides (in the
+/// source), walked from a base offset.
+pub(super) struct Run<'a> {
+    pub(super) data: &'a [f32],
+    shape: Dims,
+    strides: Dims,
+}
+
+impl Run<'_> {
+    pub(super) fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Visit elements `lo..hi` of the run at `base` in row-major order, as segments
+    /// `(first offset, count)` along the last axis (whose stride is `self.step()`).
+    pub(super) fn segments(
+        &self,
+        base: usize,
+        lo: usize,
+        hi: usize,
+        mut f: impl FnMut(usize, usize) -> ControlFlow<()>,
+    ) {
+        let r = self.shape.len();
+        let (last, step) = (self.shape[r - 1], self.strides[r - 1]);
+        if lo >= hi || last == 0 {
+            return;
+        }
+        // The row index of `lo` over the leading axes, and that row's offset.
+        let mut idx: Dims = Dims::from_elem(0, r - 1);
+        let mut row = lo / last;
+        for d in (0..r - 1).rev() {
+            idx[d] = row % self.shape[d];
+            row /= self.shape[d];
+        }
+        let mut row_off: usize = (0..r - 1).map(|d| idx[d] * self.strides[d]).sum();
+        let (mut i, mut col) = (lo, lo % last);
+        while i < hi {
+            let take = (last - col).min(hi - i);
+            if f(base + row_off + col * step, take).is_break() {
+                return;
+            }
+            i += take;
+            col = 0;
+            for d in (0..r - 1).rev() {
+                idx[d] += 1;
+                row_off += self.strides[d];
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                row_off -= self.strides[d] * self.shape[d];
+                idx[d] = 0;
+            }
+        }
+    }
+
+    pub(super) fn step(&self) -> usize {
+        self.strides[self.shape.len() - 1]
+    }
+}
+
+/// A blocked pairwise sum fed in order.
+#[derive(Default)]
+struct Pairwise {
+    lanes: [f32; 8],
+    filled: usize,
+    /// Partial sums with their tree level; equal levels merge, like carries of a binary counter.
+    /// Inline: one output's sum allocates nothing (32 levels cover 2^39 elements).
+    levels: SmallVec<[(f32, u32); 32]>,
+}
+
+impl Pairwise {
+    fn add(&mut self, data: &[f32], off: usize, count: usize, step: usize) {
+        let mut k = 0;
+        while k < count {
+            let take = (BLOCK - self.filled).min(count - k);
+            if step == 1 && self.filled.is_multiple_of(8) {
+                let mut chunks = data[off + k..off + k + take].chunks_exact(8);
+                for c in &mut chunks {
+                    for (l, &v) in self.lanes.iter_mut().zip(c) {
+                        *l += v;
+                    }
+                }
+                for (l, &v) in self.lanes.iter_mut().zip(chunks.remainder()) {
+                    *l += v;
+                }
+            } else {
+                for j in 0..take {
+                    self.lanes[(self.filled + j) % 8] += data[off + (k + j) * step];
+                }
+            }
+            self.filled += take;
+            k += take;
+            if self.filled == BLOCK {
+                self.close_block();
+            }
+        }
+    }
+
+    fn add_one(&mut self, v: f32) {
+        self.lanes[self.filled % 8] += v;
+        self.filled += 1;
+        if self.filled == BLOCK {
+            self.close_block();
+        }
+    }
+
+    fn close_block(&mut self) {
+        let l = self.lanes;
+        self.push(((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
+        self.lanes = [0.0; 8];
+        self.filled = 0;
+    }
+
+    fn push(&mut self, v: f32) {
+        let mut top = (v, 0);
+        while let Some(&(s, level)) = self.levels.last() {
+            if level != top.1 {
+                break;
+            }
+            self.levels.pop();
+            top = (s + top.0, level + 1);
+        }
+        self.levels.push(top);
+    }
+
+    fn finish(mut self) -> f32 {
+        if self.filled > 0 {
+            self.close_block();
+        }
+        // Smallest partials first.
+        self.levels.iter().rev().fold(0.0, |acc, &(s, _)| acc + s)
+    }
+}
+
+/// The blocked pairwise sum of `values`, in order (for row ops: softmax, layer norm).
+pub(crate) fn pairwise_sum(values: impl IntoIterator<Item = f32>) -> f32 {
+    let mut p = Pairwise::default();
+    for v in values {
+        p.add_one(v);
+    }
+    p.finish()
+}
+
+/// The sum of elements `lo..hi` of a run.
+fn sum_range(run: &Run, base: usize, lo: usize, hi: usize) -> f32 {
+    let mut p = Pairwise::default();
+    let step = run.step();
+    run.segments(base, lo, hi, |off, count| {
+        p.add(run.data, off, count, step);
+        ControlFlow::Continue(())
+    });
+    p.finish()
+}
+
+/// Pairwise sum of a short list (the pieces of a long run).
+fn pairwise(v: &[f32]) -> f32 {
+    match v.len() {
+        0 => 0.0,
+        1 => v[0],
+        n => pairwise(&v[..n / 2]) + pairwise(&v[n / 2..]),
+    }
+}
+
+/// The best (value, index) of elements `lo..hi` for max, min or argmax; indices count from the
+/// run's start. Stops at the first NaN.
+fn extreme_range(op: ReduceOp, run: &Run, base: usize, lo: usize, hi: usize) -> (f32, u32) {
+    let better = |v: f32, best: f32| if op == ReduceOp::Min { v < best } else { v > best };
+    let (mut best, mut at) = (if op == ReduceOp::Min { f32::INFINITY } else { f32::NEG_INFINITY }, lo);
+    let (mut i, step) = (lo, run.step());
+    run.segments(base, lo, hi, |off, count| {
+        for j in 0..count {
+            let v = run.data[off + j * step];
+            if v.is_nan() {
+                (best, at) = (v, i + j);
+                return ControlFlow::Break(());
+            }
+            // The first element always counts, so a run of infinities finds its first one.
+            if better(v, best) || i + j == lo {
+                (best, at) = (v, i + j);
+            }
+        }
+        i += count;
+        ControlFlow::Continue(())
+    });
+    (best, at as u32)
+}
+
+/// Combine the results of two consecutive pieces, `a` first: NaN wins, then the better value,
+/// then (on ties) the earlier one.
+fn combine_extremes(op: ReduceOp, a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
+    if a.0.is_nan() {
+        return a;
+    }
+    if b.0.is_nan() {
+        return b;
+    }
+    let b_better = if op == ReduceOp::Min { b.0 < a.0 } else { b.0 > a.0 };
+    if b_better { b } else { a }
+}
+
+/// Reduce one output's run: split into parallel pieces when it is long and `split` allows.
+fn reduce_run(op: ReduceOp, run: &Run, base: usize, split: bool) -> (f32, u32) {
+    let n = run.len();
+    let pieces = if split && n >= 2 * PIECE { n.div_ceil(PIECE) } else { 1 };
+    let range = |p: usize| (p * PIECE, ((p + 1) * PIECE).min(n));
+    match op {
+        ReduceOp::Sum if pieces == 1 => (sum_range(run, base, 0, n), 0),
+        ReduceOp::Sum => {
+            let sums: Vec<f32> = (0..pieces)
+                .into_par_iter()
+                .map(|p| {
+                    let (lo, hi) = range(p);
+                    sum_range(run, base, lo, hi)
+                })
+                .collect();
+            (pairwise(&sums), 0)
+        }
+        _ if pieces == 1 => extreme_range(op, run, base, 0, n),
+        _ => {
+            let parts: Vec<(f32, u32)> = (0..pieces)
+                .into_par_iter()
+                .map(|p| {
+                    let (lo, hi) = range(p);
+                    extreme_range(op, run, base, lo, hi)
+                })
+                .collect();
+            parts.into_iter().reduce(|a, b| combine_extremes(op, a, b)).unwrap_or((0.0, 0))
+        }
+    }
+}
 
 /// Reduce `axes` of a layout. The output is contiguous with the input's shape, reduced axes set to 1.
 pub fn reduce(op: ReduceOp, s: &CpuStorage, l: &Layout, axes: &[usize]) -> Result<CpuStorage> {
     let data = s.f32s(op.name())?;
-    // Move kept axes first and reduced axes last: each output element then owns one run of the
-    // reduced index space, read through the permuted strides.
     let kept: Vec<usize> = (0..l.rank()).filter(|a| !axes.contains(a)).collect();
-    let order: Vec<usize> = kept.iter().chain(axes.iter()).copied().collect();
-    let p = l.permute(&order)?;
-    let n_out: usize = kept.iter().map(|&a| l.shape()[a]).product();
-    let inner = Layout::new(p.shape()[kept.len()..].into(), p.strides()[kept.len()..].into(), 0);
-    let outer = Layout::new(p.shape()[..kept.len()].into(), p.strides()[..kept.len()].into(), p.offset());
-    let inner_offs: Vec<usize> = inner.offsets().collect();
-    let outer_offs: Vec<usize> = outer.offsets().collect();
-    debug_assert_eq!(outer_offs.len(), n_out);
-    let run = |base: usize| -> (f32, u32) {
-        let it = inner_offs.iter().map(|&o| data[base + o]);
-        match op {
-            ReduceOp::Sum => (it.sum(), 0),
-            ReduceOp::Max => (it.fold(f32::NEG_INFINITY, f32::max), 0),
-            ReduceOp::Min => (it.fold(f32::INFINITY, f32::min), 0),
-            ReduceOp::ArgMax => {
-                let (mut best, mut idx) = (f32::NEG_INFINITY, 0u32);
-                for (i, v) in it.enumerate() {
-                    if v > best || (i == 0) {
-                        best = v;
-                        idx = i as u32;
-                    }
-                }
-                (best, idx)
-            }
-        }
-    };
-    let results: Vec<(f32, u32)> = if n_out >= 64 && inner_offs.len() * n_out >= 1 << 15 {
-        outer_offs.par_iter().map(|&b| run(b)).collect()
+    let pick = |of: &[usize], which: &[usize]| -> Vec<usize> { which.iter().map(|&a| of[a]).collect() };
+    let (inner_shape, inner_strides) = (pick(l.shape(), axes), pick(l.strides(), axes));
+    let (shape, strides) = coalesce(&inner_shape, &[&inner_strides]);
+    let run = Run { data, shape, strides: strides.into_iter().next().unwrap_or_default() };
+    if op == ReduceOp::ArgMax && run.len() > u32::MAX as usize {
+        return Err(Error::invalid(
+            "argmax",
+            format!("an axis of {} elements has indices past u32, which argmax returns", run.len()),
+        ));
+    }
+    let (outer_shape, outer_strides) = (pick(l.shape(), &kept), pick(l.strides(), &kept));
+    let total = outer_shape.iter().product::<usize>().saturating_mul(run.len());
+    // Neighbouring outputs one element apart, each with a strided run: sum them side by side.
+    let (cs, cst) = coalesce(&outer_shape, &[&outer_strides]);
+    let (len, stride) = (cs[cs.len() - 1], cst[0][cs.len() - 1]);
+    if op == ReduceOp::Sum && stride == 1 && len > 1 && run.step() != 1 && run.len() >= 8 {
+        let rows = Layout::new(cs[..cs.len() - 1].into(), cst[0][..cs.len() - 1].into(), l.offset());
+        let row_bases: Vec<usize> = rows.offsets().collect();
+        let mut out = super::try_zeros(rows.numel() * len)?;
+        super::sum_columns::sum_columns(&run, &row_bases, len, &mut out, total >= PAR_MIN);
+        return Ok(f32_storage(out));
+    }
+    let outer = Layout::new(outer_shape.into(), outer_strides.into(), l.offset());
+    let n_out = outer.numel();
+    let mut bases: Vec<usize> = Vec::new();
+    bases.try_reserve_exact(n_out).map_err(|_| oom(n_out * 8))?;
+    bases.extend(outer.offsets());
+    let results: Vec<(f32, u32)> = if n_out >= 64 && total >= PAR_MIN {
+        bases.par_iter().map(|&b| reduce_run(op, &run, b, false)).collect()
     } else {
-        outer_offs.iter().map(|&b| run(b)).collect()
+        bases.iter().map(|&b| reduce_run(op, &run, b, total >= PAR_MIN)).collect()
     };
     Ok(match op {
         ReduceOp::ArgMax => CpuStorage::U32(Arc::new(results.into_iter().map(|r| r.1).collect())),
-        _ => f32_storage(results.into_iter().map(|r| r.0).collect()),
+        _ => {
+            let mut out = super::try_take(n_out)?;
+            out.extend(results.into_iter().map(|r| r.0));
+            f32_storage(out)
+        }
     })
+}
+
+fn oom(bytes: usize) -> Error {
+    Error::OutOfMemory { bytes: bytes as u64, device: "cpu".into() }
 }

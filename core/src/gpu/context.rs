@@ -4,7 +4,11 @@
 //! every `FLUSH_EVERY` dispatches, and before every read-back, the batch is replayed into one
 //! command encoder and one compute pass and submitted. A recorded dispatch holds its buffers, so
 //! a tensor dropped before the batch runs cannot have its buffer reused too early.
+//!
+//! Index kernels record bad indices in fault slots of their own (see `fault.rs`); every read-back
+//! settles the outstanding slots and fails only when the storage it reads depends on a faulted one.
 
+use super::fault::{FaultSlot, SLOT_BYTES, Seen};
 use super::pool::{self, MemoryStats, Pool, PooledBuffer};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -13,6 +17,10 @@ use std::sync::{Arc, Mutex};
 
 /// Dispatches recorded before a submit.
 const FLUSH_EVERY: usize = 64;
+
+/// Fault slots left outstanding before a dispatch settles them (a sync): bounds their memory in
+/// a program that never reads anything back.
+const MAX_OUTSTANDING: usize = 1024;
 
 /// Workgroups of a one-dimensional kernel: 262,144 invocations fill the largest GPUs, and few
 /// workgroups keep lavapipe's per-workgroup cost (it runs them as CPU tasks) negligible.
@@ -31,6 +39,15 @@ struct Recorded {
     _hold: Vec<Arc<PooledBuffer>>,
 }
 
+/// Work recorded but not yet submitted, and fault slots whose dispatches were recorded but not
+/// yet settled by a read-back. One lock guards both, so a read-back settles exactly the slots of
+/// the dispatches it submits (or submitted earlier).
+#[derive(Default)]
+struct Pending {
+    recorded: Vec<Recorded>,
+    outstanding: Vec<Arc<FaultSlot>>,
+}
+
 /// An open device on one adapter. Several may be open on the same adapter ("virtual devices").
 pub struct GpuContext {
     pub(crate) ordinal: usize,
@@ -42,9 +59,7 @@ pub struct GpuContext {
     pub(crate) features: wgpu::Features,
     pipelines: Mutex<HashMap<String, Arc<Kernel>>>,
     pool: Pool,
-    pending: Mutex<Vec<Recorded>>,
-    /// Raised by index kernels on an out-of-range index; checked at every read-back.
-    pub(crate) fault: Arc<PooledBuffer>,
+    pending: Mutex<Pending>,
     errors: Arc<Mutex<Vec<String>>>,
     /// A matmul variant forced on this device (tests, benchmarks); `None`: the autotuner's choice.
     matmul: Mutex<Option<super::matmul::MatmulVariant>>,
@@ -73,12 +88,6 @@ impl GpuContext {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             sink.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
         }));
-        let fault_buf = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("weft fault flag"),
-            size: 16,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
         Ok(GpuContext {
             ordinal: ORDINALS.fetch_add(1, Ordering::Relaxed),
             adapter_index,
@@ -90,7 +99,6 @@ impl GpuContext {
             pipelines: Mutex::default(),
             pool: Pool::default(),
             pending: Mutex::default(),
-            fault: Arc::new(pool::unpooled(fault_buf, 16)),
             errors,
             matmul: Mutex::default(),
         })
@@ -196,7 +204,37 @@ impl GpuContext {
         buffers: &[&Arc<PooledBuffer>],
         groups: [u32; 3],
     ) -> Result<()> {
+        self.record(kernel, entry, info, buffers, groups, None)
+    }
+
+    /// Record a dispatch that writes `slot` (bound among `buffers`) when it meets a bad index; the
+    /// slot becomes outstanding with it, to be settled by the next read-back.
+    pub(crate) fn dispatch_faulting(
+        &self,
+        kernel: &str,
+        entry: &str,
+        info: &[u32],
+        buffers: &[&Arc<PooledBuffer>],
+        groups: [u32; 3],
+        slot: &Arc<FaultSlot>,
+    ) -> Result<()> {
+        self.record(kernel, entry, info, buffers, groups, Some(slot))
+    }
+
+    fn record(
+        &self,
+        kernel: &str,
+        entry: &str,
+        info: &[u32],
+        buffers: &[&Arc<PooledBuffer>],
+        groups: [u32; 3],
+        slot: Option<&Arc<FaultSlot>>,
+    ) -> Result<()> {
         if groups.contains(&0) {
+            // Nothing runs, so nothing can fault.
+            if let Some(s) = slot {
+                s.settle(&Seen::Clean, None);
+            }
             return Ok(());
         }
         let max = self.limits.max_compute_workgroups_per_dimension;
@@ -219,11 +257,21 @@ impl GpuContext {
         let mut hold: Vec<Arc<PooledBuffer>> = buffers.iter().map(|b| Arc::clone(b)).collect();
         hold.push(info_buf);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.push(Recorded { kernel: pipeline, bind_group, groups, _hold: hold });
-        if pending.len() >= FLUSH_EVERY {
-            let batch = self.submit_locked(&mut pending, |_| ());
+        pending.recorded.push(Recorded { kernel: pipeline, bind_group, groups, _hold: hold });
+        let mut settle_now = false;
+        if let Some(s) = slot {
+            pending.outstanding.push(s.clone());
+            settle_now = pending.outstanding.len() >= MAX_OUTSTANDING;
+        }
+        if pending.recorded.len() >= FLUSH_EVERY {
+            let batch = self.submit_locked(&mut pending.recorded, |_| ());
             drop(pending);
             drop(batch);
+        } else {
+            drop(pending);
+        }
+        if settle_now {
+            self.settle_faults(None, &[])?;
         }
         Ok(())
     }
@@ -272,21 +320,18 @@ impl GpuContext {
     /// Submit everything recorded so far.
     pub fn flush(&self) {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.is_empty() {
+        if pending.recorded.is_empty() {
             return;
         }
-        let batch = self.submit_locked(&mut pending, |_| ());
+        let batch = self.submit_locked(&mut pending.recorded, |_| ());
         drop(pending);
         drop(batch);
     }
 
-    /// Wait for all submitted work and return any error the GPU reported.
+    /// Wait for all submitted work and return any error the GPU reported. Index faults are
+    /// settled too, but reported only by reading the tensors they spoiled.
     pub fn synchronize(&self) -> Result<()> {
-        self.flush();
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Gpu(format!("waiting for {}: {e}", self.describe())))?;
-        self.take_errors()
+        self.settle_faults(None, &[]).map(|_| ())
     }
 
     fn take_errors(&self) -> Result<()> {
@@ -302,25 +347,48 @@ impl GpuContext {
         Err(Error::Gpu(msg))
     }
 
-    /// Read `len` bytes at byte `offset` of a buffer: submits the batch, copies into a staging
-    /// buffer, waits, and checks the fault flag and the error log.
-    pub(crate) fn read(&self, buf: &PooledBuffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+    /// Read `len` bytes at byte `offset` of a buffer that depends on the fault slots `faults`:
+    /// submits the batch, copies into a staging buffer, waits, and checks the error log and the
+    /// slots. Fails with the fault of a slot in `faults`; faults of other slots stay with them.
+    pub(crate) fn read(&self, buf: &PooledBuffer, offset: u64, len: u64, faults: &[Arc<FaultSlot>]) -> Result<Vec<u8>> {
+        self.settle_faults(Some((buf, offset, len)), faults)
+    }
+
+    /// Submit everything, copy out `data` (buffer, byte offset, length) and every fault slot not
+    /// yet settled (the device's outstanding ones and those in `faults`), wait, settle those
+    /// slots, and return the data, or the fault of a slot in `faults`.
+    fn settle_faults(&self, data: Option<(&PooledBuffer, u64, u64)>, faults: &[Arc<FaultSlot>]) -> Result<Vec<u8>> {
+        let (offset, len) = data.map_or((0, 0), |d| (d.1, d.2));
         let start = offset & !3;
         let end = (offset + len).div_ceil(4) * 4;
         let size = (end - start).max(4);
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        // A slot in `faults` may be in another thread's read-back right now: copy it here too
+        // (settling twice is harmless, both see the same bytes).
+        let mut slots: Vec<(Arc<FaultSlot>, Arc<PooledBuffer>)> = Vec::new();
+        for s in std::mem::take(&mut pending.outstanding).into_iter().chain(faults.iter().cloned()) {
+            if slots.iter().any(|(t, _)| Arc::ptr_eq(&s, t)) {
+                continue;
+            }
+            if let Some(b) = s.buffer() {
+                slots.push((s, b));
+            }
+        }
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("weft read-back"),
-            size: size + 16,
+            size: size + SLOT_BYTES * slots.len() as u64,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let batch = self.submit_locked(&mut pending, |encoder| {
-            if end > start {
+        let batch = self.submit_locked(&mut pending.recorded, |encoder| {
+            if let Some((buf, ..)) = data
+                && end > start
+            {
                 encoder.copy_buffer_to_buffer(&buf.buffer, start, &staging, 0, end - start);
             }
-            encoder.copy_buffer_to_buffer(&self.fault.buffer, 0, &staging, size, 16);
-            encoder.clear_buffer(&self.fault.buffer, 0, None);
+            for (i, (_, b)) in slots.iter().enumerate() {
+                encoder.copy_buffer_to_buffer(&b.buffer, 0, &staging, size + SLOT_BYTES * i as u64, SLOT_BYTES);
+            }
         });
         drop(pending);
         drop(batch);
@@ -329,26 +397,45 @@ impl GpuContext {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.device
+        let waited = self
+            .device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Gpu(format!("waiting for {}: {e}", self.describe())))?;
-        self.take_errors()?;
-        rx.recv()
-            .map_err(|_| Error::Gpu("read-back was dropped".into()))?
-            .map_err(|e| Error::Gpu(format!("mapping a read-back buffer: {e}")))?;
+            .map_err(|e| Error::Gpu(format!("waiting for {}: {e}", self.describe())))
+            .and_then(|_| self.take_errors())
+            .and_then(|_| {
+                rx.recv()
+                    .map_err(|_| Error::Gpu("read-back was dropped".into()))?
+                    .map_err(|e| Error::Gpu(format!("mapping a read-back buffer: {e}")))
+            });
+        if let Err(e) = waited {
+            // The slots stay outstanding for a later read-back.
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            pending.outstanding.extend(slots.into_iter().map(|(s, _)| s));
+            return Err(e);
+        }
         let view = slice.get_mapped_range().map_err(|e| Error::Gpu(format!("read-back: {e}")))?;
-        let fault = u32::from_le_bytes(view[size as usize..size as usize + 4].try_into().unwrap());
         let lo = (offset - start) as usize;
         let out = view[lo..lo + len as usize].to_vec();
+        let seen: Vec<Seen> =
+            (0..slots.len()).map(|i| Seen::from_bytes(&view[(size + SLOT_BYTES * i as u64) as usize..])).collect();
         drop(view);
         staging.unmap();
-        if fault != 0 {
-            return Err(Error::invalid(
-                "index",
-                "an index_select, gather, index_add or scatter_add on this device got an index past the end of its axis",
-            ));
+        for ((slot, _), seen) in slots.iter().zip(&seen) {
+            // A faulted slot reads back the index at its first bad position: a second, small
+            // read-back, on the error path only.
+            let first = match *seen {
+                Seen::Bad { at, .. } => slot.ids().and_then(|ids| {
+                    let b = self.settle_faults(Some((&ids, u64::from(at) * 4, 4)), &[]).ok()?;
+                    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                }),
+                Seen::Clean => None,
+            };
+            slot.settle(seen, first);
         }
-        Ok(out)
+        match faults.iter().find_map(|s| s.error()) {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
     /// Index of the adapter this device was opened on (the `N` of `gpu:N`).

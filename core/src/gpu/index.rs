@@ -1,8 +1,11 @@
 //! Launchers for index_select, gather and their adjoints. Sources and indices are made contiguous
-//! first; a bad index raises the device's fault flag (an `Err` at the next read-back).
+//! first. Each dispatch gets a fault slot of its own, and its output carries it: a bad index is
+//! an `Err` when that output, or anything computed from it, is read (see `fault.rs`).
 
-use super::{GpuStorage, contiguous};
+use super::fault::{FaultSlot, SLOT_BYTES};
+use super::{GpuStorage, check_rank, contiguous, push_dims};
 use crate::{DType, Layout, Result};
+use std::sync::Arc;
 
 fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
@@ -16,14 +19,19 @@ fn run(
     entry: &'static str,
     src: &GpuStorage,
     ids: &GpuStorage,
-    out: &GpuStorage,
+    out: &mut GpuStorage,
     n: usize,
     info: [usize; 4],
 ) -> Result<()> {
     let kernel = if entry.ends_with("_add") { "index_add" } else { "index" };
     let info: Vec<u32> = std::iter::once(n).chain(info).map(|x| x as u32).collect();
     let ctx = &src.ctx;
-    ctx.dispatch(kernel, entry, &info, &[&src.buf, &ids.buf, &out.buf, &ctx.fault], ctx.grid_1d(n))
+    // A zeroed slot: the upload lands before any work submitted after it.
+    let buf = ctx.upload(&[0; SLOT_BYTES as usize])?;
+    let slot = Arc::new(FaultSlot::new(entry, info[2] as usize, buf.clone(), ids.buf.clone()));
+    ctx.dispatch_faulting(kernel, entry, &info, &[&src.buf, &ids.buf, &out.buf, &buf], ctx.grid_1d(n), &slot)?;
+    out.faults.push(slot);
+    Ok(())
 }
 
 /// Entries `ids` (1-D) of `axis`.
@@ -31,8 +39,8 @@ pub fn index_select(s: &GpuStorage, l: &Layout, ids: &GpuStorage, li: &Layout, a
     let (outer, size, inner) = split(l.shape(), axis);
     let (src, ids) = (contig(s, l)?, contig(ids, li)?);
     let n = outer * li.numel() * inner;
-    let out = GpuStorage::alloc(&s.ctx, n, DType::F32)?;
-    run("index_select", &src, &ids, &out, n, [outer, size, inner, li.numel()])?;
+    let mut out = GpuStorage::alloc(&s.ctx, n, DType::F32)?;
+    run("index_select", &src, &ids, &mut out, n, [outer, size, inner, li.numel()])?;
     Ok(out)
 }
 
@@ -41,8 +49,8 @@ pub fn gather(s: &GpuStorage, l: &Layout, ids: &GpuStorage, li: &Layout, axis: u
     let (outer, size, inner) = split(l.shape(), axis);
     let (src, ids) = (contig(s, l)?, contig(ids, li)?);
     let n = li.numel();
-    let out = GpuStorage::alloc(&s.ctx, n, DType::F32)?;
-    run("gather", &src, &ids, &out, n, [outer, size, inner, li.shape()[axis]])?;
+    let mut out = GpuStorage::alloc(&s.ctx, n, DType::F32)?;
+    run("gather", &src, &ids, &mut out, n, [outer, size, inner, li.shape()[axis]])?;
     Ok(out)
 }
 
@@ -84,7 +92,35 @@ fn accumulate(
 ) -> Result<GpuStorage> {
     let (outer, size, inner) = split(shape, axis);
     let (x, ids) = (contig(src, ls)?, contig(ids, li)?);
-    let out = super::fill(&src.ctx, outer * size * inner, 0)?;
-    run(entry, &x, &ids, &out, ls.numel(), [outer, size, inner, n_ids])?;
+    let mut out = super::fill(&src.ctx, outer * size * inner, 0)?;
+    run(entry, &x, &ids, &mut out, ls.numel(), [outer, size, inner, n_ids])?;
     Ok(out)
+}
+
+/// Check that the values of `l` (of `dtype`: f32, i32 or u32) are valid u32 indices below `bound`
+/// and convert them, in one pass on the device; reads back only the verdict, an 8-byte record of
+/// the first bad flat position.
+pub fn index_check(
+    s: &GpuStorage,
+    l: &Layout,
+    dtype: DType,
+    bound: Option<usize>,
+) -> Result<(GpuStorage, Option<usize>)> {
+    check_rank("to_index", l)?;
+    // A bound past u32 adds nothing: the kernel already refuses values from 2^32 up.
+    let (bound, has_bound) = match bound {
+        Some(b) if b <= u32::MAX as usize => (b as u32, 1),
+        _ => (0, 0),
+    };
+    let n = l.numel();
+    let out = GpuStorage::alloc(&s.ctx, n, DType::U32)?.inherit(&[s]);
+    let verdict = s.ctx.upload(&[0; 8])?;
+    let mut info = vec![n as u32, l.rank() as u32, l.offset() as u32, bound, has_bound];
+    push_dims(&mut info, l.shape(), 1);
+    push_dims(&mut info, l.strides(), 0);
+    let kernel = format!("index_check/{}", dtype.name());
+    s.ctx.dispatch(&kernel, "main", &info, &[&s.buf, &out.buf, &verdict], s.ctx.grid_1d(n))?;
+    let b = s.ctx.read(&verdict, 0, 8, &s.faults)?;
+    let word = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+    Ok((out, (word(0) != 0).then(|| !word(1) as usize)))
 }

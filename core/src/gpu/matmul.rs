@@ -71,7 +71,7 @@ fn autotune(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
         let Ok(out) = run(&a, &la, &b, &lb, *v) else {
             continue;
         };
-        let Ok(bytes) = ctx.read(&out.buf, 0, (m * n * 4) as u64) else {
+        let Ok(bytes) = ctx.read(&out.buf, 0, (m * n * 4) as u64, &[]) else {
             continue;
         };
         let vals: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
@@ -126,6 +126,13 @@ fn choose(ranked: &[MatmulVariant], la: &Layout, lb: &Layout) -> MatmulVariant {
         .unwrap_or(MATMUL_VARIANTS[0])
 }
 
+/// The longest run of K one dispatch sums over. Every kernel loops over K inside an invocation,
+/// and llvmpipe silently stops all loops of an invocation after 65,535 iterations in total (the
+/// tiled kernels spend about 18 per 16 values of K, so K = 58,253 already came out wrong; a
+/// weight gradient over a batch of 64 sequences of 1,024 tokens has K = 65,536). Longer K is
+/// split into runs of this length whose products are added.
+const K_RUN: usize = 16_384;
+
 /// `a @ b` for `[batch.., m, k]` and `[batch.., k, n]` layouts with one batch shape.
 pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
     let ranked = match a.ctx.forced_matmul() {
@@ -133,7 +140,32 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
         Some(v) => vec![v, MATMUL_VARIANTS[0]],
         None => matmul_ranking(&a.ctx)?,
     };
-    run(a, la, b, lb, choose(&ranked, la, lb))
+    let r = la.rank();
+    let k = la.shape()[r - 1];
+    let mut sum: Option<GpuStorage> = None;
+    for start in (0..k.max(1)).step_by(K_RUN) {
+        let len = K_RUN.min(k - start.min(k));
+        let (pa, pb) = if len == k {
+            (la.clone(), lb.clone())
+        } else {
+            (la.narrow(r - 1, start, len)?, lb.narrow(r - 2, start, len)?)
+        };
+        let part = run(a, &pa, b, &pb, choose(&ranked, &pa, &pb))?;
+        sum = Some(match sum {
+            None => part,
+            Some(acc) => {
+                let l = Layout::contiguous(&out_shape(la, lb));
+                super::binary(crate::ops::BinaryOp::Add, &acc, &l, &part, &l)?
+            }
+        });
+    }
+    sum.ok_or_else(|| Error::Gpu("matmul produced no output".into()))
+}
+
+/// `[batch.., m, n]` of two operand layouts.
+fn out_shape(la: &Layout, lb: &Layout) -> Vec<usize> {
+    let r = la.rank();
+    la.shape()[..r - 1].iter().copied().chain([lb.shape()[r - 1]]).collect()
 }
 
 /// Run one variant.

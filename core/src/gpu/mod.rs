@@ -3,14 +3,16 @@
 
 mod context;
 mod elementwise;
+mod fault;
 mod index;
+mod long_rows;
 mod matmul;
 mod pool;
 mod rows;
 
 pub use context::GpuContext;
 pub use elementwise::{binary, cast, copy_into, fill, rand_uniform, unary, where_cond};
-pub use index::{gather, index_add, index_select, scatter_add};
+pub use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul, matmul_ranking};
 pub use pool::{MemoryStats, PooledBuffer};
 pub use rows::{layer_norm, reduce, softmax};
@@ -18,11 +20,14 @@ pub use rows::{layer_norm, reduce, softmax};
 use crate::{DType, Error, Layout, Result};
 use std::sync::{Arc, OnceLock};
 
-/// A tensor's memory on a GPU: a pooled buffer and the device it belongs to.
+/// A tensor's memory on a GPU: a pooled buffer, the device it belongs to, and the fault slots of
+/// the index ops its values came through (see `fault.rs`): reading it fails if one of them met a
+/// bad index.
 #[derive(Clone)]
 pub struct GpuStorage {
     pub(crate) buf: Arc<PooledBuffer>,
     pub(crate) ctx: Arc<GpuContext>,
+    pub(crate) faults: fault::Faults,
 }
 
 impl std::fmt::Debug for GpuStorage {
@@ -34,23 +39,36 @@ impl std::fmt::Debug for GpuStorage {
 impl GpuStorage {
     /// Upload host bytes.
     pub fn from_bytes(ctx: &Arc<GpuContext>, bytes: &[u8]) -> Result<Self> {
-        Ok(GpuStorage { buf: ctx.upload(bytes)?, ctx: ctx.clone() })
+        Ok(GpuStorage { buf: ctx.upload(bytes)?, ctx: ctx.clone(), faults: Vec::new() })
     }
 
-    /// A new uninitialised buffer for `n` elements of `dtype`.
+    /// A new uninitialised buffer for `n` elements of `dtype`. More elements than a u32 can
+    /// count (kernels index with u32), or more bytes than the adapter binds, are an `Err`.
     pub(crate) fn alloc(ctx: &Arc<GpuContext>, n: usize, dtype: DType) -> Result<Self> {
-        Ok(GpuStorage { buf: ctx.alloc((n * dtype.size_in_bytes()) as u64)?, ctx: ctx.clone() })
+        check_count("alloc", n)?;
+        let bytes = (n as u64).checked_mul(dtype.size_in_bytes() as u64).ok_or_else(|| {
+            Error::invalid("alloc", format!("{n} elements of {} do not fit in 2^64 bytes", dtype.name()))
+        })?;
+        Ok(GpuStorage { buf: ctx.alloc(bytes)?, ctx: ctx.clone(), faults: Vec::new() })
+    }
+
+    /// This storage, also depending on the fault slots of `inputs` (it was computed from them).
+    pub(crate) fn inherit(mut self, inputs: &[&GpuStorage]) -> Self {
+        for i in inputs {
+            fault::merge(&mut self.faults, &i.faults);
+        }
+        self
     }
 
     /// Read the elements of a layout back to the host as raw bytes (contiguous, row-major).
     pub fn read_bytes(&self, layout: &Layout, dtype: DType) -> Result<Vec<u8>> {
         let size = dtype.size_in_bytes() as u64;
         if layout.is_contiguous() {
-            return self.ctx.read(&self.buf, layout.offset() as u64 * size, layout.numel() as u64 * size);
+            return self.ctx.read(&self.buf, layout.offset() as u64 * size, layout.numel() as u64 * size, &self.faults);
         }
         if dtype == DType::F16 {
             // The copy kernel moves 32-bit words; read the whole span and pick on the host.
-            let all = self.ctx.read(&self.buf, 0, layout.extent() as u64 * size)?;
+            let all = self.ctx.read(&self.buf, 0, layout.extent() as u64 * size, &self.faults)?;
             let mut out = Vec::with_capacity(layout.numel() * 2);
             for o in layout.offsets() {
                 out.extend_from_slice(&all[o * 2..o * 2 + 2]);
@@ -58,13 +76,13 @@ impl GpuStorage {
             return Ok(out);
         }
         let c = contiguous(self, layout)?;
-        self.ctx.read(&c.buf, 0, layout.numel() as u64 * size)
+        self.ctx.read(&c.buf, 0, layout.numel() as u64 * size, &c.faults)
     }
 }
 
 /// A contiguous copy of a (32-bit) strided layout.
 pub fn contiguous(s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
-    let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?;
+    let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?.inherit(&[s]);
     copy_into(s, l, &out, &Layout::contiguous(l.shape()))?;
     Ok(out)
 }
@@ -83,6 +101,34 @@ pub(crate) fn check_rank(op: &'static str, l: &Layout) -> Result<()> {
         return Err(Error::invalid(
             op,
             format!("GPU kernels take at most {MAX_RANK} dimensions, got shape {:?}", l.shape()),
+        ));
+    }
+    check_layout(op, l)
+}
+
+/// Kernels count elements and offsets in u32: a layout (a broadcast view may have any number of
+/// elements without the memory) whose element count or extent does not fit is an `Err`, never
+/// a count that wraps.
+pub(crate) fn check_layout(op: &'static str, l: &Layout) -> Result<()> {
+    if l.numel() > u32::MAX as usize || l.extent() > u32::MAX as usize {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "shape {:?} has {} elements; GPU kernels index with u32, so at most {} fit",
+                l.shape(),
+                l.numel(),
+                u32::MAX
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_count(op: &'static str, n: usize) -> Result<()> {
+    if n > u32::MAX as usize {
+        return Err(Error::invalid(
+            op,
+            format!("{n} elements on the GPU; kernels index with u32, so at most {} fit", u32::MAX),
         ));
     }
     Ok(())

@@ -28,7 +28,7 @@ pub(crate) struct PoolInner {
 /// Shared handle to a pool.
 pub(crate) type Pool = Arc<Mutex<PoolInner>>;
 
-/// A buffer on loan from the pool (or, with `pool: None`, a buffer outside it).
+/// A buffer on loan from the pool.
 pub struct PooledBuffer {
     pub(crate) buffer: wgpu::Buffer,
     pub(crate) size: u64,
@@ -86,11 +86,6 @@ impl PoolInner {
 /// Wrap a buffer as a loan from `pool`.
 pub(crate) fn loan(pool: &Pool, buffer: wgpu::Buffer, size: u64, requested: u64) -> PooledBuffer {
     PooledBuffer { buffer, size, requested, pool: Some(Arc::downgrade(pool)) }
-}
-
-/// Wrap a buffer that never returns to a pool.
-pub(crate) fn unpooled(buffer: wgpu::Buffer, size: u64) -> PooledBuffer {
-    PooledBuffer { buffer, size, requested: size, pool: None }
 }
 
 #[cfg(test)]

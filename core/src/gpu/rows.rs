@@ -5,33 +5,82 @@ use crate::ops::ReduceOp;
 use crate::{DType, Layout, Result};
 
 /// Runs shorter than this are reduced by one invocation each (`main_small`); longer runs get a
-/// workgroup each (`main`).
+/// workgroup per chunk (`main`).
 const SMALL_RUN: usize = 64;
+
+/// Elements one workgroup of `main` reduces: 32 per invocation. A longer run is cut into chunks
+/// whose partial results are reduced again (see reduce.wgsl), so no invocation loops long (error
+/// and llvmpipe's loop budget) and a long run uses many workgroups.
+const CHUNK: usize = 256 * 32;
+
+/// Rows longer than this are not given to one workgroup (softmax, layer norm loop over the row
+/// three times per invocation: 12,288 iterations at this length, well inside llvmpipe's budget of
+/// 65,535); `long_rows` composes them from chunked reductions and elementwise kernels instead.
+const LONG_ROW: usize = 1 << 20;
+
+/// One pass's input: where the runs are, and (after the first pass) the partials' indices.
+struct Pass {
+    values: GpuStorage,
+    indices: Option<GpuStorage>,
+    offset: usize,
+    outer: (Vec<usize>, Vec<usize>),
+    inner: (Vec<usize>, Vec<usize>),
+}
 
 /// Reduce `axes` (output: the input shape with reduced axes of size 1, contiguous).
 pub fn reduce(op: ReduceOp, s: &GpuStorage, l: &Layout, axes: &[usize]) -> Result<GpuStorage> {
     check_rank(op.name(), l)?;
     let kept: Vec<usize> = (0..l.rank()).filter(|a| !axes.contains(a)).collect();
-    let outer_shape: Vec<usize> = kept.iter().map(|&a| l.shape()[a]).collect();
-    let outer_strides: Vec<usize> = kept.iter().map(|&a| l.strides()[a]).collect();
-    let inner_shape: Vec<usize> = axes.iter().map(|&a| l.shape()[a]).collect();
-    let inner_strides: Vec<usize> = axes.iter().map(|&a| l.strides()[a]).collect();
-    let n_out: usize = outer_shape.iter().product();
-    let n_red: usize = inner_shape.iter().product();
-    let dtype = if op == ReduceOp::ArgMax { DType::U32 } else { DType::F32 };
-    let out = GpuStorage::alloc(&s.ctx, n_out, dtype)?;
-    let mut info = vec![n_out as u32, n_red as u32, kept.len() as u32, axes.len() as u32, l.offset() as u32];
-    push_dims(&mut info, &outer_shape, 1);
-    push_dims(&mut info, &outer_strides, 0);
-    push_dims(&mut info, &inner_shape, 1);
-    push_dims(&mut info, &inner_strides, 0);
+    let pick = |of: &[usize], which: &[usize]| -> Vec<usize> { which.iter().map(|&a| of[a]).collect() };
+    let n_out: usize = kept.iter().map(|&a| l.shape()[a]).product();
     let kernel = format!("reduce/{}", op.name());
-    if n_red < SMALL_RUN {
-        s.ctx.dispatch(&kernel, "main_small", &info, &[&s.buf, &out.buf], s.ctx.grid_1d(n_out))?;
-    } else {
-        s.ctx.dispatch(&kernel, "main", &info, &[&s.buf, &out.buf], s.ctx.grid_for(n_out))?;
+    let arg = op == ReduceOp::ArgMax;
+    let mut pass = Pass {
+        values: s.clone(),
+        indices: None,
+        offset: l.offset(),
+        outer: (pick(l.shape(), &kept), pick(l.strides(), &kept)),
+        inner: (pick(l.shape(), axes), pick(l.strides(), axes)),
+    };
+    loop {
+        let n_red: usize = pass.inner.0.iter().product();
+        let (entry, n_chunks) = if n_red < SMALL_RUN { ("main_small", 1) } else { ("main", n_red.div_ceil(CHUNK)) };
+        let groups = n_out * n_chunks;
+        let out_v = GpuStorage::alloc(&s.ctx, groups, DType::F32)?;
+        let out_i = if arg { GpuStorage::alloc(&s.ctx, groups, DType::U32)? } else { out_v.clone() };
+        let mut info = vec![
+            n_out as u32,
+            n_red as u32,
+            pass.outer.0.len() as u32,
+            pass.inner.0.len() as u32,
+            pass.offset as u32,
+            CHUNK as u32,
+            n_chunks as u32,
+            u32::from(pass.indices.is_some()),
+        ];
+        push_dims(&mut info, &pass.outer.0, 1);
+        push_dims(&mut info, &pass.outer.1, 0);
+        push_dims(&mut info, &pass.inner.0, 1);
+        push_dims(&mut info, &pass.inner.1, 0);
+        // argmax binds the input indices (its own values on the first pass, where they are unread).
+        let xi = pass.indices.as_ref().unwrap_or(&pass.values);
+        let mut buffers = vec![&pass.values.buf, &out_v.buf];
+        if arg {
+            buffers.extend([&xi.buf, &out_i.buf]);
+        }
+        let grid = if entry == "main" { s.ctx.grid_for(groups) } else { s.ctx.grid_1d(n_out) };
+        s.ctx.dispatch(&kernel, entry, &info, &buffers, grid)?;
+        if n_chunks == 1 {
+            return Ok(if arg { out_i } else { out_v });
+        }
+        pass = Pass {
+            indices: if arg { Some(out_i) } else { None },
+            values: out_v,
+            offset: 0,
+            outer: (vec![n_out], vec![n_chunks]),
+            inner: (vec![n_chunks], vec![1]),
+        };
     }
-    Ok(out)
 }
 
 /// `info` head shared by the row kernels: rows, row length, outer rank, offset, last stride.
@@ -52,6 +101,9 @@ fn push_outer(info: &mut Vec<u32>, l: &Layout) {
 /// Softmax or log-softmax over the last axis.
 pub fn softmax(s: &GpuStorage, l: &Layout, log: bool) -> Result<GpuStorage> {
     check_rank("softmax", l)?;
+    if l.shape()[l.rank() - 1] > LONG_ROW {
+        return super::long_rows::softmax(s, l, log);
+    }
     let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?;
     let (mut info, rows) = row_info(l);
     push_outer(&mut info, l);
@@ -63,6 +115,9 @@ pub fn softmax(s: &GpuStorage, l: &Layout, log: bool) -> Result<GpuStorage> {
 /// Layer norm over the last axis; `gamma` and `beta` must be contiguous vectors.
 pub fn layer_norm(s: &GpuStorage, l: &Layout, gamma: &GpuStorage, beta: &GpuStorage, eps: f32) -> Result<GpuStorage> {
     check_rank("layer_norm", l)?;
+    if l.shape()[l.rank() - 1] > LONG_ROW {
+        return super::long_rows::layer_norm(s, l, gamma, beta, eps);
+    }
     let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?;
     let (mut info, rows) = row_info(l);
     info.push(eps.to_bits());

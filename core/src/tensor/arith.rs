@@ -32,11 +32,11 @@ unary_methods! {
     square => Square,
     /// 1 / x
     recip => Recip,
-    /// Hyperbolic tangent.
+    /// Hyperbolic tangent; NaN stays NaN.
     tanh => Tanh,
     /// 1 / (1 + e^-x)
     sigmoid => Sigmoid,
-    /// max(x, 0)
+    /// max(x, 0); NaN stays NaN.
     relu => Relu,
     /// GELU, tanh approximation (GPT-2's form).
     gelu => GeluTanh,
@@ -73,9 +73,9 @@ binary_methods! {
     div => Div,
     /// a ^ b (broadcasting)
     pow => Pow,
-    /// Elementwise maximum (broadcasting).
+    /// Elementwise maximum (broadcasting); NaN where either operand is NaN, as NumPy.
     maximum => Maximum,
-    /// Elementwise minimum (broadcasting).
+    /// Elementwise minimum (broadcasting); NaN where either operand is NaN, as NumPy.
     minimum => Minimum,
     /// 1.0 where a == b, else 0.0
     eq => Eq,
@@ -140,8 +140,11 @@ impl Tensor {
     pub fn powf(&self, e: f32) -> Result<Tensor> {
         self.unary(UnaryOp::Powf(e))
     }
-    /// min(max(x, lo), hi)
+    /// min(max(x, lo), hi); NaN stays NaN.
     pub fn clamp(&self, lo: f32, hi: f32) -> Result<Tensor> {
+        if lo.is_nan() || hi.is_nan() {
+            return Err(Error::invalid("clamp", format!("the bounds must be numbers, got {lo} and {hi}")));
+        }
         if lo > hi {
             return Err(Error::invalid("clamp", format!("lower bound {lo} is above upper bound {hi}")));
         }
@@ -173,6 +176,10 @@ impl Tensor {
     }
 
     /// Convert to another dtype (f32 <-> f16 rounds to nearest; float -> integer truncates).
+    ///
+    /// A plain cast: it validates nothing. Float to `U32` turns -1.0 into 0 and 2.7 into 2 (and
+    /// NaN into 0 on the Cpu, anything on a GPU). For labels and ids use
+    /// [`to_index`](Tensor::to_index), which refuses such values.
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
             return Ok(self.clone());

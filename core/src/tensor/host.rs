@@ -43,7 +43,7 @@ impl Tensor {
     /// A tensor of `shape` owning `values`: on the Cpu the vector becomes the tensor's buffer
     /// (no copy), on other devices it is uploaded.
     pub fn from_host_vec(values: Vec<f32>, shape: &[usize], device: &Device) -> Result<Tensor> {
-        if values.len() != shape.iter().product::<usize>() {
+        if Some(values.len()) != crate::layout::checked_numel("from_host_vec", shape).ok() {
             return Err(Error::invalid(
                 "from_host_vec",
                 format!("{} values do not fill shape {shape:?}", values.len()),

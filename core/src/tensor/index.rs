@@ -25,6 +25,7 @@ impl Tensor {
         }
         let mut shape = self.dims().to_vec();
         shape[axis] = ids.numel();
+        super::check_shape("index_select", &shape, self.device())?;
         let storage = self.storage().index_select(self.layout(), &ids.storage(), ids.layout(), axis)?;
         Ok(Tensor::from_storage(
             storage,
@@ -70,7 +71,7 @@ impl Tensor {
     pub fn index_add(&self, shape: &[usize], axis: usize, ids: &Tensor) -> Result<Tensor> {
         self.same_device(ids, "index_add")?;
         expect_index(ids, "index_add")?;
-        let mut want = shape.to_vec();
+        let mut want = super::check_shape("index_add", shape, self.device()).map(|_| shape.to_vec())?;
         if axis >= want.len() {
             return Err(Error::invalid("index_add", format!("axis {axis} out of range for shape {shape:?}")));
         }
@@ -90,6 +91,7 @@ impl Tensor {
 
     /// Adjoint of `gather`: zeros of `shape` with `self[p]` added where `ids[p]` points along `axis`.
     pub fn scatter_add(&self, shape: &[usize], axis: usize, ids: &Tensor) -> Result<Tensor> {
+        super::check_shape("scatter_add", shape, self.device())?;
         self.same_device(ids, "scatter_add")?;
         expect_index(ids, "scatter_add")?;
         let ok = ids.dims() == self.dims()
@@ -122,8 +124,11 @@ impl Tensor {
             if !same {
                 return Err(Error::ShapeMismatch { op: "concat", lhs: first.dims().to_vec(), rhs: t.dims().to_vec() });
             }
-            shape[axis] += t.dims()[axis];
+            shape[axis] = shape[axis]
+                .checked_add(t.dims()[axis])
+                .ok_or_else(|| Error::invalid("concat", format!("the sizes along axis {axis} overflow a usize")))?;
         }
+        super::check_shape("concat", &shape, first.device())?;
         if tensors.len() == 1 {
             return Ok(first.clone());
         }

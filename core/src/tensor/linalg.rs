@@ -33,8 +33,9 @@ impl Tensor {
         let shape_a: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
         let shape_b: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
         let (a, b) = (self.broadcast_to(&shape_a)?, rhs.broadcast_to(&shape_b)?);
-        let storage = a.storage().matmul(a.layout(), &b.storage(), b.layout())?;
         let shape: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
+        super::check_shape("matmul", &shape, self.device())?;
+        let storage = a.storage().matmul(a.layout(), &b.storage(), b.layout())?;
         Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(Op::Matmul(a, b))))
     }
 }

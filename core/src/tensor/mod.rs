@@ -11,6 +11,7 @@ mod index;
 mod linalg;
 mod nn;
 mod reduce;
+mod to_index;
 mod views;
 pub use host::HostF32;
 
@@ -230,4 +231,18 @@ impl Tensor {
         }
         Ok(())
     }
+}
+
+/// The element count of a new tensor of `shape` on `device`, checked: a count that overflows
+/// `usize`, or (on a GPU, whose kernels index with u32) exceeds `u32::MAX`, is an `Err` naming
+/// `op` and the shape, never a count that wraps.
+pub(crate) fn check_shape(op: &'static str, shape: &[usize], device: &Device) -> Result<usize> {
+    let n = crate::layout::checked_numel(op, shape)?;
+    if device.is_gpu() && n > u32::MAX as usize {
+        return Err(Error::invalid(
+            op,
+            format!("shape {shape:?} has {n} elements; GPU kernels index with u32, so at most {} fit", u32::MAX),
+        ));
+    }
+    Ok(n)
 }

@@ -69,12 +69,12 @@ impl Tensor {
         if self.is_compact() { Ok(self.clone()) } else { self.copy() }
     }
 
-    /// One-hot rows: integer labels of any shape -> f32 `[..labels, classes]`.
+    /// One-hot rows: labels of any shape -> f32 `[..labels, classes]`. Labels may be u32, i32
+    /// or whole-valued f32; a label that is not in `0..classes` is an `Err` naming it and
+    /// `classes` (it used to give a row of zeros).
     pub fn one_hot(labels: &Tensor, classes: usize) -> Result<Tensor> {
-        if !matches!(labels.dtype(), DType::U32 | DType::I32) {
-            return Err(Error::DType { op: "one_hot", expected: "u32 or i32", got: labels.dtype() });
-        }
-        let l = labels.to_dtype(DType::F32)?.unsqueeze(-1)?;
+        let what = format!("one_hot: labels for {classes} classes");
+        let l = labels.to_index(&what, Some(classes))?.to_dtype(DType::F32)?.unsqueeze(-1)?;
         let range = Tensor::arange(0.0, classes as f32, 1.0, labels.device())?;
         l.eq(&range)
     }

@@ -55,7 +55,12 @@ impl Tensor {
     /// Same data, new shape (see [`Tensor::reshape_infer`] for a -1 entry). A view when the
     /// strides allow, else a contiguous copy first.
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        // Checked: a product that wraps could equal the element count (`[2, 2^63]` "is" 0).
+        let n = crate::layout::checked_numel("reshape", shape).map_err(|_| Error::ShapeMismatch {
+            op: "reshape",
+            lhs: self.dims().to_vec(),
+            rhs: shape.to_vec(),
+        })?;
         if n != self.numel() {
             return Err(Error::ShapeMismatch { op: "reshape", lhs: self.dims().to_vec(), rhs: shape.to_vec() });
         }
@@ -70,7 +75,9 @@ impl Tensor {
 
     /// Reshape where one entry may be -1, inferred from the others.
     pub fn reshape_infer(&self, shape: &[isize]) -> Result<Tensor> {
-        let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+        let given: Vec<usize> = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).collect();
+        let known = crate::layout::checked_numel("reshape", &given)
+            .map_err(|_| Error::invalid("reshape", format!("cannot reshape {:?} to {shape:?}", self.dims())))?;
         let holes = shape.iter().filter(|&&d| d < 0).count();
         if holes > 1 || (holes == 1 && (known == 0 || !self.numel().is_multiple_of(known))) {
             return Err(Error::invalid("reshape", format!("cannot reshape {:?} to {shape:?}", self.dims())));
