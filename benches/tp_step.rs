@@ -33,7 +33,7 @@ fn main() -> Result<()> {
         let (x, y) = batch(n, 1)?;
         // One device, no tensor parallelism.
         let mut one = Model::new(gpt(), &base);
-        one.compile(Adam::new(1e-3), LOSS, &[]);
+        one.compile(Adam::new(1e-3), LOSS, &[])?;
         for _ in 0..warm {
             one.train_on_batch(&x, &y)?;
         }

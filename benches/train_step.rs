@@ -16,7 +16,7 @@ fn main() -> Result<()> {
             .add(Dense::new(1024).activation(Activation::Relu))
             .add(Dense::new(10));
         let mut model = Model::new(net, &dev);
-        model.compile(Adam::new(1e-3), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[]);
+        model.compile(Adam::new(1e-3), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[])?;
         let x = Tensor::rand(0.0, 1.0, &[256, 784], 1, &dev)?;
         let labels: Vec<u32> = (0..256).map(|i| (i * 7 % 10) as u32).collect();
         let y = Tensor::from_vec(labels, &[256], &dev)?;

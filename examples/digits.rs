@@ -38,7 +38,7 @@ fn main() -> Result<()> {
         Adam::new(2e-3),
         Loss::SparseCategoricalCrossentropy { from_logits: true },
         &[Metric::SparseCategoricalAccuracy],
-    );
+    )?;
     let opts = FitOptions { epochs: 40, batch_size: 32, seed: 7, validation_split: 0.1, ..Default::default() };
     let start = std::time::Instant::now();
     model.fit(&x_train, &y_train, opts)?;

@@ -30,11 +30,13 @@ fn the_digits_mlp_reaches_97_percent() {
         .add(Dense::new(64).activation(Activation::Relu))
         .add(Dense::new(10));
     let mut model = Model::new(net, &Device::Cpu);
-    model.compile(
-        Adam::new(2e-3),
-        Loss::SparseCategoricalCrossentropy { from_logits: true },
-        &[Metric::SparseCategoricalAccuracy],
-    );
+    model
+        .compile(
+            Adam::new(2e-3),
+            Loss::SparseCategoricalCrossentropy { from_logits: true },
+            &[Metric::SparseCategoricalAccuracy],
+        )
+        .unwrap();
     let opts =
         FitOptions { epochs: 40, batch_size: 32, seed: 7, validation_split: 0.1, verbose: false, ..Default::default() };
     let history = model.fit(&x, &y, opts).unwrap();

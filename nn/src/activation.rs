@@ -10,10 +10,14 @@ pub enum Activation {
     Linear,
     /// max(x, 0)
     Relu,
-    /// GELU, tanh approximation.
+    /// GELU with the exact error function: what Keras' `"gelu"` and PyTorch's `GELU()` compute.
     Gelu,
-    /// GELU with the exact error function.
+    /// GELU with the exact error function (the same as [`Activation::Gelu`]; kept for code that
+    /// names it explicitly).
     GeluErf,
+    /// GELU, tanh approximation (Keras' `gelu(approximate=True)`, PyTorch's
+    /// `GELU(approximate="tanh")`, GPT-2's `gelu_new`).
+    GeluTanh,
     /// Hyperbolic tangent.
     Tanh,
     /// Logistic sigmoid.
@@ -30,8 +34,8 @@ impl Activation {
         match self {
             Activation::Linear => Ok(x.clone()),
             Activation::Relu => x.relu(),
-            Activation::Gelu => x.gelu(),
-            Activation::GeluErf => x.gelu_erf(),
+            Activation::Gelu | Activation::GeluErf => x.gelu_erf(),
+            Activation::GeluTanh => x.gelu(),
             Activation::Tanh => x.tanh(),
             Activation::Sigmoid => x.sigmoid(),
             Activation::Silu => x.silu(),
@@ -46,6 +50,7 @@ impl Activation {
             Activation::Relu => "relu",
             Activation::Gelu => "gelu",
             Activation::GeluErf => "gelu_erf",
+            Activation::GeluTanh => "gelu_tanh",
             Activation::Tanh => "tanh",
             Activation::Sigmoid => "sigmoid",
             Activation::Silu => "silu",

@@ -8,11 +8,12 @@ use weft_core::{Device, Result, Tensor};
 pub enum Initializer {
     /// Uniform in ±sqrt(6 / (fan_in + fan_out)) (Keras' default for Dense).
     GlorotUniform,
-    /// Normal with std sqrt(2 / (fan_in + fan_out)).
+    /// Truncated normal (within two std) with std sqrt(2 / (fan_in + fan_out)) / 0.8796, as
+    /// Keras draws it (0.8796 is the std of a unit normal truncated at ±2).
     GlorotNormal,
     /// Uniform in ±sqrt(6 / fan_in).
     HeUniform,
-    /// Normal with std sqrt(2 / fan_in).
+    /// Truncated normal (within two std) with std sqrt(2 / fan_in) / 0.8796, as Keras draws it.
     HeNormal,
     /// All zeros.
     Zeros,
@@ -26,6 +27,23 @@ pub enum Initializer {
     TruncatedNormal(f32),
 }
 
+/// The std of a unit normal truncated to [-2, 2]: Keras divides by it so that a truncated
+/// variance-scaling draw keeps the intended variance.
+const TRUNCATED_STD: f32 = 0.879_625_7;
+
+/// Value `i` of a unit normal truncated to [-2, 2]: the first of the draws `normal(seed + r, i)`,
+/// r = 0, 1, .., that lies within two std. Each value depends only on its index, so a part of a
+/// tensor is drawn alone with the same values as the whole (rejection, not a sequential redraw).
+fn truncated_unit(seed: u64, i: u32) -> f32 {
+    for r in 0..64u64 {
+        let z = weft_core::rng::normal(weft_core::rng::seed_key(seed.wrapping_add(r)), i);
+        if z.abs() <= 2.0 {
+            return z;
+        }
+    }
+    0.0 // 64 draws all beyond two std: probability 0.0455^64
+}
+
 /// The distribution an initializer draws from, for a given full shape.
 enum Dist {
     Uniform(f32, f32),
@@ -37,10 +55,15 @@ enum Dist {
 impl Initializer {
     /// The distribution for a tensor of `shape` (fans come from the whole shape).
     fn dist(self, shape: &[usize]) -> Dist {
+        // Keras' fans: a kernel [.., in, out] has a receptive field of the leading axes' product;
+        // fan_in = in * field, fan_out = out * field.
         let (fan_in, fan_out) = match shape.len() {
             0 => (1, 1),
             1 => (shape[0], shape[0]),
-            n => (shape[..n - 1].iter().product::<usize>(), shape[n - 1]),
+            n => {
+                let field: usize = shape[..n - 2].iter().product();
+                (shape[n - 2] * field, shape[n - 1] * field)
+            }
         };
         let (fi, fo) = (fan_in.max(1) as f32, fan_out.max(1) as f32);
         match self {
@@ -48,12 +71,12 @@ impl Initializer {
                 let l = (6.0 / (fi + fo)).sqrt();
                 Dist::Uniform(-l, l)
             }
-            Initializer::GlorotNormal => Dist::Normal(0.0, (2.0 / (fi + fo)).sqrt()),
+            Initializer::GlorotNormal => Dist::Truncated((2.0 / (fi + fo)).sqrt() / TRUNCATED_STD),
             Initializer::HeUniform => {
                 let l = (6.0 / fi).sqrt();
                 Dist::Uniform(-l, l)
             }
-            Initializer::HeNormal => Dist::Normal(0.0, (2.0 / fi).sqrt()),
+            Initializer::HeNormal => Dist::Truncated((2.0 / fi).sqrt() / TRUNCATED_STD),
             Initializer::Zeros => Dist::Const(0.0),
             Initializer::Ones => Dist::Const(1.0),
             Initializer::Normal(std) => Dist::Normal(0.0, std),
@@ -71,19 +94,10 @@ impl Initializer {
             Dist::Uniform(lo, hi) => Tensor::rand(lo, hi, shape, seed, device),
             Dist::Normal(mean, std) => Tensor::randn(mean, std, shape, seed, device),
             Dist::Const(v) => Tensor::full(v, shape, device),
-            Dist::Truncated(std) => {
-                // Draw on the host, redraw values beyond two std, then upload.
-                let n: usize = shape.iter().product();
-                let mut vals = Vec::with_capacity(n);
-                let mut round = 0u64;
-                while vals.len() < n {
-                    let draw =
-                        Tensor::randn(0.0, 1.0, &[n], seed.wrapping_add(round), &Device::Cpu)?.to_vec::<f32>()?;
-                    vals.extend(draw.into_iter().filter(|v| v.abs() <= 2.0).map(|v| v * std));
-                    round += 1;
-                }
-                vals.truncate(n);
-                Tensor::from_vec(vals, shape, device)
+            Dist::Truncated(_) => {
+                let axis = shape.len().saturating_sub(1);
+                let len = shape.get(axis).copied().unwrap_or(1);
+                self.init_part(shape, axis, 0, len, seed, device)
             }
         }
     }
@@ -109,7 +123,11 @@ impl Initializer {
         seed: u64,
         device: &Device,
     ) -> Result<Tensor> {
-        if axis >= shape.len() || start + len > shape[axis] {
+        if shape.is_empty() && axis == 0 && start == 0 && len == 1 {
+            // A scalar: one value, drawn as a vector of one.
+            return self.init_part(&[1], 0, 0, 1, seed, device)?.reshape(&[]);
+        }
+        if axis >= shape.len() || start.checked_add(len).is_none_or(|end| end > shape[axis]) {
             return Err(weft_core::Error::invalid(
                 "Initializer::init_part",
                 format!("entries {start}..{} of axis {axis} of shape {shape:?}", start + len),
@@ -135,10 +153,7 @@ impl Initializer {
             Dist::Uniform(lo, hi) => draw(&|i| lo + (hi - lo) * weft_core::rng::uniform(key, i)),
             Dist::Normal(mean, std) => draw(&|i| mean + std * weft_core::rng::normal(key, i)),
             Dist::Const(c) => return Tensor::full(c, &local, device),
-            // Redraws make each value depend on those before it: draw the whole on the host.
-            Dist::Truncated(_) => {
-                return self.init(shape, seed, &Device::Cpu)?.narrow(axis as isize, start, len)?.to_device(device);
-            }
+            Dist::Truncated(std) => draw(&|i| std * truncated_unit(seed, i)),
         };
         Tensor::from_vec(values, &local, device)
     }

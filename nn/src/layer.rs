@@ -48,6 +48,35 @@ pub trait Layer: Send + Sync {
     fn sublayers(&self) -> Vec<&dyn Layer> {
         Vec::new()
     }
+    /// The forward pass on several inputs, each with an optional mask (1 keeps a position, 0
+    /// masks it; shaped as its input without the feature axis), as a functional model calls a
+    /// layer. The default takes exactly one input and runs [`call`](Layer::call); layers with
+    /// several inputs (merges, cross-attention) or that read masks override it.
+    fn call_with(&self, inputs: &[Tensor], masks: &[Option<Tensor>], ctx: &mut Ctx) -> Result<Tensor> {
+        let _ = masks;
+        match inputs {
+            [x] => self.call(x, ctx),
+            _ => Err(weft_core::Error::invalid(
+                "call_with",
+                format!("a {} layer ({}) takes one input, got {}", self.kind(), self.name(), inputs.len()),
+            )),
+        }
+    }
+    /// The names of the inputs `call_with` takes, in order (a functional model's named inputs);
+    /// empty for a layer that takes one input.
+    fn input_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The mask of this layer's output, given its inputs' masks. The default passes the first
+    /// input's mask on when the output keeps the input's leading axes (Dense, Dropout, layer
+    /// normalisation, activations keep them), and drops it otherwise, as a Keras layer that
+    /// supports masking does.
+    fn output_mask(&self, inputs: &[Tensor], masks: &[Option<Tensor>], output: &Tensor) -> Result<Option<Tensor>> {
+        let (Some(x), Some(Some(m))) = (inputs.first(), masks.first()) else { return Ok(None) };
+        let r = m.rank();
+        let keeps = output.rank() == x.rank() && output.dims().get(..r) == x.dims().get(..r);
+        Ok(keeps.then(|| m.clone()))
+    }
     /// Settings beyond variable shapes that describe the layer (EinsumDense: its equation).
     fn attributes(&self) -> Vec<(String, String)> {
         Vec::new()
@@ -87,4 +116,47 @@ pub(crate) fn kernel_and_bias(vars: Option<&(Var, Option<Var>)>) -> Vec<(String,
 /// Join path segments with `/`.
 pub(crate) fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() { name.to_string() } else { format!("{prefix}/{name}") }
+}
+
+/// Refuse a model whose paths are not unique: two sublayers of one container with the same name
+/// (or an empty one), or two variables with the same path. Such layers would share optimizer
+/// slots and checkpoint entries silently. The `Err` names the colliding path.
+pub fn check_paths(root: &dyn Layer) -> Result<()> {
+    fn walk(l: &dyn Layer, path: &str) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for s in l.sublayers() {
+            if s.name().is_empty() {
+                return Err(weft_core::Error::invalid(
+                    "layer names",
+                    format!(
+                        "a {} layer inside {path} has no name: name it, or add it through a container that names it",
+                        s.kind()
+                    ),
+                ));
+            }
+            if !seen.insert(s.name()) {
+                return Err(weft_core::Error::invalid(
+                    "layer names",
+                    format!(
+                        "two layers inside {path} are both named {:?} (path {}): give each layer a unique name",
+                        s.name(),
+                        join(path, s.name())
+                    ),
+                ));
+            }
+            walk(s, &join(path, s.name()))?;
+        }
+        Ok(())
+    }
+    walk(root, root.name())?;
+    let mut seen = std::collections::HashSet::new();
+    for (p, _) in root.variables() {
+        if !seen.insert(p.clone()) {
+            return Err(weft_core::Error::invalid(
+                "layer names",
+                format!("two variables have the path {}: give each layer a unique name", join(root.name(), &p)),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -1,6 +1,6 @@
 //! Losses: mean over the batch of a per-sample loss.
 
-use weft_core::{DType, Error, Result, Tensor};
+use weft_core::{Error, Result, Tensor};
 
 /// A loss function of `(y_pred, y_true)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,6 +27,23 @@ pub enum Loss {
 /// Probabilities are clipped to [EPS, 1 - EPS] before a log, as Keras does.
 const EPS: f32 = 1e-7;
 
+/// The size of the class axis (the last) of a prediction; an `Err` for a 0-d prediction or 0 classes.
+fn class_count(op: &'static str, y_pred: &Tensor) -> Result<usize> {
+    match y_pred.dims().last() {
+        Some(&c) if c > 0 => Ok(c),
+        _ => Err(Error::invalid(
+            op,
+            format!("predictions of shape {:?} have no class axis with at least one class", y_pred.dims()),
+        )),
+    }
+}
+
+/// Log-probabilities from probabilities as Keras takes them: each row divided by its sum, then
+/// clipped to [EPS, 1 - EPS].
+fn prob_log(p: &Tensor) -> Result<Tensor> {
+    p.div(&p.sum(&[-1], true)?)?.clamp(EPS, 1.0 - EPS)?.log()
+}
+
 impl Loss {
     /// The mean loss over the batch, as a 0-dimensional tensor.
     pub fn compute(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<Tensor> {
@@ -45,32 +62,53 @@ impl Loss {
                 same_shape()?;
                 y_pred.sub(y_true)?.square()?.mean_all()
             }
-            Loss::BinaryCrossentropy { from_logits } => {
+            Loss::BinaryCrossentropy { from_logits: true } => {
                 same_shape()?;
-                let p = if from_logits { y_pred.sigmoid()? } else { y_pred.clone() }.clamp(EPS, 1.0 - EPS)?;
-                // -(y log p + (1 - y) log(1 - p))
-                let pos = y_true.mul(&p.log()?)?;
-                let neg = y_true.affine(-1.0, 1.0)?.mul(&p.affine(-1.0, 1.0)?.log()?)?;
+                // The log-sigmoid form, as Keras: max(x, 0) - x y + log(1 + exp(-|x|)); exact for
+                // confident logits of either sign (no clamped sigmoid, no vanishing gradient).
+                let x = y_pred;
+                let soft = x.abs()?.neg()?.exp()?.add_scalar(1.0)?.log()?;
+                x.relu()?.sub(&x.mul(y_true)?)?.add(&soft)?.mean_all()
+            }
+            Loss::BinaryCrossentropy { from_logits: false } => {
+                same_shape()?;
+                // Keras: clip to [eps, 1 - eps], then eps inside each log.
+                let p = y_pred.clamp(EPS, 1.0 - EPS)?;
+                let pos = y_true.mul(&p.add_scalar(EPS)?.log()?)?;
+                let neg = y_true.affine(-1.0, 1.0)?.mul(&p.affine(-1.0, 1.0 + EPS)?.log()?)?;
                 pos.add(&neg)?.mean_all()?.neg()
             }
             Loss::CategoricalCrossentropy { from_logits } => {
                 same_shape()?;
-                let logp = if from_logits { y_pred.log_softmax(-1)? } else { y_pred.clamp(EPS, 1.0)?.log()? };
-                let rows = (y_pred.numel() / y_pred.dims().last().copied().unwrap_or(1).max(1)) as f32;
+                let classes = class_count("categorical cross-entropy", y_pred)?;
+                let logp = if from_logits { y_pred.log_softmax(-1)? } else { prob_log(y_pred)? };
+                let rows = (y_pred.numel() / classes) as f32;
                 y_true.mul(&logp)?.sum_all()?.mul_scalar(-1.0 / rows)
             }
             Loss::SparseCategoricalCrossentropy { from_logits } => {
-                let labels = match y_true.dtype() {
-                    DType::U32 | DType::I32 => y_true.clone(),
-                    // Float labels (as read from a CSV) are converted.
-                    _ => y_true.to_dtype(DType::U32)?,
-                };
+                let classes = class_count("sparse categorical cross-entropy", y_pred)?;
+                let r = y_pred.rank();
+                // Labels of shape [.., 1] are accepted as Keras does.
+                let y =
+                    if y_true.rank() == r && y_true.dims()[r - 1] == 1 { y_true.squeeze(-1)? } else { y_true.clone() };
+                if y.dims() != &y_pred.dims()[..r - 1] {
+                    return Err(Error::invalid(
+                        "sparse categorical cross-entropy",
+                        format!(
+                            "labels of shape {:?} do not fit predictions of shape {:?} (expected labels of shape {:?})",
+                            y_true.dims(),
+                            y_pred.dims(),
+                            &y_pred.dims()[..r - 1]
+                        ),
+                    ));
+                }
+                // Every label must be a whole number in 0..classes: -1 or 2.7 is an error, never class 0 or 2.
+                let labels = y.to_index("labels", Some(classes))?;
                 if from_logits {
                     Tensor::cross_entropy(y_pred, &labels)
                 } else {
-                    let r = y_pred.rank();
-                    let rows = y_pred.numel() / y_pred.dims()[r - 1].max(1);
-                    let logp = y_pred.clamp(EPS, 1.0)?.log()?.reshape(&[rows, y_pred.dims()[r - 1]])?;
+                    let rows = y_pred.numel() / classes;
+                    let logp = prob_log(y_pred)?.reshape(&[rows, classes])?;
                     logp.gather(1, &labels.reshape(&[rows, 1])?)?.mean_all()?.neg()
                 }
             }

@@ -6,7 +6,7 @@ use crate::data::Dataset;
 use crate::layer::join;
 use crate::optim::Optimizer;
 use crate::tp::{Placement, TpCtx, split_sizes, split_start, vocab_parallel_cross_entropy};
-use crate::{Ctx, Layer, Loss, Metric};
+use crate::{Ctx, Inputs, Layer, Loss, Metric};
 use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -62,6 +62,40 @@ pub struct History {
     pub val_metrics: BTreeMap<String, Vec<f32>>,
 }
 
+impl History {
+    /// The history as Keras' `history.history`: flat keys `loss`, each metric by the name it was
+    /// compiled with (`accuracy`), and `val_` before each of those.
+    ///
+    /// ```
+    /// use weft_nn::History;
+    /// let mut h = History::default();
+    /// h.loss.push(0.5);
+    /// h.val_metrics.insert("accuracy".into(), vec![0.75]);
+    /// let flat = h.flat();
+    /// assert_eq!(flat["loss"], vec![0.5]);
+    /// assert_eq!(flat["val_accuracy"], vec![0.75]);
+    /// ```
+    pub fn flat(&self) -> BTreeMap<String, Vec<f32>> {
+        let mut out = BTreeMap::new();
+        out.insert("loss".to_string(), self.loss.clone());
+        for (k, v) in &self.metrics {
+            out.insert(k.clone(), v.clone());
+        }
+        if !self.val_loss.is_empty() {
+            out.insert("val_loss".to_string(), self.val_loss.clone());
+        }
+        for (k, v) in &self.val_metrics {
+            out.insert(format!("val_{k}"), v.clone());
+        }
+        out
+    }
+
+    /// One series by its Keras key (`loss`, `val_loss`, `accuracy`, `val_accuracy`, ...).
+    pub fn get(&self, key: &str) -> Option<Vec<f32>> {
+        self.flat().remove(key)
+    }
+}
+
 /// A trainable model.
 pub struct Model {
     net: Box<dyn Layer>,
@@ -110,6 +144,11 @@ impl Model {
         self.ctx.step
     }
 
+    /// Set the training-step counter (what a checkpoint restores, so dropout masks continue).
+    pub fn set_step_counter(&mut self, step: u64) {
+        self.ctx.step = step;
+    }
+
     /// The loss chosen at compile.
     pub fn loss(&self) -> Option<Loss> {
         self.loss
@@ -133,18 +172,18 @@ impl Model {
         if let (Some(tp), Loss::SparseCategoricalCrossentropy { from_logits: true }) = (&self.tp, loss_fn)
             && let Some(sizes) = &tp.output
         {
-            let labels = if y.dtype() == DType::F32 { y.to_dtype(DType::U32)? } else { y.clone() };
+            let labels = y.to_index("labels", Some(sizes.iter().sum()))?;
             return vocab_parallel_cross_entropy(pred, &labels, sizes, &tp.model);
         }
         loss_fn.compute(&self.whole(pred)?, y)
     }
 
     /// This rank's rows of a batch on a data axis, with their fraction of the batch.
-    fn data_part(&mut self, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor, f32)> {
+    fn data_part(&mut self, x: &Inputs, y: &Tensor) -> Result<(Inputs, Tensor, f32)> {
         let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) else {
             return Ok((x.clone(), y.clone(), 1.0));
         };
-        let (n, d) = (x.dims()[0], tp.data.world_size());
+        let (n, d) = (x.rows()?, tp.data.world_size());
         if n < d {
             return Err(Error::invalid(
                 "fit",
@@ -154,14 +193,19 @@ impl Model {
         let sizes = split_sizes(n, d);
         let (s, len) = (split_start(&sizes, tp.data.rank()), sizes[tp.data.rank()]);
         self.ctx.batch_part = Some((s, n));
-        Ok((x.narrow(0, s, len)?, y.narrow(0, s, len)?, len as f32 / n as f32))
+        Ok((x.narrow(s, len)?, y.narrow(0, s, len)?, len as f32 / n as f32))
     }
 
-    /// Choose the optimizer, the loss and the metrics.
-    pub fn compile(&mut self, optimizer: impl Optimizer + 'static, loss: Loss, metrics: &[Metric]) {
+    /// Choose the optimizer, the loss and the metrics. Hyper-parameters out of range (a negative
+    /// or NaN learning rate, `beta_1 = 1`, a bad schedule) and layers whose paths collide are an
+    /// `Err`, and then the model is unchanged.
+    pub fn compile(&mut self, optimizer: impl Optimizer + 'static, loss: Loss, metrics: &[Metric]) -> Result<()> {
+        optimizer.validate()?;
+        crate::layer::check_paths(self.net.as_ref())?;
         self.optimizer = Some(Box::new(optimizer));
         self.loss = Some(loss);
         self.metrics = metrics.to_vec();
+        Ok(())
     }
 
     /// The device the model runs on.
@@ -179,10 +223,16 @@ impl Model {
         self.net.variables().into_iter().map(|(p, v)| (join(self.net.name(), &p), v)).collect()
     }
 
-    /// The forward pass in inference mode.
-    pub fn call(&self, x: &Tensor) -> Result<Tensor> {
+    /// The forward pass in inference mode, on one input or several named ones.
+    pub fn call(&self, x: impl Into<Inputs>) -> Result<Tensor> {
         let mut ctx = self.inference_ctx();
-        self.whole(&self.net.call(&x.to_device(&self.device)?, &mut ctx)?)
+        let x = x.into().to_device(&self.device)?;
+        self.whole(&self.forward(&x, &mut ctx)?)
+    }
+
+    /// The network on `x`, its inputs put in the order the network names them.
+    fn forward(&self, x: &Inputs, ctx: &mut Ctx) -> Result<Tensor> {
+        self.net.call_with(&x.ordered(&self.net.input_names())?, &[], ctx)
     }
 
     fn parts(&mut self) -> Result<(&mut Box<dyn Optimizer>, Loss)> {
@@ -192,14 +242,17 @@ impl Model {
         }
     }
 
-    /// One optimizer step on one batch; returns the batch loss.
-    pub fn train_on_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<f32> {
+    /// One optimizer step on one batch; returns the batch loss. A batch whose loss is not
+    /// finite is an `Err`, and then no weight, slot or counter has changed.
+    pub fn train_on_batch(&mut self, x: impl Into<Inputs>, y: &Tensor) -> Result<f32> {
+        let x = x.into();
+        check_rows("train_on_batch", &x, y)?;
         let (x, y) = (x.to_device(&self.device)?, y.to_device(&self.device)?);
         self.step(&x, &y, &mut [])
     }
 
     /// Forward, loss, backward and update; returns the loss.
-    fn step(&mut self, x: &Tensor, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
+    fn step(&mut self, x: &Inputs, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
         self.ctx.training = true;
         self.ctx.step += 1;
         let out = self.step_inner(x, y, counts);
@@ -211,9 +264,12 @@ impl Model {
         out
     }
 
-    fn step_inner(&mut self, x: &Tensor, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
+    fn step_inner(&mut self, x: &Inputs, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
         let (x, y, part) = self.data_part(x, y)?;
-        let pred = self.net.call(&x, &mut self.ctx)?;
+        let mut ctx = std::mem::replace(&mut self.ctx, Ctx::inference());
+        let pred = self.forward(&x, &mut ctx);
+        self.ctx = ctx;
+        let pred = pred?;
         let (_, loss_fn) = self.parts()?;
         let mut loss = self.loss_of(loss_fn, &pred, &y)?;
         if part != 1.0 {
@@ -222,21 +278,36 @@ impl Model {
             loss = loss.mul_scalar(part)?;
         }
         let grads = loss.backward()?;
-        let vars = self.variables();
-        self.parts()?.0.apply(&vars, &grads)?;
-        // Metrics need the whole output; without metrics a split output is never gathered.
-        let pred = if counts.is_empty() { pred } else { no_grad(|| self.whole(&pred))? };
-        for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
-            let (hit, total) = m.count(&pred, &y)?;
-            let (hit, total) = self.sum_over_data(hit, total)?;
-            c.0 += hit;
-            c.1 += total;
-        }
-        let loss = match self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
+        // Everything that can fail runs before the update, so a step that returns `Err` has
+        // changed nothing: the loss is read back (which also reports a bad label or id found on
+        // a GPU) and must be finite, and the metrics are counted.
+        let whole_loss = match self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
             Some(tp) => tp.data.all_reduce(&loss.detach(), ReduceKind::Sum)?,
             None => loss,
         };
-        loss.to_scalar::<f32>()
+        let value = whole_loss.to_scalar::<f32>()?;
+        if !value.is_finite() {
+            return Err(Error::invalid(
+                "fit",
+                format!(
+                    "the loss of this batch is {value}; the step was not applied (weights, optimizer state and counters are unchanged)"
+                ),
+            ));
+        }
+        // Metrics need the whole output; without metrics a split output is never gathered.
+        let pred = if counts.is_empty() { pred } else { no_grad(|| self.whole(&pred))? };
+        let mut batch_counts = Vec::with_capacity(counts.len());
+        for m in self.metrics.iter().take(counts.len()) {
+            let (hit, total) = m.count_with(self.loss, &pred, &y)?;
+            batch_counts.push(self.sum_over_data(hit, total)?);
+        }
+        let vars = self.variables();
+        self.parts()?.0.apply(&vars, &grads)?;
+        for (c, (hit, total)) in counts.iter_mut().zip(batch_counts) {
+            c.0 += hit;
+            c.1 += total;
+        }
+        Ok(value)
     }
 
     /// Metric counts summed over the data axis.
@@ -251,23 +322,39 @@ impl Model {
 
     /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples). Integer labels are
     /// accepted for sparse losses.
-    pub fn fit(&mut self, x: &Tensor, y: &Tensor, mut opts: FitOptions) -> Result<History> {
+    pub fn fit(&mut self, x: impl Into<Inputs>, y: &Tensor, mut opts: FitOptions) -> Result<History> {
+        let x: Inputs = x.into();
         self.parts()?;
-        if x.rank() == 0 || y.rank() == 0 || x.dims()[0] != y.dims()[0] {
-            return Err(Error::ShapeMismatch { op: "fit", lhs: x.dims().to_vec(), rhs: y.dims().to_vec() });
-        }
+        crate::layer::check_paths(self.net.as_ref())?;
+        check_rows("fit", &x, y)?;
         if opts.batch_size == 0 {
             return Err(Error::invalid("fit", "batch_size must be at least 1"));
         }
+        let s = opts.validation_split;
+        if !(0.0..1.0).contains(&s) {
+            return Err(Error::invalid("fit", format!("validation_split must be in [0, 1), got {s}")));
+        }
+        if let Some((vx, vy)) = &opts.validation_data {
+            check_rows("fit (validation_data)", &vx.into(), vy)?;
+        }
         self.ctx.seed = opts.seed;
         // Data moves to the device once; each batch is then one gather there.
-        let all = Dataset::new(&x.to_device(&self.device)?, y)?;
+        let all = Dataset::new(x.to_device(&self.device)?, y)?;
         let n = all.len();
         let (train, val) = match (&opts.validation_data, opts.validation_split) {
-            (Some((vx, vy)), _) => (all, Some(Dataset::new(&vx.to_device(&self.device)?, vy)?)),
+            (Some((vx, vy)), _) => (all, Some(Dataset::new(vx.to_device(&self.device)?, vy)?)),
             (None, s) if s > 0.0 => {
-                // The last samples, as Keras does.
-                let keep = n - ((n as f32 * s) as usize).min(n - 1);
+                // The last samples, as Keras does: it keeps floor(n * (1 - s)) for training.
+                let keep = (n as f64 * (1.0 - s as f64)).floor() as usize;
+                if keep == 0 || keep == n {
+                    return Err(Error::invalid(
+                        "fit",
+                        format!(
+                            "validation_split {s} of {n} samples leaves {keep} to train on and {} to validate",
+                            n - keep
+                        ),
+                    ));
+                }
                 (all.slice(0, keep)?, Some(all.slice(keep, n - keep)?))
             }
             _ => (all, None),
@@ -285,7 +372,7 @@ impl Model {
             let shuffle = opts.shuffle.then(|| opts.seed.wrapping_add(epoch as u64));
             for b in train.batches(opts.batch_size, shuffle) {
                 let (bx, by) = b?;
-                let len = bx.dims()[0];
+                let len = by.dims()[0];
                 let l = self.step(&bx, &by, &mut counts)?;
                 if !l.is_finite() {
                     return Err(Error::invalid("fit", format!("the loss became {l} at epoch {}", epoch + 1)));
@@ -305,7 +392,7 @@ impl Model {
                 history.metrics.entry(m.name().to_string()).or_default().push((c.0 / c.1.max(1.0)) as f32);
             }
             if let Some(v) = &val {
-                let (vx, vy) = v.tensors();
+                let (vx, vy) = v.inputs();
                 let (vl, vm) = self.evaluate(vx, vy, opts.batch_size)?;
                 history.val_loss.push(vl);
                 for (name, v) in vm {
@@ -336,10 +423,18 @@ impl Model {
     }
 
     /// Mean loss and metrics over `(x, y)`, in batches, without training.
-    pub fn evaluate(&mut self, x: &Tensor, y: &Tensor, batch_size: usize) -> Result<(f32, Vec<(String, f32)>)> {
+    pub fn evaluate(
+        &mut self,
+        x: impl Into<Inputs>,
+        y: &Tensor,
+        batch_size: usize,
+    ) -> Result<(f32, Vec<(String, f32)>)> {
+        let x: Inputs = x.into();
         let loss_fn = self.parts()?.1;
+        check_rows("evaluate", &x, y)?;
+        check_batch_size("evaluate", batch_size)?;
         let (x, y) = (x.to_device(&self.device)?, as_f32(&y.to_device(&self.device)?)?);
-        let n = x.dims().first().copied().unwrap_or(0);
+        let n = y.dims()[0];
         // On a data axis each rank evaluates its own rows; the sums are added up at the end.
         let (lo, hi) = self.data_rows(n).unwrap_or((0, n));
         let mut loss_sum = 0f64;
@@ -348,12 +443,12 @@ impl Model {
             let mut ctx = self.inference_ctx();
             for s in (lo..hi).step_by(batch_size.max(1)) {
                 let len = batch_size.min(hi - s);
-                let (bx, by) = (x.narrow(0, s, len)?, y.narrow(0, s, len)?);
-                let pred = self.net.call(&bx, &mut ctx)?;
+                let (bx, by) = (x.narrow(s, len)?, y.narrow(0, s, len)?);
+                let pred = self.forward(&bx, &mut ctx)?;
                 loss_sum += self.loss_of(loss_fn, &pred, &by)?.to_scalar::<f32>()? as f64 * len as f64;
                 let pred = if self.metrics.is_empty() { pred } else { self.whole(&pred)? };
                 for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
-                    let (hit, total) = m.count(&pred, &by)?;
+                    let (hit, total) = m.count_with(self.loss, &pred, &by)?;
                     c.0 += hit;
                     c.1 += total;
                 }
@@ -391,16 +486,21 @@ impl Model {
 
     /// Outputs for `x`, computed in batches, without training. On a data axis each rank predicts
     /// its own rows and the parts are gathered.
-    pub fn predict(&self, x: &Tensor, batch_size: usize) -> Result<Tensor> {
+    pub fn predict(&self, x: impl Into<Inputs>, batch_size: usize) -> Result<Tensor> {
+        let x: Inputs = x.into();
+        check_batch_size("predict", batch_size)?;
+        let n = x.rows()?;
+        if n == 0 {
+            return Err(Error::invalid("predict", format!("inputs of shapes {:?} hold no samples", x.shapes())));
+        }
         let x = x.to_device(&self.device)?;
-        let n = x.dims().first().copied().unwrap_or(0);
         let rows = self.data_rows(n);
         let (lo, hi) = rows.unwrap_or((0, n));
         no_grad(|| {
             let mut ctx = self.inference_ctx();
             let mut outs = Vec::new();
             for s in (lo..hi).step_by(batch_size.max(1)) {
-                outs.push(self.whole(&self.net.call(&x.narrow(0, s, batch_size.min(hi - s))?, &mut ctx)?)?);
+                outs.push(self.whole(&self.forward(&x.narrow(s, batch_size.min(hi - s))?, &mut ctx)?)?);
             }
             let mine = Tensor::concat(&outs, 0)?;
             match (rows, &self.tp) {
@@ -413,7 +513,8 @@ impl Model {
     /// Build every layer's variables by running the model once on zeros of `[1, input_shape..]`.
     pub fn build(&self, input_shape: &[usize]) -> Result<()> {
         let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
-        no_grad(|| self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx())).map(drop)
+        no_grad(|| self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx()))?;
+        crate::layer::check_paths(self.net.as_ref())
     }
 
     /// Every variable (and, with `optimizer`, every optimizer slot and the step counter) whole,
@@ -421,6 +522,7 @@ impl Model {
     /// all-gathered over the model axis, so every rank of the group must call this together.
     pub fn whole_state(&self, optimizer: bool) -> Result<Vec<(String, Tensor)>> {
         use crate::checkpoint::{ITERATIONS_KEY, slot_key};
+        crate::layer::check_paths(self.net.as_ref())?;
         let placements: HashMap<String, &Placement> = match &self.tp {
             Some(tp) => {
                 tp.layers.iter().flat_map(|(lp, s)| s.vars.iter().map(move |(rel, p)| (join(lp, rel), p))).collect()
@@ -468,6 +570,7 @@ impl Model {
     /// shapes; f16 and bf16 are converted). Every missing name, unexpected name and wrong shape is
     /// listed in one `Err`, and then no variable is changed.
     pub fn load_weights(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        crate::layer::check_paths(self.net.as_ref())?;
         let vars = self.variables();
         if vars.is_empty() {
             return Err(Error::invalid(
@@ -487,7 +590,11 @@ impl Model {
 
     /// Save the weights and the optimizer's state (its slots under `optimizer/<slot>/<variable
     /// path>` and its step counter), so that training resumes exactly where it stopped.
+    ///
+    /// The file's metadata also holds the exact step counts: the optimizer's (`weft.iterations`)
+    /// and the dropout step (`weft.step`), so a resumed run draws the masks it would have drawn.
     pub fn save_checkpoint(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        use crate::checkpoint::{ITERATIONS_META, STEP_META};
         let all = self.whole_state(true)?;
         if all.is_empty() {
             return Err(Error::invalid(
@@ -495,14 +602,19 @@ impl Model {
                 "the model has no variables yet: build it or train it first",
             ));
         }
-        if self.writes() { crate::checkpoint::save(path, &all) } else { Ok(()) }
+        let mut meta = vec![(STEP_META, self.ctx.step.to_string())];
+        if let Some(opt) = &self.optimizer {
+            meta.push((ITERATIONS_META, opt.iterations().to_string()));
+        }
+        if self.writes() { crate::checkpoint::save_with_metadata(path, &all, &meta) } else { Ok(()) }
     }
 
     /// Load what `save_checkpoint` wrote (weights, and the optimizer's slots and step counter
     /// when the file has them; compile first). Any mismatch is an `Err` and nothing changes.
     pub fn load_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        use crate::checkpoint::{ITERATIONS_KEY, parse_slot_key};
-        let file = crate::checkpoint::load(&path)?;
+        use crate::checkpoint::{parse_slot_key, resume_counts};
+        let (file, meta) = crate::checkpoint::load_with_metadata(&path)?;
+        let (iterations, step) = resume_counts(&file, &meta, path.as_ref())?;
         let vars = self.variables();
         for (key, (shape, _)) in &file {
             if let Some((_, var)) = parse_slot_key(key)
@@ -516,17 +628,26 @@ impl Model {
                 )));
             }
         }
-        self.load_weights(&path)?;
-        let Some(opt) = self.optimizer.as_mut() else { return Ok(()) };
+        // Every tensor is made on the device before anything is replaced, so a failure here
+        // leaves the model as it was.
+        let mut slots = Vec::new();
         for (key, (shape, values)) in &file {
             if let Some((slot, var)) = parse_slot_key(key)
                 && let Some((_, v)) = vars.iter().find(|(p, _)| p == var)
             {
-                opt.set_slot(var, slot, Tensor::from_slice(values, shape, v.device())?);
+                slots.push((var.to_string(), slot.to_string(), Tensor::from_slice(values, shape, v.device())?));
             }
         }
-        if let Some((_, it)) = file.get(ITERATIONS_KEY) {
-            opt.set_iterations(it.first().copied().unwrap_or(0.0) as u64);
+        self.load_weights(&path)?;
+        if let Some(step) = step {
+            self.ctx.step = step;
+        }
+        let Some(opt) = self.optimizer.as_mut() else { return Ok(()) };
+        for (var, slot, t) in slots {
+            opt.set_slot(&var, &slot, t);
+        }
+        if let Some(it) = iterations {
+            opt.set_iterations(it);
         }
         Ok(())
     }
@@ -575,6 +696,36 @@ impl Model {
         s += &format!("Trainable params: {} ({})\nNon-trainable params: 0 (0 B)\n", thousands(total), bytes(total * 4));
         Ok(s)
     }
+}
+
+/// Inputs and targets must hold the same positive number of samples along their first axis.
+fn check_rows(op: &'static str, x: &Inputs, y: &Tensor) -> Result<()> {
+    let shapes = || match x.shapes().as_slice() {
+        [one] => format!("x of shape {one:?}"),
+        many => format!("inputs of shapes {many:?}"),
+    };
+    let n = x.rows().map_err(|e| Error::invalid(op, e.to_string()))?;
+    if y.rank() == 0 || y.dims()[0] != n {
+        return Err(Error::invalid(
+            op,
+            format!(
+                "{} and y of shape {:?} must have the same number of samples along their first axis",
+                shapes(),
+                y.dims()
+            ),
+        ));
+    }
+    if n == 0 {
+        return Err(Error::invalid(op, format!("{} holds no samples", shapes())));
+    }
+    Ok(())
+}
+
+fn check_batch_size(op: &'static str, batch_size: usize) -> Result<()> {
+    if batch_size == 0 {
+        return Err(Error::invalid(op, "batch_size must be at least 1"));
+    }
+    Ok(())
 }
 
 fn as_f32(t: &Tensor) -> Result<Tensor> {

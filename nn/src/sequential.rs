@@ -29,11 +29,12 @@ impl Sequential {
     #[allow(clippy::should_implement_trait)]
     pub fn add(mut self, mut layer: impl Layer + 'static) -> Self {
         if layer.name().is_empty() {
-            let kind = layer.kind();
-            let n = self.counts.entry(kind).or_insert(0);
-            let snake = to_snake(kind);
-            layer.set_name(if *n == 0 { snake } else { format!("{snake}_{n}") });
-            *n += 1;
+            // Keras-style names that skip any name already taken (by a layer named by hand), so
+            // an unnamed layer never collides; a clash between two hand-given names is refused
+            // when the model is compiled or built (`check_paths`).
+            let taken: Vec<&str> = self.layers.iter().map(|l| l.name()).collect();
+            let name = auto_name(layer.kind(), &mut self.counts, &taken);
+            layer.set_name(name);
         }
         self.layers.push(Box::new(layer));
         self
@@ -43,6 +44,20 @@ impl Sequential {
     pub fn named(mut self, name: &str) -> Self {
         self.name = name.to_string();
         self
+    }
+}
+
+/// The next Keras-style name for a layer of `kind` (`dense`, `dense_1`, ...), skipping names in
+/// `taken`; `counts` keeps the next suffix per kind.
+pub(crate) fn auto_name(kind: &'static str, counts: &mut HashMap<&'static str, usize>, taken: &[&str]) -> String {
+    let snake = to_snake(kind);
+    let n = counts.entry(kind).or_insert(0);
+    loop {
+        let candidate = if *n == 0 { snake.clone() } else { format!("{snake}_{n}") };
+        *n += 1;
+        if !taken.contains(&candidate.as_str()) {
+            return candidate;
+        }
     }
 }
 

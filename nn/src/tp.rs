@@ -278,6 +278,12 @@ pub fn vocab_parallel_cross_entropy(
     comm: &Arc<dyn Collectives>,
 ) -> Result<Tensor> {
     let r = comm.rank();
+    if sizes.len() != comm.world_size() {
+        return Err(Error::invalid(
+            "vocab_parallel_cross_entropy",
+            format!("vocabulary parts {sizes:?} do not name one part for each of {} ranks", comm.world_size()),
+        ));
+    }
     let (start, len) = (split_start(sizes, r), sizes[r]);
     let rank = logits.rank();
     if rank == 0 || logits.dims()[rank - 1] != len || labels.dims() != &logits.dims()[..rank - 1] {
@@ -291,7 +297,7 @@ pub fn vocab_parallel_cross_entropy(
     let m = weft_core::no_grad(|| comm.all_gather(&logits.max(&[last], true)?, rank - 1)?.max(&[last], true))?;
     let shifted = logits.sub(&m)?;
     let sum_exp = reduce_from_parallel(&shifted.exp()?.sum(&[last], false)?, comm.clone())?;
-    let f = labels.to_dtype(weft_core::DType::F32)?;
+    let f = labels.to_index("labels", Some(sizes.iter().sum()))?.to_dtype(weft_core::DType::F32)?;
     let mut mine = f.cmp_scalar(weft_core::ops::BinaryOp::Ge, start as f32)?;
     if r + 1 < sizes.len() {
         // The last rank also takes labels past the end, so a bad label faults as on one device.

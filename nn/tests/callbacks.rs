@@ -14,7 +14,7 @@ fn data() -> (Tensor, Tensor) {
 
 fn model(lr: f32) -> Model {
     let mut m = Model::new(Sequential::new().add(Dense::new(1)), &Device::Cpu);
-    m.compile(Sgd::new(lr), Loss::MeanSquaredError, &[]);
+    m.compile(Sgd::new(lr), Loss::MeanSquaredError, &[]).unwrap();
     m
 }
 

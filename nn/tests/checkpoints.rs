@@ -13,7 +13,7 @@ fn model(units: usize) -> Model {
 
 fn trained(seed: u64) -> Model {
     let mut m = model(4);
-    m.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]);
+    m.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
     let x = Tensor::rand(-1.0, 1.0, &[16, 3], seed, &Device::Cpu).unwrap();
     let y = Tensor::rand(-1.0, 1.0, &[16, 2], seed + 1, &Device::Cpu).unwrap();
     m.fit(&x, &y, FitOptions { epochs: 2, batch_size: 4, seed, verbose: false, ..Default::default() }).unwrap();
@@ -58,7 +58,7 @@ fn save_then_load_is_exact() {
     }
     let x = Tensor::rand(-1.0, 1.0, &[5, 3], 5, &Device::Cpu).unwrap();
     assert_eq!(a.predict(&x, 2).unwrap().to_vec::<f32>().unwrap(), b.predict(&x, 2).unwrap().to_vec::<f32>().unwrap());
-    assert!(!dir.path().join("w.safetensors.tmp").exists(), "the temporary file is renamed away");
+    assert_eq!(temporaries(dir.path()), 0, "the temporary file is renamed away");
 }
 
 #[test]
@@ -141,10 +141,115 @@ fn a_truncated_file_is_an_err_and_a_failed_save_keeps_the_old_checkpoint() {
     let err = trained(2).load_weights(&cut).unwrap_err().to_string();
     assert!(err.contains("cut.safetensors"), "{err}");
 
-    // Make the save fail: its temporary path is taken by a directory.
-    std::fs::create_dir(dir.path().join("w.safetensors.tmp")).unwrap();
-    assert!(trained(3).save_weights(&path).is_err());
+    // Make a save fail at the rename: its target is a directory that holds a file. The
+    // directory and its file are intact, and no temporary file is left behind.
+    let target = dir.path().join("taken");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::write(target.join("keep"), b"keep").unwrap();
+    assert!(trained(3).save_weights(&target).is_err());
+    assert_eq!(std::fs::read(target.join("keep")).unwrap(), b"keep");
+    assert_eq!(temporaries(dir.path()), 0);
     assert_eq!(std::fs::read(&path).unwrap(), good, "the previous checkpoint is intact");
     let b = trained(4);
     b.load_weights(&path).unwrap();
+}
+
+fn temporaries(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+        .count()
+}
+
+#[test]
+fn a_flipped_bit_is_an_err_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.safetensors");
+    trained(1).save_weights(&path).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    let header = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+    // Flip one bit in every position of the data section in turn (a sample of them).
+    for at in (8 + header..good.len()).step_by(7) {
+        let mut bad = good.clone();
+        bad[at] ^= 1 << (at % 8);
+        let flipped = dir.path().join("flipped.safetensors");
+        std::fs::write(&flipped, &bad).unwrap();
+        let m = model(4).tap_build();
+        let before: Vec<Vec<f32>> = m.variables().iter().map(|(_, v)| v.to_vec::<f32>().unwrap()).collect();
+        let err = m.load_weights(&flipped).unwrap_err().to_string();
+        assert!(err.contains("checksum") && err.contains("sequential/dense"), "{err}");
+        let after: Vec<Vec<f32>> = m.variables().iter().map(|(_, v)| v.to_vec::<f32>().unwrap()).collect();
+        assert_eq!(before, after);
+    }
+}
+
+#[test]
+fn concurrent_saves_to_one_path_both_succeed_and_leave_a_whole_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.safetensors");
+    let (a, b) = (trained(1), trained(2));
+    // What save_weights writes, saved from two threads at once (a Model is Send, not Sync).
+    let (sa, sb) = (a.whole_state(false).unwrap(), b.whole_state(false).unwrap());
+    std::thread::scope(|s| {
+        let ha = s.spawn(|| (0..20).try_for_each(|_| weft_nn::checkpoint::save(&path, &sa)));
+        let hb = s.spawn(|| (0..20).try_for_each(|_| weft_nn::checkpoint::save(&path, &sb)));
+        ha.join().unwrap().unwrap();
+        hb.join().unwrap().unwrap();
+    });
+    let m = model(4).tap_build();
+    m.load_weights(&path).unwrap();
+    let got: Vec<Vec<f32>> = m.variables().iter().map(|(_, v)| v.to_vec::<f32>().unwrap()).collect();
+    let of = |x: &Model| -> Vec<Vec<f32>> { x.variables().iter().map(|(_, v)| v.to_vec::<f32>().unwrap()).collect() };
+    assert!(got == of(&a) || got == of(&b), "the file is one of the two saves");
+    assert_eq!(temporaries(dir.path()), 0);
+}
+
+#[test]
+fn an_impossible_step_count_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("ok.safetensors");
+    let mut m = trained(1);
+    m.save_checkpoint(&good).unwrap();
+    let mut file = weft_nn::checkpoint::load(&good).unwrap();
+    for bad in [3e9f32, -1.0, 2.5, f32::NAN] {
+        file.insert("optimizer/iterations".into(), (vec![1], vec![bad]));
+        let tensors: Vec<(String, Tensor)> = file
+            .iter()
+            .map(|(k, (shape, v))| (k.clone(), Tensor::from_slice(v, shape, &Device::Cpu).unwrap()))
+            .collect();
+        let path = dir.path().join("bad.safetensors");
+        weft_nn::checkpoint::save(&path, &tensors).unwrap();
+        let before = m.optimizer().unwrap().iterations();
+        let err = m.load_checkpoint(&path).unwrap_err().to_string();
+        assert!(err.contains("optimizer/iterations"), "{err}");
+        assert_eq!(m.optimizer().unwrap().iterations(), before);
+    }
+}
+
+#[test]
+fn a_resumed_run_draws_the_dropout_masks_it_would_have_drawn() {
+    use weft_nn::layers::Dropout;
+    let net =
+        || Sequential::new().add(Dense::new(8).activation(Activation::Relu)).add(Dropout::new(0.5)).add(Dense::new(2));
+    let x = Tensor::rand(-1.0, 1.0, &[8, 3], 3, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[8, 2], 4, &Device::Cpu).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.safetensors");
+    let mut a = Model::new(net(), &Device::Cpu);
+    a.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+    for _ in 0..3 {
+        a.train_on_batch(&x, &y).unwrap();
+    }
+    a.save_checkpoint(&path).unwrap();
+    let mut b = Model::new(net(), &Device::Cpu);
+    b.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+    b.build(&[3]).unwrap();
+    b.load_checkpoint(&path).unwrap();
+    assert_eq!(b.step_counter(), 3);
+    for _ in 0..2 {
+        assert_eq!(a.train_on_batch(&x, &y).unwrap(), b.train_on_batch(&x, &y).unwrap());
+    }
+    for ((p, va), (_, vb)) in a.variables().iter().zip(b.variables()) {
+        assert_eq!(va.to_vec::<f32>().unwrap(), vb.to_vec::<f32>().unwrap(), "{p}");
+    }
 }

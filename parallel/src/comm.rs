@@ -12,7 +12,7 @@
 //! deadlocking.
 
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use weft_core::{Collectives, DType, Device, Error, HostF32, ReduceKind, Result, Tensor};
@@ -23,6 +23,8 @@ pub struct World {
     failed: Mutex<Option<String>>,
     /// Nanoseconds ranks have spent inside collectives (staging, waiting, reducing), summed.
     spent_ns: AtomicU64,
+    /// Rank threads of the current run that have returned (they join no further collective).
+    left: AtomicUsize,
 }
 
 impl World {
@@ -101,6 +103,12 @@ pub struct InHost {
 /// How often a waiting rank looks at the world's failure flag (a failure in another group of the
 /// world does not wake this group's condition variable).
 const POLL: Duration = Duration::from_millis(10);
+
+/// How long a rank waits in a collective after another rank of the run has returned. SPMD ranks
+/// run the same collectives, so a rank that returned has passed every collective its peers
+/// need; one still unmet this long after is waiting for a rank that returned without joining
+/// it, and the run fails instead of hanging.
+const AFTER_LEAVE: Duration = Duration::from_secs(3);
 
 impl InHost {
     /// Handles for the `n` ranks of a new group in `world`.
@@ -219,6 +227,7 @@ impl InHost {
                 }
             }
         }
+        let mut since_leave: Option<Instant> = None;
         loop {
             let (s, _) = self.group.cv.wait_timeout(slot, POLL).unwrap_or_else(|p| p.into_inner());
             slot = s;
@@ -229,6 +238,17 @@ impl InHost {
             }
             if let Some(why) = self.group.world.failure() {
                 return Err(Error::Collective(format!("rank {} stopped waiting: {why}", self.rank)));
+            }
+            if self.group.world.left.load(Ordering::Relaxed) > 0
+                && since_leave.get_or_insert_with(Instant::now).elapsed() > AFTER_LEAVE
+            {
+                let why = format!(
+                    "rank {} waited in {} for a rank that had returned without joining it",
+                    self.rank, slot.call
+                );
+                drop(slot);
+                self.fail(&why);
+                return Err(Error::Collective(why));
             }
         }
     }
@@ -254,6 +274,7 @@ pub(crate) fn on_threads<I: Send, T: Send>(
     world: &World,
     f: impl Fn(usize, I) -> Result<T> + Sync,
 ) -> Vec<Result<T>> {
+    world.left.store(0, Ordering::Relaxed);
     std::thread::scope(|s| {
         let handles: Vec<_> = items
             .into_iter()
@@ -273,6 +294,7 @@ pub(crate) fn on_threads<I: Send, T: Send>(
                     if let Err(e) = &out {
                         world.fail(&format!("rank {r}: {e}"));
                     }
+                    world.left.fetch_add(1, Ordering::Relaxed);
                     out
                 })
             })

@@ -42,6 +42,9 @@ macro_rules! delegate_state {
         fn set_iterations(&mut self, n: u64) {
             self.$inner.set_iterations(n)
         }
+        fn validate(&self) -> Result<()> {
+            self.$inner.validate()
+        }
     };
 }
 pub(crate) use delegate_state;

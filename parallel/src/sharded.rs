@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use weft_core::{Error, Result, Tensor};
-use weft_nn::checkpoint::{ITERATIONS_KEY, parse_slot_key};
+use weft_nn::checkpoint::parse_slot_key;
 use weft_nn::optim::Optimizer;
 use weft_nn::tp::{Placement, TpCtx};
 use weft_nn::{FitOptions, History, Layer, Loss, Metric, Model};
@@ -246,6 +246,9 @@ impl ShardedModel {
         loss: Loss,
         metrics: &[Metric],
     ) -> Result<()> {
+        // Checked once, whole, before any rank is changed (each rank's copy loses its clipping
+        // to the coordinated wrapper).
+        optimizer.validate()?;
         let split: HashSet<String> =
             self.placements.iter().filter(|(_, p)| **p != Placement::Replicate).map(|(k, _)| k.clone()).collect();
         for (model, store) in self.ranks.iter_mut().zip(&self.recorded) {
@@ -257,7 +260,7 @@ impl ShardedModel {
                 split.clone(),
             )
             .with_recorder((self.recording.clone(), store.clone()));
-            model.compile(opt, loss, metrics);
+            model.compile(opt, loss, metrics)?;
         }
         Ok(())
     }
@@ -409,9 +412,16 @@ impl ShardedModel {
 
     /// Save whole weights and optimizer state: what `Model::load_checkpoint` reads, and what a
     /// `ShardedModel` on any mesh reads.
+    /// The exact step counts go in the metadata, as `Model::save_checkpoint` writes them.
     pub fn save_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        use weft_nn::checkpoint::{ITERATIONS_META, STEP_META};
         let state = self.full_state()?;
-        weft_nn::checkpoint::save(path, &state)
+        let m = &self.ranks[0];
+        let mut meta = vec![(STEP_META, m.step_counter().to_string())];
+        if let Some(opt) = m.optimizer() {
+            meta.push((ITERATIONS_META, opt.iterations().to_string()));
+        }
+        weft_nn::checkpoint::save_with_metadata(path, &state, &meta)
     }
 
     /// Load a checkpoint (from one device or any mesh): each rank keeps its part of every whole
@@ -419,7 +429,8 @@ impl ShardedModel {
     /// has it and the model is compiled.
     pub fn load_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
         let path = path.as_ref();
-        self.load_state(&weft_nn::checkpoint::load(path)?, path)
+        let (file, meta) = weft_nn::checkpoint::load_with_metadata(path)?;
+        self.load_state(&file, &meta, path)
     }
 
     /// Set weights (and optimizer state, for names a checkpoint gives it) from whole tensors,
@@ -430,10 +441,16 @@ impl ShardedModel {
         for (k, t) in state {
             loaded.insert(k.clone(), (t.dims().to_vec(), t.to_vec::<f32>()?));
         }
-        self.load_state(&loaded, std::path::Path::new("(tensors in memory)"))
+        self.load_state(&loaded, &Default::default(), std::path::Path::new("(tensors in memory)"))
     }
 
-    fn load_state(&mut self, file: &weft_nn::checkpoint::Loaded, path: &std::path::Path) -> Result<()> {
+    fn load_state(
+        &mut self,
+        file: &weft_nn::checkpoint::Loaded,
+        meta: &std::collections::HashMap<String, String>,
+        path: &std::path::Path,
+    ) -> Result<()> {
+        let (iterations, step) = weft_nn::checkpoint::resume_counts(file, meta, path)?;
         let expected: Vec<(String, Vec<usize>)> =
             self.plan.layers.iter().flat_map(|l| &l.variables).map(|v| (v.path.clone(), v.shape.clone())).collect();
         weft_nn::checkpoint::check_weights(file, &expected, path)?;
@@ -478,12 +495,15 @@ impl ShardedModel {
             for (v, t) in weights {
                 v.set(&t)?;
             }
+            if let Some(step) = step {
+                m.set_step_counter(step);
+            }
             if let Some(opt) = m.optimizer_mut() {
                 for (var, slot, t) in slots {
                     opt.set_slot(&var, &slot, t);
                 }
-                if let Some((_, it)) = file.get(ITERATIONS_KEY) {
-                    opt.set_iterations(it.first().copied().unwrap_or(0.0) as u64);
+                if let Some(it) = iterations {
+                    opt.set_iterations(it);
                 }
             }
             Ok(())

@@ -66,7 +66,7 @@ fn same_history(a: &History, b: &History) {
 fn fit_evaluate_and_predict_match_one_device() {
     let (x, y) = data();
     let mut one = Model::new(net(), &Device::Cpu);
-    one.compile(Adam::new(1e-2), LOSS, &[Metric::SparseCategoricalAccuracy]);
+    one.compile(Adam::new(1e-2), LOSS, &[Metric::SparseCategoricalAccuracy]).unwrap();
     // A ShardedModel is built when it is made, as `build` builds a Model: the same weights.
     one.build(&[6]).unwrap();
     let h1 = one.fit(&x, &y, opts()).unwrap();
@@ -109,7 +109,7 @@ fn early_stopping_and_checkpoints_run_on_every_rank_as_on_one_device() {
     };
     let fit = |file: &str| FitOptions { epochs: 12, callbacks: callbacks(file), ..opts() };
     let mut one = Model::new(net(), &Device::Cpu);
-    one.compile(Adam::new(5e-2), LOSS, &[]);
+    one.compile(Adam::new(5e-2), LOSS, &[]).unwrap();
     one.build(&[6]).unwrap();
     let h1 = one.fit(&x, &y, fit("one.safetensors")).unwrap();
 

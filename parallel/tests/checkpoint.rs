@@ -76,7 +76,7 @@ fn train_on_two_save_resume_on_three_equals_training_on() {
 
     // One device reads the same file: weights, slots and the step counter.
     let mut one = Model::new(lm(), &Device::Cpu);
-    one.compile(adam(), LOSS, &[]);
+    one.compile(adam(), LOSS, &[]).unwrap();
     one.build(&[5]).unwrap();
     one.load_checkpoint(&file).unwrap();
     assert_eq!(one.optimizer().unwrap().iterations(), 4);
@@ -88,7 +88,7 @@ fn a_single_device_checkpoint_loads_into_any_mesh() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("one.safetensors");
     let mut one = Model::new(lm(), &Device::Cpu);
-    one.compile(adam(), LOSS, &[]);
+    one.compile(adam(), LOSS, &[]).unwrap();
     for s in 0..2 {
         let (x, y) = batch(s);
         one.train_on_batch(&x, &y).unwrap();

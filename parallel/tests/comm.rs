@@ -119,6 +119,26 @@ fn a_rank_that_fails_stops_every_rank_within_a_second() {
 }
 
 #[test]
+fn a_rank_that_returns_without_joining_a_collective_fails_the_others_in_bounded_time() {
+    let start = Instant::now();
+    let out = on_ranks(3, |r, c| {
+        let x = Tensor::ones(&[4], &Device::Cpu)?;
+        c.all_reduce(&x, ReduceKind::Sum)?;
+        if r == 1 {
+            return Ok(()); // returns Ok, skipping the collective below
+        }
+        c.all_reduce(&x, ReduceKind::Sum)?;
+        Ok(())
+    });
+    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    assert!(out[1].is_ok());
+    for r in [0, 2] {
+        let e = out[r].as_ref().unwrap_err().to_string();
+        assert!(e.contains("returned without joining"), "rank {r}: {e}");
+    }
+}
+
+#[test]
 fn mismatched_collectives_are_an_error_not_a_deadlock() {
     let out = on_ranks(2, |r, c| {
         let x = Tensor::ones(&[4], &Device::Cpu)?;

@@ -14,6 +14,7 @@ pub struct Embedding {
     input_dim: usize,
     output_dim: usize,
     init: Initializer,
+    mask_zero: bool,
     table: Arc<OnceLock<Var>>,
 }
 
@@ -25,8 +26,15 @@ impl Embedding {
             input_dim,
             output_dim,
             init: Initializer::Uniform(0.05),
+            mask_zero: false,
             table: Arc::new(OnceLock::new()),
         }
+    }
+    /// Id 0 is padding (Keras' `mask_zero`): the output carries a mask, 0 where the id is 0, that
+    /// flows to the layers that read one (attention, pooling) in a functional model.
+    pub fn mask_zero(mut self, on: bool) -> Self {
+        self.mask_zero = on;
+        self
     }
     /// The table's initializer.
     pub fn initializer(mut self, i: Initializer) -> Self {
@@ -63,6 +71,9 @@ impl Layer for Embedding {
                 self.table.get().expect("just set")
             }
         };
+        // Every id must be a whole number in 0..input_dim: -1 or 2.5 is an error naming the
+        // layer, never row 0 or row 2.
+        let ids = ids.to_index(&format!("{path}: ids"), Some(self.input_dim))?;
         match shard {
             Some((tp::LayerShard { style: Style::Vocab { sizes }, .. }, comm)) => {
                 // Rank r holds rows [start, start + len): look up the ids in that range (the last
@@ -79,10 +90,7 @@ impl Layer for Embedding {
                 let rows = table.embedding(&local)?.mul(&mask.unsqueeze(-1)?)?;
                 reduce_from_parallel(&rows, comm.clone())
             }
-            _ => {
-                let ids = if ids.dtype() == DType::F32 { ids.to_dtype(DType::U32)? } else { ids.clone() };
-                table.embedding(&ids)
-            }
+            _ => table.embedding(&ids),
         }
     }
     fn name(&self) -> &str {
@@ -96,6 +104,12 @@ impl Layer for Embedding {
     }
     fn variables(&self) -> Vec<(String, Var)> {
         self.table.get().map(|t| vec![("embeddings".to_string(), t.clone())]).unwrap_or_default()
+    }
+    fn output_mask(&self, inputs: &[Tensor], masks: &[Option<Tensor>], _: &Tensor) -> Result<Option<Tensor>> {
+        match (self.mask_zero, inputs.first()) {
+            (true, Some(ids)) => Ok(Some(ids.to_dtype(DType::F32)?.cmp_scalar(BinaryOp::Ne, 0.0)?)),
+            _ => Ok(masks.first().cloned().flatten()),
+        }
     }
 }
 

@@ -27,6 +27,21 @@ pub trait Optimizer: Send {
     /// Change the global-norm clipping threshold (`None`: no clipping). A coordinated optimizer
     /// takes clipping over, because the norm of a split model spans every rank.
     fn set_global_clipnorm(&mut self, max_norm: Option<f32>);
+    /// Check the hyper-parameters (learning rate and schedule, betas, epsilon, clipping, decay):
+    /// `compile` calls this, so a bad value is an `Err` naming it before any step runs.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// `Err` unless `lo <= v <= hi` (with `hi_open`, `v < hi`) and `v` is finite.
+pub(crate) fn check_range(what: &str, v: f32, lo: f32, hi: f32, hi_open: bool) -> Result<()> {
+    let ok = v.is_finite() && v >= lo && if hi_open { v < hi } else { v <= hi };
+    if ok {
+        return Ok(());
+    }
+    let close = if hi_open { ")" } else { "]" };
+    Err(Error::invalid("optimizer", format!("{what} must be in [{lo}, {hi}{close}, got {v}")))
 }
 
 /// What every optimizer shares: schedule, clipping, weight decay, step count, slots.
@@ -46,6 +61,15 @@ impl Base {
     fn lr(&self) -> f32 {
         self.lr.as_ref().map_or(0.0, |l| l.at(self.iterations))
     }
+    fn validate(&self) -> Result<()> {
+        if let Some(lr) = &self.lr {
+            lr.validate()?;
+        }
+        if let Some(c) = self.clip_global_norm {
+            check_range("the global clipping norm", c, f32::MIN_POSITIVE, f32::MAX, false)?;
+        }
+        check_range("weight_decay", self.weight_decay, 0.0, f32::MAX, false)
+    }
     fn slot(&mut self, path: &str, name: &'static str, like: &Tensor) -> Result<Tensor> {
         let s = self.slots.entry(path.to_string()).or_default();
         if let Some(t) = s.get(name) {
@@ -61,6 +85,9 @@ impl Base {
 
     /// Run one step: gather gradients, clip them by global norm, decay weights, then call
     /// `rule(base, path, weight, grad, lr)` for the new weight of each variable.
+    ///
+    /// The step is staged: new weights and slots are all computed first and only then put in
+    /// place, so a step that fails part way changes no weight, slot or counter.
     fn step(
         &mut self,
         params: &[(String, Var)],
@@ -100,15 +127,20 @@ impl Base {
                 }
             }
             let lr = self.lr();
+            let mut staged = self.clone();
+            let mut updates = Vec::with_capacity(pairs.len());
             for (path, var, g) in pairs {
                 let mut w = var.as_tensor().clone();
                 if self.weight_decay != 0.0 {
                     w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
                 }
-                let new = rule(self, path, &w, &g, lr)?;
+                updates.push((var, rule(&mut staged, path, &w, &g, lr)?));
+            }
+            for (var, new) in updates {
                 var.set(&new)?;
             }
-            self.iterations += 1;
+            staged.iterations += 1;
+            *self = staged;
             Ok(())
         })
     }
@@ -169,6 +201,10 @@ macro_rules! optimizer_trait {
             fn set_global_clipnorm(&mut self, max_norm: Option<f32>) {
                 self.base.clip_global_norm = max_norm;
             }
+            fn validate(&self) -> Result<()> {
+                self.base.validate()?;
+                self.check()
+            }
         }
     };
 }
@@ -198,6 +234,9 @@ impl Sgd {
     }
     fn hyper(&self) -> (f32, bool) {
         (self.momentum, self.nesterov)
+    }
+    fn check(&self) -> Result<()> {
+        check_range("momentum", self.momentum, 0.0, 1.0, false)
     }
     fn rule(hp: &(f32, bool), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
         let (momentum, nesterov) = *hp;
@@ -234,10 +273,15 @@ impl Adam {
     fn hyper(&self) -> (f32, f32, f32) {
         (self.beta1, self.beta2, self.epsilon)
     }
+    fn check(&self) -> Result<()> {
+        check_range("beta_1", self.beta1, 0.0, 1.0, true)?;
+        check_range("beta_2", self.beta2, 0.0, 1.0, true)?;
+        check_range("epsilon", self.epsilon, 0.0, f32::MAX, false)
+    }
     fn rule(hp: &(f32, f32, f32), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
         let (b1, b2, eps) = *hp;
         // Bias correction folded into the step size, as Keras does.
-        let t = (b.iterations + 1) as i32;
+        let t = (b.iterations + 1).min(i32::MAX as u64) as i32;
         let lr_t = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
         let (m, v) = (b.slot(path, "m", w)?, b.slot(path, "v", w)?);
         // One fused pass: m' = m + (g - m)(1 - b1), v' = v + (g² - v)(1 - b2), w' = w - lr_t m' / (sqrt(v') + eps).
@@ -278,10 +322,15 @@ impl RMSprop {
     fn hyper(&self) -> (f32, f32) {
         (self.rho, self.epsilon)
     }
+    fn check(&self) -> Result<()> {
+        check_range("rho", self.rho, 0.0, 1.0, true)?;
+        check_range("epsilon", self.epsilon, 0.0, f32::MAX, false)
+    }
     fn rule(hp: &(f32, f32), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
         let (rho, eps) = *hp;
         let v = b.slot(path, "velocity", w)?.mul_scalar(rho)?.add(&g.square()?.mul_scalar(1.0 - rho)?)?;
-        let update = g.div(&v.sqrt()?.add_scalar(eps)?)?.mul_scalar(lr)?;
+        // Keras puts epsilon inside the square root: g / sqrt(v + eps).
+        let update = g.div(&v.add_scalar(eps)?.sqrt()?)?.mul_scalar(lr)?;
         b.set_slot(path, "velocity", v);
         w.sub(&update)
     }

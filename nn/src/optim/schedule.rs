@@ -72,7 +72,61 @@ impl LearningRate {
             }
             LearningRate::PiecewiseConstant { boundaries, values } => {
                 let i = boundaries.iter().take_while(|&&b| step >= b).count();
-                values[i.min(values.len().saturating_sub(1))]
+                // An empty list has no rate (`validate` refuses it): NaN, never a panic.
+                values.get(i).or(values.last()).copied().unwrap_or(f32::NAN)
+            }
+        }
+    }
+
+    /// Check the schedule: every rate finite and non-negative, step counts positive, piecewise
+    /// boundaries strictly increasing with one more value than boundaries. The `Err` names the
+    /// field.
+    ///
+    /// ```
+    /// use weft_nn::optim::LearningRate;
+    /// let bad = LearningRate::PiecewiseConstant { boundaries: vec![10, 5], values: vec![1.0, 0.5, 0.1] };
+    /// assert!(bad.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> weft_core::Result<()> {
+        use super::rules::check_range;
+        let rate = |what: &str, v: f32| check_range(what, v, 0.0, f32::MAX, false);
+        let steps = |what: &str, n: u64| {
+            if n == 0 {
+                return Err(weft_core::Error::invalid("optimizer", format!("{what} must be at least 1")));
+            }
+            Ok(())
+        };
+        match self {
+            LearningRate::Constant(v) => rate("the learning rate", *v),
+            LearningRate::ExponentialDecay { initial, decay_steps, rate: r, .. } => {
+                rate("ExponentialDecay initial", *initial)?;
+                steps("ExponentialDecay decay_steps", *decay_steps)?;
+                check_range("ExponentialDecay rate", *r, 0.0, f32::MAX, false)
+            }
+            LearningRate::CosineDecay { initial, peak, decay_steps, alpha, .. } => {
+                rate("CosineDecay initial", *initial)?;
+                rate("CosineDecay peak", *peak)?;
+                steps("CosineDecay decay_steps", *decay_steps)?;
+                check_range("CosineDecay alpha", *alpha, 0.0, 1.0, false)
+            }
+            LearningRate::PiecewiseConstant { boundaries, values } => {
+                if values.len() != boundaries.len() + 1 {
+                    return Err(weft_core::Error::invalid(
+                        "optimizer",
+                        format!(
+                            "PiecewiseConstant needs one more value than boundaries: {} boundaries, {} values",
+                            boundaries.len(),
+                            values.len()
+                        ),
+                    ));
+                }
+                if let Some(w) = boundaries.windows(2).find(|w| w[0] >= w[1]) {
+                    return Err(weft_core::Error::invalid(
+                        "optimizer",
+                        format!("PiecewiseConstant boundaries must increase: {} then {} in {boundaries:?}", w[0], w[1]),
+                    ));
+                }
+                values.iter().try_for_each(|v| rate("a PiecewiseConstant value", *v))
             }
         }
     }

@@ -1,0 +1,3 @@
+//! Model architectures built from weft's layers, with importers for their published checkpoints.
+
+pub mod bert;

@@ -1,0 +1,27 @@
+//! Shared by nn test binaries: where the all-MiniLM-L6-v2 files are.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The directory holding all-MiniLM-L6-v2 (`scripts/fetch_minilm.sh` puts it in
+/// `target/models/all-MiniLM-L6-v2`; `WEFT_MINILM_DIR` overrides). `None` with a note when it is
+/// absent on a user's machine; under `CI=true` (where `.ci/run` fetches it) absence is a failure.
+pub fn minilm_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("WEFT_MINILM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/models/all-MiniLM-L6-v2"));
+    if dir.join("model.safetensors").exists() && dir.join("tokenizer.json").exists() {
+        return Some(dir);
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI=true but all-MiniLM-L6-v2 is not in {} (run scripts/fetch_minilm.sh)", dir.display());
+    }
+    eprintln!("note: skipping, all-MiniLM-L6-v2 not found in {} (run scripts/fetch_minilm.sh)", dir.display());
+    None
+}
+
+/// A JSON fixture from `data/minilm/`.
+pub fn fixture(name: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/minilm").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("fixture JSON")
+}
