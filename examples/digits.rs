@@ -21,7 +21,7 @@ fn rows(values: &[f32], cols: usize, ids: &[u32], dev: &Device) -> Result<(Tenso
 }
 
 fn main() -> Result<()> {
-    let dev = Device::default();
+    let dev = Device::from_env()?;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.csv");
     let (values, n, cols) = read_csv(path)?;
     let (train, test) = train_test_split(n, 0.2, 42);

@@ -155,7 +155,7 @@ fn main() -> Result<()> {
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let steps: u64 =
         flag("--steps").map_or(Ok(1000), |s| s.parse()).map_err(|e| Error::Msg(format!("--steps: {e}")))?;
-    let dev = Device::default();
+    let dev = Device::from_env()?;
     match flag("--text") {
         Some(path) => train_text(&path, steps, &dev),
         None => train_addition(steps, &dev),

@@ -128,9 +128,27 @@ impl Device {
         }
     }
 
+    /// The device `WEFT_DEVICE` names (`cpu`, `gpu`, `gpu:N`, `meta`), or, when it is unset, what
+    /// [`Device::default`] picks. A value that does not parse or names an adapter that cannot be
+    /// opened (`gpu:99`, `banana`) is an `Err` naming it, never a silent fall-back.
+    ///
+    /// ```
+    /// // With WEFT_DEVICE unset this is Device::default().
+    /// let dev = weft_core::Device::from_env()?;
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn from_env() -> Result<Device> {
+        match std::env::var("WEFT_DEVICE") {
+            Ok(s) => Device::parse(&s).map_err(|e| Error::invalid("WEFT_DEVICE", format!("WEFT_DEVICE={s}: {e}"))),
+            Err(_) => Ok(Device::default()),
+        }
+    }
+
     /// The device programs use unless told otherwise: `WEFT_DEVICE` if set (`cpu`, `gpu`, `gpu:N`),
     /// else the best hardware GPU adapter, else Cpu. Software adapters are used only when asked
-    /// for. Opened once per process; the choice is printed to stderr once.
+    /// for. Opened once per process; the choice is printed to stderr once. A `WEFT_DEVICE` that
+    /// cannot be honoured falls back to the Cpu with a line on stderr; [`Device::from_env`] makes
+    /// it an `Err` instead, which is what the examples use.
     ///
     /// ```
     /// let dev = weft_core::Device::default();

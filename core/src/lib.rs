@@ -17,7 +17,7 @@
 
 pub mod backprop;
 pub mod collectives;
-pub mod cpu;
+pub(crate) mod cpu;
 mod device;
 mod dtype;
 mod einsum;
@@ -27,7 +27,7 @@ pub mod layout;
 pub mod ops;
 pub mod optim_ops;
 pub mod rng;
-pub mod storage;
+pub(crate) mod storage;
 mod tensor;
 pub mod trace;
 mod var;

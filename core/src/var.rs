@@ -42,8 +42,14 @@ impl Var {
 
     /// Replace the values in place; `t` must have the same shape, dtype and device.
     pub fn set(&self, t: &Tensor) -> Result<()> {
-        if t.dims() != self.0.dims() || t.dtype() != self.0.dtype() {
+        if t.dims() != self.0.dims() {
             return Err(Error::ShapeMismatch { op: "Var::set", lhs: self.0.dims().to_vec(), rhs: t.dims().to_vec() });
+        }
+        if t.dtype() != self.0.dtype() {
+            return Err(Error::invalid(
+                "Var::set",
+                format!("the variable holds {:?} values, the new value is {:?}", self.0.dtype(), t.dtype()),
+            ));
         }
         if t.device() != self.0.device() {
             return Err(Error::DeviceMismatch {

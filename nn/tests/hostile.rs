@@ -335,3 +335,26 @@ fn on_a_gpu_a_bad_label_or_id_fails_the_step_before_any_update() {
     // The model still trains after the refused steps.
     m.train_on_batch(&ids, &y).unwrap();
 }
+
+#[test]
+fn a_bias_over_the_batch_axis_is_an_err_not_a_panic() {
+    use weft_nn::layers::EinsumDense;
+    use weft_nn::{Ctx, Layer};
+    let x = Tensor::ones(&[2, 3, 4], &Device::Cpu).unwrap();
+    for axes in ["a", "z"] {
+        let l = EinsumDense::new("abc,cd->abd", &[3, 5]).bias_axes(axes).named("proj");
+        let msg = err_text(l.call(&x, &mut Ctx::inference()).map(|t| t.dims().to_vec()));
+        assert!(msg.contains(axes), "{msg}");
+    }
+}
+
+#[test]
+fn sparse_cross_entropy_of_a_scalar_or_zero_classes_is_an_err() {
+    let y = Tensor::from_vec(vec![0u32], &[1], &Device::Cpu).unwrap();
+    for pred in [Tensor::scalar(1.0, &Device::Cpu).unwrap(), Tensor::zeros(&[1, 0], &Device::Cpu).unwrap()] {
+        let msg = err_text(
+            Loss::SparseCategoricalCrossentropy { from_logits: true }.compute(&pred, &y).map(|t| t.dims().to_vec()),
+        );
+        assert!(msg.contains("class"), "{msg}");
+    }
+}

@@ -23,10 +23,19 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     if m * n * k == 0 {
         return Ok(f32_storage(out));
     }
+    // The last element each matrix reads must lie inside its buffer: the bound the unsafe gemm
+    // calls below rely on (checked here, not assumed from how the layouts were made).
+    let reach = |offs: &[usize], rs: isize, cs: isize, rows: usize, cols: usize| {
+        offs.iter().max().copied().unwrap_or(0) + (rows - 1) * rs as usize + (cols - 1) * cs as usize
+    };
+    if reach(&aoffs, ars, acs, m, k) >= x.len() || reach(&boffs, brs, bcs, k, n) >= y.len() {
+        return Err(crate::Error::invalid("matmul", format!("layouts {la:?} and {lb:?} reach outside their buffers")));
+    }
     let work = m * n * k;
     let one = |i: usize, dst: &mut [f32], par: gemm::Parallelism| {
-        // SAFETY: every pointer plus its strides stays inside its slice: the layouts were checked
-        // against the storage when the tensors were made, and dst is exactly m*n row-major.
+        // SAFETY: every pointer plus its strides stays inside its slice (the reach check above:
+        // strides are non-negative, so the farthest element is the last row and column of the
+        // matrix at the largest offset), and dst is exactly m*n row-major.
         unsafe {
             gemm::gemm(
                 m,

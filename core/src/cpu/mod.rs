@@ -65,18 +65,6 @@ impl CpuStorage {
         }
     }
 
-    /// Build from a contiguous host vector of any supported element type.
-    pub fn from_vec<T: crate::WithDType>(data: Vec<T>) -> Self {
-        // Safe casts: T's DTYPE tells which variant the bytes belong to.
-        let bytes: Vec<u8> = bytemuck::cast_slice(&data).to_vec();
-        match T::DTYPE {
-            DType::F32 => f32_storage(bytemuck::pod_collect_to_vec(&bytes)),
-            DType::F16 => CpuStorage::F16(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
-            DType::U32 => CpuStorage::U32(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
-            DType::I32 => CpuStorage::I32(Arc::new(bytemuck::pod_collect_to_vec(&bytes))),
-        }
-    }
-
     /// The raw bytes of the whole storage.
     pub fn bytes(&self) -> &[u8] {
         match self {

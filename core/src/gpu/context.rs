@@ -468,6 +468,10 @@ impl GpuContext {
 
     /// e.g. `gpu:0 (llvmpipe (LLVM 15.0.6, 256 bits), Vulkan, Cpu)`.
     pub fn describe(&self) -> String {
-        format!("gpu:{} ({}, {:?}, {:?})", self.adapter_index, self.info.name, self.info.backend, self.info.device_type)
+        // The device number tells apart several devices opened on one adapter (virtual devices).
+        format!(
+            "gpu:{} device #{} ({}, {:?}, {:?})",
+            self.adapter_index, self.ordinal, self.info.name, self.info.backend, self.info.device_type
+        )
     }
 }

@@ -11,11 +11,13 @@ mod pool;
 mod rows;
 
 pub use context::GpuContext;
-pub use elementwise::{binary, cast, copy_into, fill, rand_uniform, unary, where_cond};
-pub use index::{gather, index_add, index_check, index_select, scatter_add};
-pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul, matmul_ranking};
-pub use pool::{MemoryStats, PooledBuffer};
-pub use rows::{layer_norm, reduce, softmax};
+pub(crate) use elementwise::{binary, cast, copy_into, fill, rand_uniform, unary, where_cond};
+pub(crate) use index::{gather, index_add, index_check, index_select, scatter_add};
+pub(crate) use matmul::matmul;
+pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul_ranking};
+pub use pool::MemoryStats;
+pub(crate) use pool::PooledBuffer;
+pub(crate) use rows::{layer_norm, reduce, softmax};
 
 use crate::{DType, Error, Layout, Result};
 use std::sync::{Arc, OnceLock};
@@ -24,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 /// the index ops its values came through (see `fault.rs`): reading it fails if one of them met a
 /// bad index.
 #[derive(Clone)]
-pub struct GpuStorage {
+pub(crate) struct GpuStorage {
     pub(crate) buf: Arc<PooledBuffer>,
     pub(crate) ctx: Arc<GpuContext>,
     pub(crate) faults: fault::Faults,
@@ -81,7 +83,7 @@ impl GpuStorage {
 }
 
 /// A contiguous copy of a (32-bit) strided layout.
-pub fn contiguous(s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
+pub(crate) fn contiguous(s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
     let out = GpuStorage::alloc(&s.ctx, l.numel(), DType::F32)?.inherit(&[s]);
     copy_into(s, l, &out, &Layout::contiguous(l.shape()))?;
     Ok(out)

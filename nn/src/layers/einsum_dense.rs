@@ -150,14 +150,28 @@ impl EinsumDense {
             let first = out.iter().position(|c| self.bias_axes.contains(*c)).ok_or_else(|| {
                 err(format!("bias axes {:?} are not output axes of {:?}", self.bias_axes, self.equation))
             })?;
+            for c in self.bias_axes.chars() {
+                match out.iter().position(|&l| l == c) {
+                    Some(i) if i > 0 && i <= self.output_shape.len() => {}
+                    Some(0) => {
+                        return Err(err(format!(
+                            "bias axis '{c}' is the batch axis of {:?}: a bias cannot span the batch",
+                            self.equation
+                        )));
+                    }
+                    _ => {
+                        return Err(err(format!(
+                            "bias axis '{c}' is not an output axis of {:?} with a size in output_shape {:?}",
+                            self.equation, self.output_shape
+                        )));
+                    }
+                }
+            }
             let bshape: Vec<usize> = out[first..]
                 .iter()
-                .map(|&c| {
-                    if self.bias_axes.contains(c) {
-                        self.output_shape[out.iter().position(|&l| l == c).unwrap() - 1]
-                    } else {
-                        1
-                    }
+                .map(|&c| match out.iter().position(|&l| l == c) {
+                    Some(i) if self.bias_axes.contains(c) => self.output_shape[i - 1],
+                    _ => 1,
                 })
                 .collect();
             Some(tp::new_var(shard, path, "bias", x.device(), Initializer::Zeros, &bshape, 0)?)
