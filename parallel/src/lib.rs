@@ -26,4 +26,4 @@ pub use mesh::DeviceMesh;
 pub use plan::Split;
 pub use plan::{AutoConfig, CollectiveCost, DeviceMemory, LayerPlan, ShardingPlan, VarPlan, autoconfig};
 pub use sharded::ShardedModel;
-pub use verify::{Difference, VerifyReport, verify};
+pub use verify::{BatchSource, Difference, VerifyOptions, VerifyReport, verify, verify_with};

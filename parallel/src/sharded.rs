@@ -71,7 +71,9 @@ impl ShardedModel {
                 ),
             ));
         }
-        plan.check()?;
+        // Checked against the traced model, not only its sizes: a hand-edited plan that pairs
+        // layers across an op that does not keep the split is refused here.
+        plan.check_model(&net())?;
         let world = World::new();
         let model_groups: Vec<Vec<InHost>> = (0..d).map(|_| InHost::group(m, &world)).collect();
         let data_groups: Vec<Vec<InHost>> = (0..m).map(|_| InHost::group(d, &world)).collect();
@@ -249,6 +251,7 @@ impl ShardedModel {
         // Checked once, whole, before any rank is changed (each rank's copy loses its clipping
         // to the coordinated wrapper).
         optimizer.validate()?;
+        self.plan.check_loss(loss)?;
         let split: HashSet<String> =
             self.placements.iter().filter(|(_, p)| **p != Placement::Replicate).map(|(k, _)| k.clone()).collect();
         for (model, store) in self.ranks.iter_mut().zip(&self.recorded) {

@@ -1,16 +1,45 @@
 //! `verify`: train a model sharded and on one device from the same weights and data, and report
 //! per tensor the largest difference of outputs, gradients, weights and optimizer state.
 
+mod batches;
+#[cfg(test)]
+mod tests;
+
 use crate::{DeviceMesh, ShardedModel, ShardingPlan};
 use std::collections::HashMap;
 use weft_core::{Error, GradStore, Result, Tensor, Var};
 use weft_nn::optim::Optimizer;
 use weft_nn::{Layer, Loss, Model};
 
+/// Makes the batch `(x, y)` of each step (counted from 0).
+pub type BatchSource<'a> = Box<dyn FnMut(usize) -> Result<(Tensor, Tensor)> + 'a>;
+
+/// What `verify_with` trains on, and how.
+pub struct VerifyOptions<'a> {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// The batch `(x, y)` of each step (counted from 0): both sides train on the same one.
+    pub batches: BatchSource<'a>,
+    /// Let the sharded model keep the weights it draws itself (each split variable only its own
+    /// part, by `Initializer::init_part`) instead of being handed the one-device weights, and
+    /// compare them before the first step (`initial weight`): this checks initialisation too.
+    pub own_init: bool,
+}
+
+impl VerifyOptions<'static> {
+    /// `steps` steps on batches of `batch` rows of `(x, y)` (first axis: samples), taken in a
+    /// seeded order that is shuffled afresh on every pass over the rows, so that the model
+    /// cannot memorise one batch. With `batch` at least the number of rows, every step trains on
+    /// all of them.
+    pub fn rows(x: &Tensor, y: &Tensor, batch: usize, steps: usize) -> Result<Self> {
+        Ok(VerifyOptions { steps, batches: batches::rows(x, y, batch)?, own_init: false })
+    }
+}
+
 /// The largest difference between one tensor on one device and sharded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Difference {
-    /// `loss`, `output`, `gradient`, `weight`, or `slot <name>`.
+    /// `loss`, `output`, `gradient`, `weight`, `initial weight` (with `own_init`), or `slot <name>`.
     pub what: String,
     /// The variable's path (or the step for losses).
     pub path: String,
@@ -101,10 +130,14 @@ impl Optimizer for Recording {
     }
 }
 
-/// Train `net()` for `steps` steps on the batch `(x, y)` twice: on the mesh's first device
-/// alone, and sharded over `mesh` by `plan`, both starting from the one-device model's weights,
-/// with the same optimizer and loss. Report each step's two losses and, after the last step, the
-/// largest difference of the outputs, every gradient, every weight and every optimizer slot.
+/// Train `net()` for `steps` steps twice: on the mesh's first device alone, and sharded over
+/// `mesh` by `plan`, both starting from the one-device model's weights, with the same optimizer,
+/// loss and batches. Each step takes a fresh batch of the plan's batch size from the rows of
+/// `(x, y)` (see `VerifyOptions::rows`: give more rows than one batch, or every step repeats
+/// the same one and the last gradients shrink toward rounding noise as the model memorises it).
+/// Report each step's two losses and, after the last step, the largest difference of the
+/// outputs, every gradient, every weight and every optimizer slot. The plan is first checked
+/// against the model ([`ShardingPlan::check_model`]) and the loss.
 ///
 /// ```
 /// use weft_core::{Device, Tensor};
@@ -113,8 +146,8 @@ impl Optimizer for Recording {
 /// let net = || Sequential::new().add(Dense::new(12).activation(Activation::Tanh)).add(Dense::new(3));
 /// let mesh = DeviceMesh::cpus(2)?;
 /// let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 5], 2, 1)?;
-/// let x = Tensor::rand(-1.0, 1.0, &[8, 5], 1, &Device::Cpu)?;
-/// let y = Tensor::rand(-1.0, 1.0, &[8, 3], 2, &Device::Cpu)?;
+/// let x = Tensor::rand(-1.0, 1.0, &[32, 5], 1, &Device::Cpu)?; // four batches of 8
+/// let y = Tensor::rand(-1.0, 1.0, &[32, 3], 2, &Device::Cpu)?;
 /// let report = verify(net, &mesh, &plan, Adam::new(0.01), Loss::MeanSquaredError, (&x, &y), 3)?;
 /// assert!(report.max_rel() < 1e-4, "{report}");
 /// # Ok::<(), weft_core::Error>(())
@@ -125,28 +158,53 @@ pub fn verify<L: Layer + 'static>(
     plan: &ShardingPlan,
     optimizer: impl Optimizer + Clone + 'static,
     loss: Loss,
-    batch: (&Tensor, &Tensor),
+    data: (&Tensor, &Tensor),
     steps: usize,
 ) -> Result<VerifyReport> {
-    let (x, y) = batch;
+    let batch = plan.input_shape.first().copied().unwrap_or(1);
+    verify_with(net, mesh, plan, optimizer, loss, VerifyOptions::rows(data.0, data.1, batch, steps)?)
+}
+
+/// [`verify`] with the batches made by `options` (any source: a closure per step), and
+/// optionally with each side drawing its own initial weights.
+pub fn verify_with<L: Layer + 'static>(
+    net: impl Fn() -> L,
+    mesh: &DeviceMesh,
+    plan: &ShardingPlan,
+    optimizer: impl Optimizer + Clone + 'static,
+    loss: Loss,
+    mut options: VerifyOptions<'_>,
+) -> Result<VerifyReport> {
+    plan.check_model(&net())?;
+    plan.check_loss(loss)?;
     let dev = &mesh.devices()[0];
     let mut one = Model::new(net(), dev);
     let last = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    one.compile(Recording { inner: Box::new(optimizer.clone()), last: last.clone() }, loss, &[]);
+    one.compile(Recording { inner: Box::new(optimizer.clone()), last: last.clone() }, loss, &[])?;
     let sample: Vec<usize> = plan.input_shape.iter().skip(1).copied().collect();
     one.build(&sample)?;
 
     let mut sharded = ShardedModel::new(&net, mesh, plan)?;
     sharded.compile(optimizer, loss, &[])?;
-    // Start from the one-device weights (they match already when both draw from the same seeds;
-    // copying makes the comparison independent of that).
-    sharded.set_state(&one.whole_state(false)?)?;
-
-    let mut losses = Vec::with_capacity(steps);
     let mut diffs = Vec::new();
+    if options.own_init {
+        let state: HashMap<String, Tensor> = sharded.full_state()?.into_iter().collect();
+        for (p, v) in one.variables() {
+            let other = state.get(&p).ok_or_else(|| Error::Msg(format!("verify: no sharded weight {p}")))?;
+            diffs.push(compare("initial weight", &p, v.as_tensor(), other)?);
+        }
+    } else {
+        // Start from the one-device weights, so that what follows compares training alone.
+        sharded.set_state(&one.whole_state(false)?)?;
+    }
+
+    let steps = options.steps;
+    let mut losses = Vec::with_capacity(steps);
+    let mut x_last = None;
     for step in 0..steps {
+        let (x, y) = (options.batches)(step)?;
         sharded.record_gradients(step + 1 == steps);
-        let (l1, l2) = (one.train_on_batch(x, y)?, sharded.train_on_batch(x, y)?);
+        let (l1, l2) = (one.train_on_batch(&x, &y)?, sharded.train_on_batch(&x, &y)?);
         losses.push((l1, l2));
         let d = (l1 - l2).abs();
         diffs.push(Difference {
@@ -156,7 +214,9 @@ pub fn verify<L: Layer + 'static>(
             max_rel: d / l1.abs().max(f32::MIN_POSITIVE),
             zero_gradient: false,
         });
+        x_last = Some(x);
     }
+    let Some(x) = x_last else { return Ok(VerifyReport { losses, differences: diffs }) };
     // The last step's gradients (before clipping, on both sides).
     let g1 = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let g2: HashMap<String, Tensor> = sharded.gradients()?.into_iter().collect();
@@ -166,7 +226,7 @@ pub fn verify<L: Layer + 'static>(
     }
     // Outputs, weights and optimizer state after the last step.
     let n = x.dims().first().copied().unwrap_or(1);
-    diffs.push(compare("output", "predict(x)", &one.predict(x, n)?, &sharded.predict(x, n)?)?);
+    diffs.push(compare("output", "predict(x)", &one.predict(&x, n)?, &sharded.predict(&x, n)?)?);
     let state: HashMap<String, Tensor> = sharded.full_state()?.into_iter().collect();
     for (p, v) in one.variables() {
         let other = state.get(&p).ok_or_else(|| Error::Msg(format!("verify: no sharded weight {p}")))?;
@@ -188,7 +248,8 @@ pub fn verify<L: Layer + 'static>(
         largest = largest.max(s);
         gscale.insert(p.clone(), s);
     }
-    for d in diffs.iter_mut().filter(|d| d.what != "loss" && d.what != "output") {
+    // Initial weights are drawn, not trained: no rounding for Adam to magnify.
+    for d in diffs.iter_mut().filter(|d| !matches!(d.what.as_str(), "loss" | "output" | "initial weight")) {
         d.zero_gradient = gscale.get(&d.path).is_some_and(|&s| s <= 1e-6 * largest);
     }
     Ok(VerifyReport { losses, differences: diffs })

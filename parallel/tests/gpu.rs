@@ -69,7 +69,11 @@ fn a_transformer_lm_trains_the_same_on_virtual_gpus() {
     let loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
     let r = verify(lm, &two, &plan, adam(), loss, (&x, &y), 3).unwrap();
     println!("lm on {}: {:.2e}", two.describe(), r.max_rel());
-    assert!(r.max_rel() < 1e-4, "{r}");
+    // Gradients agree to ~2e-6 here. Weights get a looser bound: ln_1/beta's gradient includes
+    // the key path's exactly-zero sum (softmax ignores a key bias), so its smallest elements are
+    // partly rounding noise, and Adam's first steps are lr * g / (|g| + eps): for such an element
+    // the noise moves the step itself (~1e-6 on weights of ~1e-2 after two steps).
+    assert!(r.max_rel() < 3e-4, "{r}");
 }
 
 #[test]

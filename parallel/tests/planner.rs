@@ -1,5 +1,8 @@
 //! The planner: snapshots of the plans of reference models, the pairing rule, and its errors.
 
+mod common;
+
+use common::Fork;
 use weft_core::{DType, Device, Tensor, Var, trace};
 use weft_nn::layers::{
     Dense, Dropout, Embedding, Flatten, LayerNormalization, MultiHeadAttention, PositionEmbedding, Reshape,
@@ -292,4 +295,32 @@ fn an_override_on_a_container_applies_where_it_fits() {
         "vocab",
         "Row does not fit an embedding: it keeps its own rule"
     );
+}
+
+#[test]
+fn a_column_layer_feeding_two_row_layers_stays_split_into_both() {
+    // up -> left, and up -> dropout -> right: both can take the split as is.
+    let p = AutoConfig::new().min_params(0).plan(&Fork::new(64, 16), &[8, 32], 2, 1).unwrap();
+    let style = |path: &str| p.layer(path).unwrap().style.clone();
+    assert_eq!(style("fork/up"), Style::Column { sizes: vec![32, 32], gather: false }, "{p}");
+    assert_eq!(style("fork/left"), Style::Row { sizes: vec![32, 32], scatter: false });
+    assert_eq!(style("fork/right"), Style::Row { sizes: vec![32, 32], scatter: false });
+    assert_eq!(style("fork/dropout"), Style::Split { axis: 1, sizes: vec![32, 32] });
+    // One all-reduce forward per row layer; no all-gather; the model input needs no f backward.
+    let model: Vec<(&str, &str)> =
+        p.collectives.iter().filter(|c| c.pass != "optimizer").map(|c| (c.op.as_str(), c.at.as_str())).collect();
+    assert_eq!(model, [("all_reduce", "fork/left"), ("all_reduce", "fork/right")], "{p}");
+    p.check_model(&Fork::new(64, 16)).unwrap();
+    insta::assert_snapshot!("fork", p.to_string());
+
+    // With one branch forced whole, the other cannot pair alone: up is gathered (or row-split).
+    let p = AutoConfig::new().min_params(0).override_layer("*/right", Split::Replicate).plan(
+        &Fork::new(64, 16),
+        &[8, 32],
+        2,
+        1,
+    );
+    let p = p.unwrap();
+    assert!(!matches!(p.layer("fork/up").unwrap().style, Style::Column { gather: false, .. }), "{p}");
+    assert!(!matches!(p.layer("fork/left").unwrap().style, Style::Row { scatter: false, .. }), "{p}");
 }

@@ -5,17 +5,25 @@
 //! 2. attention by heads: query, key and value column-split, the output projection row-split;
 //! 3. embeddings by vocabulary, with any tied output projection on the same shards;
 //! 4. every other Dense or EinsumDense, in call order: column-split, and paired with the
-//!    row-split layer that takes its output through shard-preserving ops; unpaired, split the way
-//!    that moves fewer bytes; too small, replicated;
+//!    layers its output reaches through shard-preserving ops, when every one of them can be
+//!    row-split (one or several: a fan-out stays split into each); output layers stay split only
+//!    for the vocabulary-parallel loss (see [`AutoConfig::loss`]); unpaired, split the way that
+//!    moves fewer bytes; too small, replicated;
 //! 5. everything else replicated.
 
+use super::geometry::{Geometry, geometry};
 use super::graph::{Flow, Graph, LayerNode};
+use super::traced::Traced;
 use super::{LayerPlan, ShardingPlan, VarPlan};
 use crate::DeviceMesh;
 use std::collections::{HashMap, HashSet};
-use weft_core::{DType, Device, Error, Result, Tensor, TensorId, no_grad, trace};
+use weft_core::{DType, Error, Result, TensorId};
 use weft_nn::tp::{Placement, Style, split_sizes};
-use weft_nn::{Ctx, Layer, LayerInfo};
+use weft_nn::{Layer, Loss};
+
+/// The kind a plan gives a scope that runs inside a layer without being one of its described
+/// sublayers (attention's dropout on the probabilities).
+pub(super) const INNER: &str = "inside MultiHeadAttention";
 
 /// A style an override asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +51,18 @@ pub struct AutoConfig {
     overrides: Vec<(String, Split)>,
     optimizer_slots: usize,
     input_dtype: DType,
+    loss: Option<Loss>,
 }
 
 impl Default for AutoConfig {
     fn default() -> Self {
-        AutoConfig { min_params: 65_536, overrides: Vec::new(), optimizer_slots: 2, input_dtype: DType::F32 }
+        AutoConfig {
+            min_params: 65_536,
+            overrides: Vec::new(),
+            optimizer_slots: 2,
+            input_dtype: DType::F32,
+            loss: None,
+        }
     }
 }
 
@@ -77,6 +92,14 @@ impl AutoConfig {
         self.input_dtype = d;
         self
     }
+    /// The loss the model will be compiled with. Only sparse cross-entropy from logits runs on a
+    /// split output (vocabulary-parallel); given any other loss, a layer whose output is the
+    /// model's is gathered (or split by rows) like any unpaired layer. Without it the plan keeps
+    /// such an output split and lists the vocabulary-parallel loss's collectives as conditional.
+    pub fn loss(mut self, loss: Loss) -> Self {
+        self.loss = Some(loss);
+        self
+    }
 
     /// Plan `net` for inputs of `input_shape` (batch first) over `model` ranks splitting weights
     /// and `data` ranks splitting the batch. Nothing is allocated: `net` runs on the Meta device,
@@ -85,21 +108,10 @@ impl AutoConfig {
         if model == 0 || data == 0 {
             return Err(Error::invalid("autoconfig", format!("a mesh of {model} x {data} ranks")));
         }
-        let mut x = Tensor::zeros(input_shape, &Device::Meta)?;
-        if self.input_dtype != DType::F32 {
-            x = x.to_dtype(self.input_dtype)?;
-        }
-        let mut ctx = Ctx::training(0);
-        let (y, nodes) = no_grad(|| trace::trace(|| net.call(&x, &mut ctx)))?;
-        let root = net.name().to_string();
-        let vars: HashMap<String, TensorId> =
-            net.variables().into_iter().map(|(p, v)| (join(&root, &p), v.id())).collect();
-        let mut layers = Vec::new();
-        walk(&net.describe(), "", &vars, &mut layers);
-        let var_ids: HashSet<TensorId> = vars.values().copied().collect();
-        let graph = Graph::new(nodes, x.id(), y.id(), var_ids);
-        let mut p =
-            Planner { cfg: self, n: model, graph: &graph, layers: &layers, decided: HashMap::new(), output: None };
+        let Traced { root, graph, layers } = Traced::new(net, input_shape, self.input_dtype)?;
+        let graph = &graph;
+        let layers = &layers;
+        let mut p = Planner { cfg: self, n: model, graph, layers, decided: HashMap::new(), output: None };
         p.check_overrides()?;
         if model > 1 {
             p.attention()?;
@@ -109,14 +121,10 @@ impl AutoConfig {
         p.rest();
         let output = p.output.clone();
         let mut decided = std::mem::take(&mut p.decided);
-        // Call order: by each layer's first op.
-        let first = |path: &str| graph.region(path).first().copied().unwrap_or(usize::MAX);
-        let mut order: Vec<&LayerNode> = layers.iter().filter(|l| decided.contains_key(&l.path)).collect();
-        order.sort_by_key(|l| first(&l.path));
-        let plan_layers: Vec<LayerPlan> = order
-            .into_iter()
-            .map(|l| {
-                let (style, placements, reason) = decided.remove(&l.path).expect("decided");
+        let mut plan_layers: Vec<LayerPlan> = layers
+            .iter()
+            .filter_map(|l| {
+                let (style, placements, reason) = decided.remove(&l.path)?;
                 let variables = l
                     .vars
                     .iter()
@@ -126,9 +134,21 @@ impl AutoConfig {
                         placement: placements.get(path).cloned().unwrap_or(Placement::Replicate),
                     })
                     .collect();
-                LayerPlan { path: l.path.clone(), kind: l.kind.clone(), style, variables, reason }
+                Some(LayerPlan { path: l.path.clone(), kind: l.kind.clone(), style, variables, reason })
             })
             .collect();
+        // What is left ran in a scope that is not a described layer (attention's dropout): it
+        // must reach the ranks all the same, or it would draw its mask for its part only.
+        plan_layers.extend(decided.into_iter().map(|(path, (style, _, reason))| LayerPlan {
+            path,
+            kind: INNER.into(),
+            style,
+            variables: Vec::new(),
+            reason,
+        }));
+        // Call order: by each layer's first op.
+        let first = |path: &str| graph.region(path).first().copied().unwrap_or(usize::MAX);
+        plan_layers.sort_by_key(|l| first(&l.path));
         let mut plan = ShardingPlan {
             model: root,
             model_axis: model,
@@ -137,10 +157,11 @@ impl AutoConfig {
             layers: plan_layers,
             output,
             optimizer_slots: self.optimizer_slots,
+            loss: self.loss.map(|l| format!("{l:?}")),
             memory: Vec::new(),
             collectives: Vec::new(),
         };
-        super::cost::estimate(&mut plan, &graph, input_shape);
+        super::cost::estimate(&mut plan, graph, input_shape);
         plan.check()?;
         Ok(plan)
     }
@@ -162,33 +183,6 @@ pub fn autoconfig(net: &dyn Layer, input_shape: &[usize], mesh: &DeviceMesh, cfg
     cfg.plan(net, input_shape, mesh.size("model"), mesh.size("data"))
 }
 
-fn join(a: &str, b: &str) -> String {
-    if a.is_empty() { b.to_string() } else { format!("{a}/{b}") }
-}
-
-fn walk(info: &LayerInfo, prefix: &str, vars: &HashMap<String, TensorId>, out: &mut Vec<LayerNode>) {
-    let path = join(prefix, &info.name);
-    let own = info
-        .variables
-        .iter()
-        .map(|(rel, shape)| {
-            let full = join(&path, rel);
-            let id = vars.get(&full).copied();
-            (full, shape.clone(), id)
-        })
-        .collect();
-    out.push(LayerNode {
-        path: path.clone(),
-        kind: info.kind.clone(),
-        vars: own,
-        attributes: info.attributes.clone(),
-        container: !info.sublayers.is_empty(),
-    });
-    for s in &info.sublayers {
-        walk(s, &path, vars, out);
-    }
-}
-
 /// `*` matches any run of characters.
 fn glob(pattern: &str, s: &str) -> bool {
     match pattern.split_once('*') {
@@ -198,17 +192,6 @@ fn glob(pattern: &str, s: &str) -> bool {
             rest.char_indices().map(|(i, _)| i).chain([rest.len()]).any(|i| glob(tail, &rest[i..]))
         }
     }
-}
-
-/// How a Dense or EinsumDense kernel can split.
-#[derive(Debug, Clone, Copy)]
-struct Geometry {
-    /// (kernel axis, output axis, size, output is split on its last axis)
-    col: Option<(usize, usize, usize, bool)>,
-    /// (kernel axis, input axis, size, input is split on its last axis)
-    row: Option<(usize, usize, usize, bool)>,
-    /// Bias axis that follows a column split.
-    col_bias: Option<usize>,
 }
 
 type Decision = (Style, HashMap<String, Placement>, String);
@@ -266,49 +249,6 @@ impl<'a> Planner<'a> {
 
     fn bad_split(&self, path: &str, what: &str) -> Error {
         Error::invalid("autoconfig", format!("{path}: cannot {what} over {} devices", self.n))
-    }
-
-    fn geometry(&self, l: &LayerNode) -> Option<Geometry> {
-        let g = self.raw_geometry(l)?;
-        // A column split applies the activation to its own slice: softmax needs the whole row.
-        // A bias that does not span the split letter would collect only part of its gradient.
-        let elementwise = l.attr("activation").is_none_or(|a| a != "softmax");
-        let bias_ok = l.var("bias").is_none() || g.col_bias.is_some();
-        Some(Geometry { col: g.col.filter(|_| elementwise && bias_ok), ..g })
-    }
-
-    fn raw_geometry(&self, l: &LayerNode) -> Option<Geometry> {
-        let kernel = &l.var("kernel")?.1;
-        match l.kind.as_str() {
-            "Dense" => Some(Geometry {
-                col: Some((1, 0, kernel[1], true)),
-                row: Some((0, 0, kernel[0], true)),
-                col_bias: l.var("bias").map(|_| 0),
-            }),
-            "EinsumDense" => {
-                let eq = l.attr("equation")?;
-                let (lhs, out) = eq.split_once("->")?;
-                let (inp, ker) = lhs.split_once(',')?;
-                let (inp, ker, out): (Vec<char>, Vec<char>, Vec<char>) =
-                    (inp.chars().collect(), ker.chars().collect(), out.chars().collect());
-                let col = ker.iter().enumerate().find(|(_, c)| out.contains(c) && !inp.contains(c)).map(|(k, c)| {
-                    let o = out.iter().position(|x| x == c).unwrap_or(0);
-                    (k, o, kernel[k], o + 1 == out.len())
-                });
-                let row = ker.iter().enumerate().find(|(_, c)| inp.contains(c) && !out.contains(c)).map(|(k, c)| {
-                    let i = inp.iter().position(|x| x == c).unwrap_or(0);
-                    (k, i, kernel[k], i + 1 == inp.len())
-                });
-                let col_bias = col.and_then(|(_, o, size, _)| {
-                    let b = &l.var("bias")?.1;
-                    let first = out.len().checked_sub(b.len())?;
-                    let axis = o.checked_sub(first)?;
-                    (b[axis] == size).then_some(axis)
-                });
-                Some(Geometry { col, row, col_bias })
-            }
-            _ => None,
-        }
     }
 
     fn column(&self, l: &LayerNode, g: &Geometry, sizes: &[usize], gather: bool) -> Decision {
@@ -486,12 +426,13 @@ impl<'a> Planner<'a> {
             for h in heads {
                 let out = self.graph.layer_output(&h.path);
                 let flow = out.map(|o| self.graph.follow(o, |_, _| None, |_| None).0);
-                let (gather, why) = match flow {
-                    Some(Flow::Output) => {
+                let (gather, why) = match (flow, self.whole_output()) {
+                    (Some(Flow::Output), Some(why)) => (true, format!("gathered: {why}")),
+                    (Some(Flow::Output), None) => {
                         self.output = Some(sizes.clone());
                         (false, "the logits stay split for vocabulary-parallel cross-entropy".to_string())
                     }
-                    Some(Flow::Breaks(w)) => (true, format!("gathered: its output goes to {w}")),
+                    (Some(Flow::Breaks(w)), _) => (true, format!("gathered: its output goes to {w}")),
                     _ => (true, "gathered".to_string()),
                 };
                 self.decided.insert(
@@ -517,7 +458,7 @@ impl<'a> Planner<'a> {
                 continue;
             }
             let forced = self.forced(&l.path);
-            let Some(g) = self.geometry(l) else {
+            let Some(g) = geometry(l) else {
                 if forced.is_some_and(|f| f != Split::Replicate) {
                     return Err(self.bad_split(&l.path, "find an axis to split in its equation"));
                 }
@@ -564,7 +505,7 @@ impl<'a> Planner<'a> {
         {
             return None;
         }
-        let g = self.geometry(m)?;
+        let g = geometry(m)?;
         let (_, _, rsize, last) = g.row?;
         (last && rsize == size && self.graph.layer_input(&m.path) == Some(t)).then(|| m.path.clone())
     }
@@ -582,35 +523,17 @@ impl<'a> Planner<'a> {
             };
             let (flow, _, drops) = self.graph.follow(out, |scope, t| self.accepts(scope, t, size), is_dropout);
             let sizes = split_sizes(size, n);
+            // Only a vocabulary-parallel loss takes the model's output split.
+            let flow = match (flow, self.whole_output()) {
+                (Flow::Output, Some(why)) => Flow::Breaks(why),
+                (f, _) => f,
+            };
             match flow {
-                Flow::Into(ref m_path) => {
-                    let m = self.layer(m_path).expect("a layer");
-                    let pair = params + m.params();
-                    if pair >= min || forced_col || self.forced(&m.path) == Some(Split::Row) {
-                        let gm = self.geometry(m).expect("row geometry");
-                        let d = self.column(l, g, &sizes, false);
-                        self.set(
-                            &l.path,
-                            d,
-                            format!("column {size} -> {sizes:?}, paired with {m_path}: one all-reduce forward and one backward, no all-gather"),
-                        );
-                        let d = self.row(m, &gm, &sizes, false);
-                        self.set(m_path, d, format!("row, paired with {}: takes its split output as is", l.path));
-                        for d in drops {
-                            let input = self.graph.layer_input(&d).and_then(|i| self.graph.shape(i));
-                            let axis = input.or(self.graph.shape(out)).map_or(0, |s| s.len().saturating_sub(1));
-                            self.decided.insert(
-                                d,
-                                (
-                                    Style::Split { axis, sizes: sizes.clone() },
-                                    HashMap::new(),
-                                    format!(
-                                        "between {} and {m_path}: masks drawn whole, split like the tensor",
-                                        l.path
-                                    ),
-                                ),
-                            );
-                        }
+                Flow::Into(ref ms) => {
+                    let rows: Vec<&LayerNode> = ms.iter().map(|m| self.layer(m).expect("a layer")).collect();
+                    let pair = params + rows.iter().map(|m| m.params()).sum::<usize>();
+                    if pair >= min || forced_col || rows.iter().any(|m| self.forced(&m.path) == Some(Split::Row)) {
+                        self.pair(l, g, &rows, &sizes, &drops, out);
                         return Ok(());
                     }
                 }
@@ -638,6 +561,55 @@ impl<'a> Planner<'a> {
         }
         self.replicate(&l.path, format!("{params} parameters (< {min}): not worth the communication"));
         Ok(())
+    }
+
+    /// Why the model's output cannot stay split: the loss, when given, is not the
+    /// vocabulary-parallel one.
+    fn whole_output(&self) -> Option<String> {
+        let loss = self.cfg.loss.filter(|l| !super::vocab_parallel(l))?;
+        Some(format!("the loss ({loss:?}) needs the whole output"))
+    }
+
+    /// Column-split `l` and row-split every layer its output reaches (`rows`), with the dropouts
+    /// on the way split like the tensor.
+    fn pair(
+        &mut self,
+        l: &LayerNode,
+        g: &Geometry,
+        rows: &[&LayerNode],
+        sizes: &[usize],
+        drops: &[String],
+        out: TensorId,
+    ) {
+        let names: Vec<&str> = rows.iter().map(|m| m.path.as_str()).collect();
+        let names = names.join(", ");
+        let size: usize = sizes.iter().sum();
+        let why = match rows {
+            [_] => "one all-reduce forward and one backward, no all-gather".to_string(),
+            _ => format!("each of the {} takes it split (one all-reduce forward each), no all-gather", rows.len()),
+        };
+        let d = self.column(l, g, sizes, false);
+        self.set(&l.path, d, format!("column {size} -> {sizes:?}, paired with {names}: {why}"));
+        for m in rows {
+            let gm = geometry(m).expect("row geometry");
+            let d = self.row(m, &gm, sizes, false);
+            self.set(&m.path, d, format!("row, paired with {}: takes its split output as is", l.path));
+        }
+        for d in drops {
+            let input = self.graph.layer_input(d).and_then(|i| self.graph.shape(i));
+            let axis = input.or(self.graph.shape(out)).map_or(0, |s| s.len().saturating_sub(1));
+            self.decided.insert(
+                d.clone(),
+                (
+                    Style::Split { axis, sizes: sizes.to_vec() },
+                    HashMap::new(),
+                    match rows {
+                        [_] => format!("between {} and {names}: masks drawn whole, split like the tensor", l.path),
+                        _ => format!("on the split output of {}: masks drawn whole, split like the tensor", l.path),
+                    },
+                ),
+            );
+        }
     }
 
     /// A large layer with no partner: column-split then gathered, or row-split with its input

@@ -109,12 +109,19 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, input_shape: &[us
         }
         if let Some(sizes) = &plan.output {
             let out = shape_of(Some(graph.output));
-            let rows: Vec<usize> = out[..out.len().saturating_sub(1)].to_vec();
-            let mut maxes = rows.clone();
-            maxes.push(sizes.len());
-            add("all_gather", "model", "forward", "loss (row maxima)", maxes, data);
-            add("all_reduce", "model", "forward", "loss (partition function)", rows.clone(), data);
-            add("all_reduce", "model", "forward", "loss (label logits)", rows, data);
+            let vocab = plan.loss.as_ref().is_none_or(|l| *l == format!("{:?}", super::vocab_loss()));
+            if vocab {
+                // Without a loss the plan cannot know: these run only under the vocabulary-parallel loss.
+                let when = if plan.loss.is_none() { ", if sparse cross-entropy from logits" } else { "" };
+                let rows: Vec<usize> = out[..out.len().saturating_sub(1)].to_vec();
+                let mut maxes = rows.clone();
+                maxes.push(sizes.len());
+                add("all_gather", "model", "forward", &format!("loss (row maxima){when}"), maxes, data);
+                add("all_reduce", "model", "forward", &format!("loss (partition function){when}"), rows.clone(), data);
+                add("all_reduce", "model", "forward", &format!("loss (label logits){when}"), rows, data);
+            } else {
+                add("all_gather", "model", "forward", "loss (the output gathered whole)", out, data);
+            }
         }
         let replicated: usize = plan
             .layers
@@ -126,7 +133,8 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, input_shape: &[us
         if replicated > 0 {
             add("all_reduce", "model", "optimizer", "replicated gradients (mean, against drift)", vec![replicated], 1);
         }
-        add("all_reduce", "model", "optimizer", "squared gradient norm", vec![1], 1);
+        // One all-reduce of (split squares, replicated squares / N): see coordinated.rs.
+        add("all_reduce", "model", "optimizer", "squared gradient norm (split, replicated / N)", vec![2], 1);
     }
     if data > 1 {
         let local: u64 = plan.memory.first().map_or(0, |m| m.params / 4);

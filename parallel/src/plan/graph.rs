@@ -38,8 +38,9 @@ impl LayerNode {
 /// Where a split tensor goes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Flow {
-    /// Into exactly one layer (its input), through shard-preserving ops only.
-    Into(String),
+    /// Into one or more layers (as each one's input), through shard-preserving ops only; in the
+    /// order the walk met them.
+    Into(Vec<String>),
     /// Out of the model, through shard-preserving ops only.
     Output,
     /// Into an op that needs it whole.
@@ -57,7 +58,8 @@ pub struct Graph {
     var_ids: HashSet<TensorId>,
 }
 
-fn inside(scope: &str, path: &str) -> bool {
+/// Whether an op recorded in `scope` ran inside the layer at `path`.
+pub fn inside(scope: &str, path: &str) -> bool {
     scope == path || (scope.starts_with(path) && scope.as_bytes().get(path.len()) == Some(&b'/'))
 }
 
@@ -103,15 +105,34 @@ impl Graph {
         self.produced.get(&id).map(|&i| self.nodes[i].shape.as_slice())
     }
 
+    /// The node that made `id`.
+    pub fn producer(&self, id: TensorId) -> Option<&TraceNode> {
+        self.produced.get(&id).map(|&i| &self.nodes[i])
+    }
+
+    /// Every tensor computed from `from` (itself included).
+    pub fn downstream(&self, from: TensorId) -> HashSet<TensorId> {
+        let (mut seen, mut work) = (HashSet::from([from]), vec![from]);
+        while let Some(t) = work.pop() {
+            for &c in self.consumers.get(&t).map(Vec::as_slice).unwrap_or(&[]) {
+                if seen.insert(self.nodes[c].id) {
+                    work.push(self.nodes[c].id);
+                }
+            }
+        }
+        seen
+    }
+
     /// Whether `id` is computed from the input or the weights (as opposed to a constant or a mask).
     pub fn is_data(&self, id: TensorId) -> bool {
         self.data.contains(&id)
     }
 
-    /// Where the tensor `from` (split along its last axis) flows. `accepts(path, id)` says whether
-    /// the layer at `path` can take `id` split as its input; `dropout(scope)` whether a scope is a
-    /// Dropout layer (which draws its mask for the whole tensor and so preserves a split). Also
-    /// returns the nodes passed through and the Dropout scopes on the way.
+    /// Where the tensor `from` (split along its last axis) flows. `accepts(scope, id)` names the
+    /// layer, if any, that an op in `scope` belongs to and that takes `id` split as its input;
+    /// `dropout(scope)` whether a scope is a Dropout layer (which draws its mask for the whole
+    /// tensor and so preserves a split). Also returns the nodes passed through and the Dropout
+    /// scopes on the way.
     pub fn follow(
         &self,
         from: TensorId,
@@ -120,7 +141,7 @@ impl Graph {
     ) -> (Flow, Vec<usize>, Vec<String>) {
         let mut work = vec![from];
         let mut seen: HashSet<TensorId> = HashSet::new();
-        let (mut into, mut out, mut passed, mut drops) = (HashSet::new(), false, Vec::new(), Vec::new());
+        let (mut into, mut out, mut passed, mut drops) = (Vec::<String>::new(), false, Vec::new(), Vec::new());
         while let Some(t) = work.pop() {
             if !seen.insert(t) {
                 continue;
@@ -131,7 +152,9 @@ impl Graph {
             for &c in self.consumers.get(&t).map(Vec::as_slice).unwrap_or(&[]) {
                 let n = &self.nodes[c];
                 if let Some(layer) = accepts(&n.scope, t) {
-                    into.insert(layer);
+                    if !into.contains(&layer) {
+                        into.push(layer);
+                    }
                     continue;
                 }
                 let others: Vec<TensorId> = n.inputs.iter().copied().filter(|&i| i != t).collect();
@@ -157,11 +180,11 @@ impl Graph {
                 work.push(n.id);
             }
         }
-        let flow = match (into.len(), out) {
-            (1, false) => Flow::Into(into.into_iter().next().unwrap_or_default()),
-            (0, true) => Flow::Output,
-            (0, false) => Flow::Breaks("nothing uses it".into()),
-            _ => Flow::Breaks("it feeds more than one layer".into()),
+        let flow = match (into.is_empty(), out) {
+            (false, false) => Flow::Into(into),
+            (true, true) => Flow::Output,
+            (true, false) => Flow::Breaks("nothing uses it".into()),
+            (false, true) => Flow::Breaks(format!("it leaves the model as well as feeding {}", into.join(", "))),
         };
         (flow, passed, drops)
     }

@@ -3,16 +3,31 @@
 //! [`autoconfig`](crate::autoconfig); printed as a table; saved and loaded as JSON.
 
 mod autoconfig;
+mod check;
 mod cost;
+mod geometry;
 mod graph;
 mod table;
+mod traced;
 
 pub use autoconfig::{AutoConfig, Split, autoconfig};
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use weft_core::{Error, Result};
+use weft_nn::Loss;
 use weft_nn::tp::{LayerShard, Placement, Style};
+
+/// Whether `loss` runs on a split output as it is (vocabulary-parallel cross-entropy); any other
+/// loss gathers the output first.
+pub(crate) fn vocab_parallel(loss: &Loss) -> bool {
+    *loss == vocab_loss()
+}
+
+/// The one loss that runs vocabulary-parallel.
+fn vocab_loss() -> Loss {
+    Loss::SparseCategoricalCrossentropy { from_logits: true }
+}
 
 /// A variable's place in the plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,6 +122,11 @@ pub struct ShardingPlan {
     pub output: Option<Vec<usize>>,
     /// Optimizer slots per variable the memory figures assume (Adam: 2).
     pub optimizer_slots: usize,
+    /// The loss the plan was made for (`AutoConfig::loss`), as `{:?}` writes it; `None` when it
+    /// was not given, and then the collectives of the vocabulary-parallel loss are listed as
+    /// conditional (they run only if the loss is sparse cross-entropy from logits).
+    #[serde(default)]
+    pub loss: Option<String>,
     /// Per model-axis rank.
     pub memory: Vec<DeviceMemory>,
     /// One training step's collectives.
@@ -119,7 +139,8 @@ impl ShardingPlan {
         serde_json::to_string_pretty(self).map_err(|e| Error::Msg(format!("ShardingPlan::to_json: {e}")))
     }
 
-    /// A plan from JSON written by `to_json`.
+    /// A plan from JSON written by `to_json` (or by hand), with its sizes checked; what it does
+    /// to a model is checked by [`check_model`](Self::check_model).
     pub fn from_json(json: &str) -> Result<Self> {
         let plan: ShardingPlan =
             serde_json::from_str(json).map_err(|e| Error::Msg(format!("ShardingPlan::from_json: {e}")))?;
@@ -143,7 +164,8 @@ impl ShardingPlan {
     }
 
     /// Every split's sizes have one entry per model rank and sum to the axis they split; every
-    /// style's sizes likewise.
+    /// style's sizes likewise. This reads the plan alone: [`check_model`](Self::check_model)
+    /// also checks it against the model.
     pub fn check(&self) -> Result<()> {
         let bad = |what: String| Err(Error::invalid("ShardingPlan", what));
         let ok_sizes = |s: &[usize]| s.len() == self.model_axis && s.iter().all(|&x| x > 0);
@@ -197,6 +219,30 @@ impl ShardingPlan {
             }
         }
         Ok(())
+    }
+
+    /// Refuse a loss that would run differently from what the plan lists: a plan made for
+    /// vocabulary-parallel cross-entropy keeps the output split, and any other loss would gather it.
+    pub fn check_loss(&self, loss: Loss) -> Result<()> {
+        let planned_vocab = self.loss.as_deref().map(|l| l == format!("{:?}", vocab_loss()));
+        if self.output.is_some() && planned_vocab.is_some() && planned_vocab != Some(vocab_parallel(&loss)) {
+            return Err(Error::invalid(
+                "ShardingPlan",
+                format!(
+                    "the plan was made for the loss {}, which {} the split output, but the model is compiled with \
+                     {loss:?}: plan again with AutoConfig::loss({loss:?})",
+                    self.loss.as_deref().unwrap_or_default(),
+                    if planned_vocab == Some(true) { "runs on" } else { "gathers" }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the loss's collectives are listed only on condition (the plan keeps the output
+    /// split, and was made without a loss).
+    pub fn loss_is_conditional(&self) -> bool {
+        self.output.is_some() && self.loss.is_none()
     }
 
     /// The placement of every variable, by full path.

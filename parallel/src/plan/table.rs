@@ -84,14 +84,22 @@ impl std::fmt::Display for ShardingPlan {
                 mib(m.total())
             )?;
         }
+        let loss = self.loss.as_ref().map_or(String::new(), |l| format!(", loss {l}"));
         writeln!(
             f,
-            "\ncollectives per training step ({} in all, {}):",
+            "\ncollectives per training step ({} in all, {}{loss}):",
             self.collectives.len(),
             mib(self.collective_bytes())
         )?;
         for c in &self.collectives {
             writeln!(f, "  {:<11}{:<7}{:<10}{:>11}  {:?} at {}", c.op, c.axis, c.pass, mib(c.bytes), c.shape, c.at)?;
+        }
+        if self.loss_is_conditional() {
+            writeln!(
+                f,
+                "  (planned without a loss: the three loss collectives run only for sparse cross-entropy from logits;\n   \
+                 any other loss all-gathers the output instead. AutoConfig::loss makes the list exact.)"
+            )?;
         }
         Ok(())
     }

@@ -1,0 +1,79 @@
+//! A model traced on the Meta device (no data is allocated): its op graph and its layers, for the
+//! planner and for checking a plan against the model.
+
+use super::graph::{Graph, LayerNode};
+use std::collections::{HashMap, HashSet};
+use weft_core::{DType, Device, Result, Tensor, TensorId, no_grad, trace};
+use weft_nn::{Ctx, Layer, LayerInfo};
+
+/// The traced graph and every layer (containers included), parents before their sublayers.
+pub struct Traced {
+    /// The model's root name.
+    pub root: String,
+    /// The ops of one training-mode forward pass.
+    pub graph: Graph,
+    /// Every layer.
+    pub layers: Vec<LayerNode>,
+}
+
+impl Traced {
+    /// Trace `net` (fresh: unbuilt) on inputs of `input_shape` and `dtype`.
+    pub fn new(net: &dyn Layer, input_shape: &[usize], dtype: DType) -> Result<Self> {
+        let mut x = Tensor::zeros(input_shape, &Device::Meta)?;
+        if dtype != DType::F32 {
+            x = x.to_dtype(dtype)?;
+        }
+        let mut ctx = Ctx::training(0);
+        let (y, nodes) = no_grad(|| trace::trace(|| net.call(&x, &mut ctx)))?;
+        let root = net.name().to_string();
+        let vars: HashMap<String, TensorId> =
+            net.variables().into_iter().map(|(p, v)| (join(&root, &p), v.id())).collect();
+        let mut layers = Vec::new();
+        walk(&net.describe(), "", &vars, &mut layers);
+        let var_ids: HashSet<TensorId> = vars.values().copied().collect();
+        Ok(Traced { root, graph: Graph::new(nodes, x.id(), y.id(), var_ids), layers })
+    }
+
+    /// The layer at `path`.
+    pub fn layer(&self, path: &str) -> Option<&LayerNode> {
+        self.layers.iter().find(|l| l.path == path)
+    }
+
+    /// The Embedding whose table the TiedHead at `path` reads.
+    pub fn tied_table(&self, path: &str) -> Option<&LayerNode> {
+        let region = self.graph.region(path);
+        self.layers.iter().filter(|l| l.kind == "Embedding").find(|e| {
+            e.var("embeddings")
+                .and_then(|v| v.2)
+                .is_some_and(|id| region.iter().any(|&i| self.graph.nodes[i].inputs.contains(&id)))
+        })
+    }
+}
+
+/// `a/b`, or `b` alone at the root.
+pub fn join(a: &str, b: &str) -> String {
+    if a.is_empty() { b.to_string() } else { format!("{a}/{b}") }
+}
+
+fn walk(info: &LayerInfo, prefix: &str, vars: &HashMap<String, TensorId>, out: &mut Vec<LayerNode>) {
+    let path = join(prefix, &info.name);
+    let own = info
+        .variables
+        .iter()
+        .map(|(rel, shape)| {
+            let full = join(&path, rel);
+            let id = vars.get(&full).copied();
+            (full, shape.clone(), id)
+        })
+        .collect();
+    out.push(LayerNode {
+        path: path.clone(),
+        kind: info.kind.clone(),
+        vars: own,
+        attributes: info.attributes.clone(),
+        container: !info.sublayers.is_empty(),
+    });
+    for s in &info.sublayers {
+        walk(s, &path, vars, out);
+    }
+}
