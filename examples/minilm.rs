@@ -3,17 +3,21 @@
 //! ```sh
 //! bash scripts/fetch_minilm.sh            # puts the model in target/models/all-MiniLM-L6-v2
 //! cargo run --release --example minilm -- --model target/models/all-MiniLM-L6-v2 \
-//!     [--gpu] [--out FILE.json] [SENTENCE...]
+//!     [--devices N] [--gpu] [--out FILE.json] [SENTENCE...]
 //! ```
 //!
 //! Tokenizes the sentences (WordPiece, padded into one batch), builds the BERT encoder as a
 //! functional model, imports the checkpoint with the name-mapping rules of
 //! `weft::nn::models::bert`, prints the import report and a cosine-similarity table, and with
-//! `--out` writes `{"sentences": [...], "embeddings": [[...]]}`.
+//! `--out` writes `{"sentences": [...], "embeddings": [[...]]}`. With `--devices N` the encoder
+//! runs as a `ShardedModel` over N devices (Cpu devices, or virtual devices on the GPU adapter
+//! with `--gpu`) and the plan is printed first: word embeddings split by vocabulary, attention
+//! by heads, the MLP column then row.
 
 use weft::nn::models::bert::{BertConfig, bert_encoder, bert_importer};
 use weft::nn::tokenizer::WordPiece;
 use weft::nn::{Inputs, Model};
+use weft::parallel::{AutoConfig, DeviceMesh, PlanInput, ShardedModel};
 use weft::prelude::*;
 
 const DEFAULT: [&str; 5] = [
@@ -26,16 +30,18 @@ const DEFAULT: [&str; 5] = [
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let (mut model_dir, mut out, mut gpu, mut sentences) = (None, None, false, Vec::new());
+    let (mut model_dir, mut out, mut gpu, mut devices, mut sentences) = (None, None, false, 1usize, Vec::new());
     while let Some(a) = args.next() {
         match a.as_str() {
             "--model" => model_dir = args.next(),
             "--out" => out = args.next(),
             "--gpu" => gpu = true,
             "--devices" => {
-                return Err(Error::Msg(
-                    "--devices: running MiniLM sharded needs several-input sharded models (the next step)".into(),
-                ));
+                devices = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| Error::Msg("--devices takes a number of devices, at least 1".into()))?;
             }
             _ => sentences.push(a),
         }
@@ -68,7 +74,24 @@ fn main() -> Result<()> {
     );
 
     let start = std::time::Instant::now();
-    let emb = model.predict(&x, 32)?;
+    let emb = if devices > 1 {
+        let mesh = if gpu { DeviceMesh::virtual_gpus(devices)? } else { DeviceMesh::cpus(devices)? };
+        let t = x.get("input_ids").map_or(0, |t| t.dims()[1]);
+        let specs = [
+            PlanInput::new("input_ids", &[texts.len(), t], DType::U32),
+            PlanInput::new("attention_mask", &[texts.len(), t], DType::F32),
+            PlanInput::new("token_type_ids", &[texts.len(), t], DType::U32),
+        ];
+        let net = || bert_encoder("minilm", &cfg, true);
+        let mut sharded =
+            ShardedModel::auto_inputs(|| net().expect("built once above"), &mesh, &specs, &AutoConfig::new())?;
+        println!("\n{}", sharded.plan());
+        // The imported weights, whole, handed to the ranks: each keeps its part.
+        sharded.set_state(&model.whole_state(false)?)?;
+        sharded.predict(&x, 32)?
+    } else {
+        model.predict(&x, 32)?
+    };
     println!("embedded {} sentences in {:.1} ms", texts.len(), start.elapsed().as_secs_f64() * 1e3);
     let width = emb.dims()[1];
     let rows: Vec<Vec<f32>> = emb.to_vec::<f32>()?.chunks(width).map(<[f32]>::to_vec).collect();

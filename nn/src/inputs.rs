@@ -73,9 +73,16 @@ impl Inputs {
     pub fn narrow(&self, start: usize, len: usize) -> Result<Inputs> {
         self.map(|t| t.narrow(0, start, len))
     }
-    /// The samples `ids` (a u32 vector) of every input, in that order.
+    /// The samples `ids` (a u32 vector) of every input, in that order. Integer inputs (token
+    /// ids) are gathered as f32 and cast back: exact below 2^24.
     pub fn index_select(&self, ids: &Tensor) -> Result<Inputs> {
-        self.map(|t| t.index_select(&ids.to_device(t.device())?, 0))
+        self.map(|t| {
+            let ids = ids.to_device(t.device())?;
+            match t.dtype() {
+                weft_core::DType::F32 => t.index_select(&ids, 0),
+                d => t.to_dtype(weft_core::DType::F32)?.index_select(&ids, 0)?.to_dtype(d),
+            }
+        })
     }
     /// Every input on `device`.
     pub fn to_device(&self, device: &Device) -> Result<Inputs> {

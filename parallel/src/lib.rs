@@ -24,6 +24,6 @@ pub use comm::{InHost, World};
 pub use coordinated::CoordinatedOptimizer;
 pub use mesh::DeviceMesh;
 pub use plan::Split;
-pub use plan::{AutoConfig, CollectiveCost, DeviceMemory, LayerPlan, ShardingPlan, VarPlan, autoconfig};
+pub use plan::{AutoConfig, CollectiveCost, DeviceMemory, LayerPlan, PlanInput, ShardingPlan, VarPlan, autoconfig};
 pub use sharded::ShardedModel;
 pub use verify::{BatchSource, Difference, VerifyOptions, VerifyReport, verify, verify_with};

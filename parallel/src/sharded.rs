@@ -15,7 +15,7 @@ use weft_core::{Error, Result, Tensor};
 use weft_nn::checkpoint::parse_slot_key;
 use weft_nn::optim::Optimizer;
 use weft_nn::tp::{Placement, TpCtx};
-use weft_nn::{FitOptions, History, Layer, Loss, Metric, Model};
+use weft_nn::{FitOptions, History, Inputs, Layer, Loss, Metric, Model};
 
 /// Where a rank's coordinated optimizer leaves the gradients it records.
 type GradSlot = Arc<Mutex<Vec<(String, Tensor)>>>;
@@ -103,9 +103,17 @@ impl ShardedModel {
             recorded,
             groups,
         };
-        // Build every rank's shards (one forward pass on a sample), then check them against the plan.
-        let sample: Vec<usize> = plan.input_shape.iter().skip(1).copied().collect();
-        me.run(|_, model| model.build(&sample))?;
+        // Build every rank's shards (one forward pass on a one-row sample of every input), then
+        // check them against the plan.
+        let mut sample = Inputs::new();
+        for spec in plan.input_specs() {
+            let mut one = spec.clone();
+            if let Some(b) = one.shape.first_mut() {
+                *b = 1;
+            }
+            sample = sample.with(&spec.name, one.zeros(&weft_core::Device::Cpu)?);
+        }
+        me.run(|_, model| model.call(&sample).map(drop))?;
         me.check_shapes()?;
         Ok(me)
     }
@@ -129,6 +137,18 @@ impl ShardedModel {
         cfg: &crate::AutoConfig,
     ) -> Result<Self> {
         let plan = crate::autoconfig(&net(), input_shape, mesh, cfg)?;
+        Self::new(net, mesh, &plan)
+    }
+
+    /// As [`auto`](Self::auto), for a model of several named inputs (each with its shape, batch
+    /// first, and dtype).
+    pub fn auto_inputs<L: Layer + 'static>(
+        net: impl Fn() -> L,
+        mesh: &DeviceMesh,
+        inputs: &[crate::PlanInput],
+        cfg: &crate::AutoConfig,
+    ) -> Result<Self> {
+        let plan = cfg.plan_inputs(&net(), inputs, mesh.size("model"), mesh.size("data"))?;
         Self::new(net, mesh, &plan)
     }
 
@@ -224,11 +244,19 @@ impl ShardedModel {
     }
 
     /// Refuse, before any rank starts, a batch the data axis cannot split.
-    fn check_batch(&self, what: &str, rows: usize, x: &Tensor, y: Option<&Tensor>) -> Result<()> {
+    fn check_batch(&self, what: &str, rows: usize, x: &Inputs, y: Option<&Tensor>) -> Result<()> {
+        let n = x.rows()?;
         if let Some(y) = y
-            && (x.rank() == 0 || y.rank() == 0 || x.dims()[0] != y.dims()[0])
+            && (y.rank() == 0 || y.dims()[0] != n)
         {
-            return Err(Error::ShapeMismatch { op: "ShardedModel", lhs: x.dims().to_vec(), rhs: y.dims().to_vec() });
+            return Err(Error::invalid(
+                "ShardedModel",
+                format!(
+                    "{what}: inputs of shapes {:?} and y of shape {:?} hold different numbers of samples",
+                    x.shapes(),
+                    y.dims()
+                ),
+            ));
         }
         let d = self.mesh.size("data");
         if rows > 0 && rows < d {
@@ -270,7 +298,9 @@ impl ShardedModel {
 
     /// Train, as `Model::fit`. The data axis splits each batch; only rank 0 prints. Each rank
     /// runs a copy of every callback (a callback that cannot be copied is an `Err`).
-    pub fn fit(&mut self, x: &Tensor, y: &Tensor, opts: FitOptions) -> Result<History> {
+    pub fn fit(&mut self, x: impl Into<Inputs>, y: &Tensor, opts: FitOptions) -> Result<History> {
+        let x: Inputs = x.into();
+        let x = &x;
         // Every rank runs its own copy of each callback: they see the same history, and each
         // restores or saves through its own rank (ModelCheckpoint gathers, one rank writes).
         let mut per_rank: Vec<Mutex<Vec<Box<dyn weft_nn::callback::Callback>>>> = Vec::new();
@@ -296,9 +326,10 @@ impl ShardedModel {
         let mut opts = opts;
         *per_rank[0].get_mut().unwrap_or_else(|p| p.into_inner()) = std::mem::take(&mut opts.callbacks);
         // The batches fit will make: every one must split over the data axis.
-        let n = x.dims().first().copied().unwrap_or(0);
+        let n = x.rows()?;
         let train = match (&opts.validation_data, opts.validation_split) {
-            (None, s) if s > 0.0 && n > 0 => n - ((n as f32 * s) as usize).min(n - 1),
+            // What Model::fit keeps for training, as Keras: floor(n * (1 - s)).
+            (None, s) if s > 0.0 && n > 0 => (n as f64 * (1.0 - s as f64)).floor() as usize,
             _ => n,
         };
         if opts.batch_size > 0 {
@@ -327,20 +358,28 @@ impl ShardedModel {
     }
 
     /// One optimizer step on one batch; returns the batch loss.
-    pub fn train_on_batch(&mut self, x: &Tensor, y: &Tensor) -> Result<f32> {
-        self.check_batch("train_on_batch", x.dims().first().copied().unwrap_or(0), x, Some(y))?;
-        Ok(self.run(|_, m| m.train_on_batch(x, y))?[0])
+    pub fn train_on_batch(&mut self, x: impl Into<Inputs>, y: &Tensor) -> Result<f32> {
+        let x: Inputs = x.into();
+        self.check_batch("train_on_batch", x.rows()?, &x, Some(y))?;
+        Ok(self.run(|_, m| m.train_on_batch(&x, y))?[0])
     }
 
     /// Mean loss and metrics over `(x, y)`.
-    pub fn evaluate(&mut self, x: &Tensor, y: &Tensor, batch_size: usize) -> Result<(f32, Vec<(String, f32)>)> {
-        self.check_batch("evaluate", 0, x, Some(y))?;
-        Ok(self.run(|_, m| m.evaluate(x, y, batch_size))?.swap_remove(0))
+    pub fn evaluate(
+        &mut self,
+        x: impl Into<Inputs>,
+        y: &Tensor,
+        batch_size: usize,
+    ) -> Result<(f32, Vec<(String, f32)>)> {
+        let x: Inputs = x.into();
+        self.check_batch("evaluate", 0, &x, Some(y))?;
+        Ok(self.run(|_, m| m.evaluate(&x, y, batch_size))?.swap_remove(0))
     }
 
     /// Whole outputs for `x` (gathered from the shards).
-    pub fn predict(&mut self, x: &Tensor, batch_size: usize) -> Result<Tensor> {
-        Ok(self.run(|_, m| m.predict(x, batch_size))?.swap_remove(0))
+    pub fn predict(&mut self, x: impl Into<Inputs>, batch_size: usize) -> Result<Tensor> {
+        let x: Inputs = x.into();
+        Ok(self.run(|_, m| m.predict(&x, batch_size))?.swap_remove(0))
     }
 
     /// The plan, then rank 0's summary (its shapes are its shards').

@@ -14,7 +14,7 @@
 use super::geometry::{Geometry, geometry};
 use super::graph::{Flow, Graph, LayerNode};
 use super::traced::Traced;
-use super::{LayerPlan, ShardingPlan, VarPlan};
+use super::{LayerPlan, PlanInput, ShardingPlan, VarPlan};
 use crate::DeviceMesh;
 use std::collections::{HashMap, HashSet};
 use weft_core::{DType, Error, Result, TensorId};
@@ -105,10 +105,25 @@ impl AutoConfig {
     /// and `data` ranks splitting the batch. Nothing is allocated: `net` runs on the Meta device,
     /// so pass a fresh (unbuilt) model.
     pub fn plan(&self, net: &dyn Layer, input_shape: &[usize], model: usize, data: usize) -> Result<ShardingPlan> {
+        let mut plan = self.plan_inputs(net, &[PlanInput::new("", input_shape, self.input_dtype)], model, data)?;
+        plan.inputs.clear();
+        Ok(plan)
+    }
+
+    /// Plan `net` for several named inputs (a functional model's: token ids, attention mask,
+    /// ...), each with its shape (batch first) and dtype; see [`AutoConfig::plan`].
+    pub fn plan_inputs(
+        &self,
+        net: &dyn Layer,
+        inputs: &[PlanInput],
+        model: usize,
+        data: usize,
+    ) -> Result<ShardingPlan> {
         if model == 0 || data == 0 {
             return Err(Error::invalid("autoconfig", format!("a mesh of {model} x {data} ranks")));
         }
-        let Traced { root, graph, layers } = Traced::new(net, input_shape, self.input_dtype)?;
+        let input_shape = inputs.first().map(|i| i.shape.clone()).unwrap_or_default();
+        let Traced { root, graph, layers } = Traced::with_inputs(net, inputs)?;
         let graph = &graph;
         let layers = &layers;
         let mut p = Planner { cfg: self, n: model, graph, layers, decided: HashMap::new(), output: None };
@@ -153,7 +168,8 @@ impl AutoConfig {
             model: root,
             model_axis: model,
             data_axis: data,
-            input_shape: input_shape.to_vec(),
+            input_shape,
+            inputs: inputs.to_vec(),
             layers: plan_layers,
             output,
             optimizer_slots: self.optimizer_slots,
@@ -161,7 +177,7 @@ impl AutoConfig {
             memory: Vec::new(),
             collectives: Vec::new(),
         };
-        super::cost::estimate(&mut plan, graph, input_shape);
+        super::cost::estimate(&mut plan, graph);
         plan.check()?;
         Ok(plan)
     }
@@ -627,7 +643,7 @@ impl<'a> Planner<'a> {
         let bytes = |id: Option<TensorId>| {
             id.and_then(|i| self.graph.shape(i)).map_or(0u64, |s| 4 * s.iter().product::<usize>() as u64)
         };
-        let in_bytes = if input == Some(self.graph.input) { 0 } else { bytes(input) };
+        let in_bytes = if input.is_some_and(|i| self.graph.is_input(i)) { 0 } else { bytes(input) };
         let out_bytes = bytes(out);
         // An all-gather moves a tensor once, an all-reduce twice (reduce-scatter + all-gather);
         // the input's gradient only moves when the input has one.

@@ -9,7 +9,7 @@ use super::graph::{Flow, LayerNode, inside};
 use super::traced::Traced;
 use super::{LayerPlan, ShardingPlan};
 use std::collections::HashSet;
-use weft_core::{DType, Error, Result};
+use weft_core::{Error, Result};
 use weft_nn::Layer;
 use weft_nn::tp::{Placement, Style};
 
@@ -35,7 +35,7 @@ impl ShardingPlan {
     /// An `Err` names the layers and the op between them.
     pub fn check_model(&self, net: &dyn Layer) -> Result<()> {
         self.check()?;
-        let traced = Traced::new(net, &self.input_shape, DType::F32)?;
+        let traced = Traced::with_inputs(net, &self.input_specs())?;
         let mut c = Checker { plan: self, t: &traced, done: HashSet::new(), output_reached: false };
         c.run()
     }

@@ -15,7 +15,7 @@ fn is_view(kind: &str) -> bool {
     matches!(kind, "reshape" | "permute" | "broadcast" | "narrow")
 }
 
-pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, input_shape: &[usize]) {
+pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph) {
     let (n, data) = (plan.model_axis, plan.data_axis);
     // Scopes whose activations are split, with their sizes: column layers (before any gather),
     // split dropouts, and the attention around split query/key/value.
@@ -32,7 +32,7 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, input_shape: &[us
             _ => {}
         }
     }
-    let input_bytes = 4 * numel(input_shape);
+    let input_bytes: u64 = graph.inputs.iter().map(|(_, s)| 4 * numel(s)).sum();
     plan.memory = (0..n)
         .map(|r| {
             let params: u64 = plan
@@ -62,7 +62,6 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, input_shape: &[us
     let mut cs = Vec::new();
     let shape_of = |id: Option<weft_core::TensorId>| -> Vec<usize> {
         match id {
-            Some(i) if i == graph.input => input_shape.to_vec(),
             Some(i) => graph.shape(i).map(<[usize]>::to_vec).unwrap_or_default(),
             None => Vec::new(),
         }
@@ -74,7 +73,7 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, input_shape: &[us
     if n > 1 {
         for l in &plan.layers {
             let input = graph.layer_input(&l.path);
-            let has_grad = input.is_some_and(|i| i != graph.input && graph.is_data(i));
+            let has_grad = input.is_some_and(|i| !graph.is_input(i) && graph.is_data(i));
             let out = shape_of(graph.layer_output(&l.path));
             match &l.style {
                 Style::Column { gather, .. } => {

@@ -53,7 +53,8 @@ pub struct Graph {
     consumers: HashMap<TensorId, Vec<usize>>,
     produced: HashMap<TensorId, usize>,
     data: HashSet<TensorId>,
-    pub input: TensorId,
+    /// The model's inputs, with their shapes.
+    pub inputs: Vec<(TensorId, Vec<usize>)>,
     pub output: TensorId,
     var_ids: HashSet<TensorId>,
 }
@@ -64,10 +65,15 @@ pub fn inside(scope: &str, path: &str) -> bool {
 }
 
 impl Graph {
-    pub fn new(nodes: Vec<TraceNode>, input: TensorId, output: TensorId, var_ids: HashSet<TensorId>) -> Self {
+    pub fn new(
+        nodes: Vec<TraceNode>,
+        inputs: Vec<(TensorId, Vec<usize>)>,
+        output: TensorId,
+        var_ids: HashSet<TensorId>,
+    ) -> Self {
         let mut consumers: HashMap<TensorId, Vec<usize>> = HashMap::new();
         let mut produced = HashMap::new();
-        let mut data: HashSet<TensorId> = HashSet::from([input]);
+        let mut data: HashSet<TensorId> = inputs.iter().map(|(id, _)| *id).collect();
         for (i, n) in nodes.iter().enumerate() {
             for &id in &n.inputs {
                 consumers.entry(id).or_default().push(i);
@@ -77,7 +83,12 @@ impl Graph {
                 data.insert(n.id);
             }
         }
-        Graph { nodes, consumers, produced, data, input, output, var_ids }
+        Graph { nodes, consumers, produced, data, inputs, output, var_ids }
+    }
+
+    /// Whether `id` is one of the model's inputs.
+    pub fn is_input(&self, id: TensorId) -> bool {
+        self.inputs.iter().any(|(i, _)| *i == id)
     }
 
     /// Indices of the nodes recorded inside the layer at `path`.
@@ -91,7 +102,7 @@ impl Graph {
         let region = self.region(path);
         let mine: HashSet<TensorId> = region.iter().map(|&i| self.nodes[i].id).collect();
         region.iter().flat_map(|&i| self.nodes[i].inputs.iter().copied()).find(|id| {
-            !mine.contains(id) && !self.var_ids.contains(id) && (self.data.contains(id) || *id == self.input)
+            !mine.contains(id) && !self.var_ids.contains(id) && (self.data.contains(id) || self.is_input(*id))
         })
     }
 
@@ -100,9 +111,12 @@ impl Graph {
         self.region(path).last().map(|&i| self.nodes[i].id)
     }
 
-    /// The shape of a tensor made by a node (the input's shape is given separately).
+    /// The shape of a tensor made by a node, or of a model input.
     pub fn shape(&self, id: TensorId) -> Option<&[usize]> {
-        self.produced.get(&id).map(|&i| self.nodes[i].shape.as_slice())
+        match self.produced.get(&id) {
+            Some(&i) => Some(self.nodes[i].shape.as_slice()),
+            None => self.inputs.iter().find(|(i, _)| *i == id).map(|(_, s)| s.as_slice()),
+        }
     }
 
     /// The node that made `id`.

@@ -14,7 +14,7 @@ pub use autoconfig::{AutoConfig, Split, autoconfig};
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use weft_core::{Error, Result};
+use weft_core::{DType, Error, Result};
 use weft_nn::Loss;
 use weft_nn::tp::{LayerShard, Placement, Style};
 
@@ -94,6 +94,34 @@ pub struct CollectiveCost {
     pub bytes: u64,
 }
 
+/// One named input of a model: its shape (batch first) and dtype (`f32`, `u32` or `i32`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanInput {
+    /// The input's name (empty for a model of one input).
+    pub name: String,
+    /// Its shape, batch first.
+    pub shape: Vec<usize>,
+    /// Its dtype's name.
+    pub dtype: String,
+}
+
+impl PlanInput {
+    /// An input called `name` of `shape` and `dtype`.
+    pub fn new(name: &str, shape: &[usize], dtype: DType) -> Self {
+        PlanInput { name: name.to_string(), shape: shape.to_vec(), dtype: dtype.name().to_string() }
+    }
+    /// Zeros of this input's shape and dtype on `device`.
+    pub fn zeros(&self, device: &weft_core::Device) -> Result<weft_core::Tensor> {
+        let z = weft_core::Tensor::zeros(&self.shape, device)?;
+        match self.dtype.as_str() {
+            "f32" => Ok(z),
+            "u32" => z.to_dtype(DType::U32),
+            "i32" => z.to_dtype(DType::I32),
+            other => Err(Error::invalid("PlanInput", format!("input {:?} has dtype {other}", self.name))),
+        }
+    }
+}
+
 /// The plan of one model on one mesh. It prints as a table (`{plan}`) and travels as JSON.
 ///
 /// ```
@@ -114,8 +142,11 @@ pub struct ShardingPlan {
     pub model_axis: usize,
     /// Ranks the batch is split over (the mesh's `data` axis).
     pub data_axis: usize,
-    /// The input shape it was planned for (batch first).
+    /// The input shape it was planned for (batch first; the first input's, for several).
     pub input_shape: Vec<usize>,
+    /// Every named input it was planned for (empty for a model of one input: `input_shape`).
+    #[serde(default)]
+    pub inputs: Vec<PlanInput>,
     /// Every layer with variables, and every layer that runs on a split tensor, in call order.
     pub layers: Vec<LayerPlan>,
     /// When the model's output leaves split along its last axis: the entries per rank.
@@ -134,6 +165,16 @@ pub struct ShardingPlan {
 }
 
 impl ShardingPlan {
+    /// The inputs the plan was made for, named (a single input has the name "" and f32 zeros
+    /// stand in for it when tracing: every layer takes f32 ids too).
+    pub fn input_specs(&self) -> Vec<PlanInput> {
+        if self.inputs.is_empty() {
+            vec![PlanInput::new("", &self.input_shape, DType::F32)]
+        } else {
+            self.inputs.clone()
+        }
+    }
+
     /// The plan as JSON.
     pub fn to_json(&self) -> Result<String> {
         serde_json::to_string_pretty(self).map_err(|e| Error::Msg(format!("ShardingPlan::to_json: {e}")))

@@ -1,10 +1,11 @@
 //! A model traced on the Meta device (no data is allocated): its op graph and its layers, for the
 //! planner and for checking a plan against the model.
 
+use super::PlanInput;
 use super::graph::{Graph, LayerNode};
 use std::collections::{HashMap, HashSet};
-use weft_core::{DType, Device, Result, Tensor, TensorId, no_grad, trace};
-use weft_nn::{Ctx, Layer, LayerInfo};
+use weft_core::{Device, Result, TensorId, no_grad, trace};
+use weft_nn::{Ctx, Inputs, Layer, LayerInfo};
 
 /// The traced graph and every layer (containers included), parents before their sublayers.
 pub struct Traced {
@@ -17,21 +18,23 @@ pub struct Traced {
 }
 
 impl Traced {
-    /// Trace `net` (fresh: unbuilt) on inputs of `input_shape` and `dtype`.
-    pub fn new(net: &dyn Layer, input_shape: &[usize], dtype: DType) -> Result<Self> {
-        let mut x = Tensor::zeros(input_shape, &Device::Meta)?;
-        if dtype != DType::F32 {
-            x = x.to_dtype(dtype)?;
+    /// Trace `net` (fresh: unbuilt) on named inputs.
+    pub fn with_inputs(net: &dyn Layer, specs: &[PlanInput]) -> Result<Self> {
+        let mut x = Inputs::new();
+        for s in specs {
+            x = x.with(&s.name, s.zeros(&Device::Meta)?);
         }
+        let xs = x.ordered(&net.input_names())?;
         let mut ctx = Ctx::training(0);
-        let (y, nodes) = no_grad(|| trace::trace(|| net.call(&x, &mut ctx)))?;
+        let (y, nodes) = no_grad(|| trace::trace(|| net.call_with(&xs, &[], &mut ctx)))?;
         let root = net.name().to_string();
         let vars: HashMap<String, TensorId> =
             net.variables().into_iter().map(|(p, v)| (join(&root, &p), v.id())).collect();
         let mut layers = Vec::new();
         walk(&net.describe(), "", &vars, &mut layers);
         let var_ids: HashSet<TensorId> = vars.values().copied().collect();
-        Ok(Traced { root, graph: Graph::new(nodes, x.id(), y.id(), var_ids), layers })
+        let inputs = xs.iter().map(|t| (t.id(), t.dims().to_vec())).collect();
+        Ok(Traced { root, graph: Graph::new(nodes, inputs, y.id(), var_ids), layers })
     }
 
     /// The layer at `path`.
