@@ -100,6 +100,9 @@ impl Functional {
                 format!("{}: declare every input before applying the first layer", self.name),
             ));
         }
+        if let Some((i, n)) = self.inputs.iter().enumerate().find(|(i, n)| self.inputs[..*i].contains(n)) {
+            return Err(Error::invalid("Functional", format!("{}: input {i} repeats the name {n:?}", self.name)));
+        }
         let n_in = self.inputs.len();
         for (i, node) in self.nodes.iter().enumerate() {
             let args: Vec<Sym> = match node {

@@ -198,7 +198,7 @@ impl Importer {
                 applied.push(*t);
             }
             let want = var.dims().to_vec();
-            let reshaped = shape != want && self.reshape && shape.iter().product::<usize>() == var.numel();
+            let reshaped = shape != want && self.reshape && splits_or_merges(&shape, &want);
             if shape != want && !reshaped {
                 problems
                     .push(format!("{name} -> {target}: shape {shape:?} (after {applied:?}), the variable {want:?}"));
@@ -225,6 +225,42 @@ impl Importer {
         }
         Ok(report)
     }
+}
+
+/// Whether `to` is `from` with axes split or merged (each axis of one is a run of whole axes of
+/// the other), the rank changed: `[384, 384]` to `[384, 12, 32]` is; `[1536, 384]` to
+/// `[384, 1536]`, a missing transpose, is not.
+fn splits_or_merges(from: &[usize], to: &[usize]) -> bool {
+    if from.len() == to.len() || from.iter().product::<usize>() != to.iter().product::<usize>() {
+        return false;
+    }
+    let (mut i, mut j) = (0, 0);
+    while i < from.len() && j < to.len() {
+        let (mut a, mut b) = (from[i], to[j]);
+        let (i0, j0) = (i, j);
+        while a != b {
+            if a < b {
+                i += 1;
+                match from.get(i) {
+                    Some(&f) => a *= f,
+                    None => return false,
+                }
+            } else {
+                j += 1;
+                match to.get(j) {
+                    Some(&t) => b *= t,
+                    None => return false,
+                }
+            }
+        }
+        // One side of each group is a single axis: a split (1 -> many) or a merge (many -> 1).
+        if i > i0 && j > j0 {
+            return false;
+        }
+        i += 1;
+        j += 1;
+    }
+    from[i..].iter().chain(&to[j..]).all(|&d| d == 1)
 }
 
 /// The values of a safetensors tensor as f32 (integers converted exactly up to 2^24).
@@ -331,5 +367,16 @@ mod tests {
         let long = "a".repeat(200);
         assert_eq!(glob(&"*a".repeat(24), &long).map(|c| c.len()), Some(24));
         assert_eq!(glob(&format!("{}b", "*a".repeat(24)), &long), None);
+    }
+
+    #[test]
+    fn only_splits_and_merges_of_axes_reshape() {
+        use super::splits_or_merges;
+        assert!(splits_or_merges(&[384, 384], &[384, 12, 32]));
+        assert!(splits_or_merges(&[384, 384], &[12, 32, 384]));
+        assert!(splits_or_merges(&[384], &[12, 32]));
+        assert!(!splits_or_merges(&[1536, 384], &[384, 1536]));
+        assert!(!splits_or_merges(&[384, 384], &[384, 6, 32]));
+        assert!(!splits_or_merges(&[6, 4], &[4, 3, 2]));
     }
 }

@@ -138,22 +138,35 @@ impl Initializer {
         if matches!(device, Device::Meta) {
             return Tensor::zeros(&local, device);
         }
+        // The generator counts values in u32: a whole tensor of more than 2^32 values cannot be
+        // drawn from one seed (checked, as the sizes come from the user's layers).
+        let total = weft_core::layout::checked_numel("Initializer::init_part", shape)?;
+        if total > 1usize << 32 {
+            return Err(weft_core::Error::invalid(
+                "Initializer::init_part",
+                format!("shape {shape:?} holds {total} values; one seed draws at most 2^32"),
+            ));
+        }
         let (inner, outer): (usize, usize) = (shape[axis + 1..].iter().product(), shape[..axis].iter().product());
         let row = shape[axis] * inner;
         let key = weft_core::rng::seed_key(seed);
-        let draw = |f: &dyn Fn(u32) -> f32| {
-            let mut v = Vec::with_capacity(outer * len * inner);
+        let draw = |f: &dyn Fn(u32) -> f32| -> Result<Vec<f32>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(outer * len * inner).map_err(|_| weft_core::Error::OutOfMemory {
+                bytes: (outer * len * inner * 4) as u64,
+                device: format!("the host, drawing a part {local:?} of {shape:?}"),
+            })?;
             for o in 0..outer {
                 let base = o * row + start * inner;
                 v.extend((base..base + len * inner).map(|i| f(i as u32)));
             }
-            v
+            Ok(v)
         };
         let values = match self.dist(shape) {
-            Dist::Uniform(lo, hi) => draw(&|i| lo + (hi - lo) * weft_core::rng::uniform(key, i)),
-            Dist::Normal(mean, std) => draw(&|i| mean + std * weft_core::rng::normal(key, i)),
+            Dist::Uniform(lo, hi) => draw(&|i| lo + (hi - lo) * weft_core::rng::uniform(key, i))?,
+            Dist::Normal(mean, std) => draw(&|i| mean + std * weft_core::rng::normal(key, i))?,
             Dist::Const(c) => return Tensor::full(c, &local, device),
-            Dist::Truncated(std) => draw(&|i| std * truncated_unit(seed, i)),
+            Dist::Truncated(std) => draw(&|i| std * truncated_unit(seed, i))?,
         };
         Tensor::from_vec(values, &local, device)
     }

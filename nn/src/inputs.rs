@@ -42,6 +42,7 @@ impl Inputs {
     /// The number of samples: the first axis every input shares. An `Err` names the inputs
     /// whose first axes differ, or a 0-dimensional input.
     pub fn rows(&self) -> Result<usize> {
+        self.check_unique()?;
         let Some((n0, t0)) = self.entries.first() else {
             return Err(Error::invalid("inputs", "no inputs were given"));
         };
@@ -64,6 +65,15 @@ impl Inputs {
             }
         }
         Ok(r)
+    }
+    /// Two inputs of one name would make one of them unreachable: an `Err` naming it.
+    fn check_unique(&self) -> Result<()> {
+        for (i, (n, _)) in self.entries.iter().enumerate() {
+            if self.entries[..i].iter().any(|(m, _)| m == n) {
+                return Err(Error::invalid("inputs", format!("two inputs are named {n:?}")));
+            }
+        }
+        Ok(())
     }
     /// The shapes, for error messages.
     pub fn shapes(&self) -> Vec<Vec<usize>> {
@@ -96,6 +106,7 @@ impl Inputs {
     /// The tensors in the order of `names` (a model's input names). A model without names takes
     /// exactly one input, whatever it is called. Missing and unexpected names are one `Err`.
     pub fn ordered(&self, names: &[String]) -> Result<Vec<Tensor>> {
+        self.check_unique()?;
         if names.is_empty() {
             return match self.entries.as_slice() {
                 [(_, t)] => Ok(vec![t.clone()]),

@@ -294,6 +294,12 @@ impl Model {
                 ),
             ));
         }
+        if self.tp.is_none() {
+            // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0):
+            // refuse it rather than write NaN into every weight. (A sharded model's coordinated
+            // optimizer skips such a step on every rank instead.)
+            check_gradients(&self.variables(), &grads)?;
+        }
         // Metrics need the whole output; without metrics a split output is never gathered.
         let pred = if counts.is_empty() { pred } else { no_grad(|| self.whole(&pred))? };
         let mut batch_counts = Vec::with_capacity(counts.len());
@@ -321,7 +327,9 @@ impl Model {
     }
 
     /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples). Integer labels are
-    /// accepted for sparse losses.
+    /// accepted for sparse losses. Arguments are checked before anything changes; a batch that
+    /// fails part way through (a bad label, a non-finite loss) returns `Err` with that batch's
+    /// step not applied, and the steps before it kept, as Keras keeps them.
     pub fn fit(&mut self, x: impl Into<Inputs>, y: &Tensor, mut opts: FitOptions) -> Result<History> {
         let x: Inputs = x.into();
         self.parts()?;
@@ -337,7 +345,6 @@ impl Model {
         if let Some((vx, vy)) = &opts.validation_data {
             check_rows("fit (validation_data)", &vx.into(), vy)?;
         }
-        self.ctx.seed = opts.seed;
         // Data moves to the device once; each batch is then one gather there.
         let all = Dataset::new(x.to_device(&self.device)?, y)?;
         let n = all.len();
@@ -359,6 +366,8 @@ impl Model {
             }
             _ => (all, None),
         };
+        // Only now, with every argument checked, does the model's seed change.
+        self.ctx.seed = opts.seed;
         let train_n = train.len();
         let mut history = History::default();
         for epoch in 0..opts.epochs {
@@ -436,7 +445,8 @@ impl Model {
         let (x, y) = (x.to_device(&self.device)?, as_f32(&y.to_device(&self.device)?)?);
         let n = y.dims()[0];
         // On a data axis each rank evaluates its own rows; the sums are added up at the end.
-        let (lo, hi) = self.data_rows(n).unwrap_or((0, n));
+        let rows = self.data_rows(n);
+        let (lo, hi) = rows.unwrap_or((0, n));
         let mut loss_sum = 0f64;
         let mut counts = vec![(0f64, 0f64); self.metrics.len()];
         no_grad(|| -> Result<()> {
@@ -455,7 +465,9 @@ impl Model {
             }
             Ok(())
         })?;
-        if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
+        // Only when each rank took its own rows (too few rows for the axis: every rank took
+        // all of them, and their sums are already whole).
+        if let (Some(_), Some(tp)) = (rows, self.tp.as_ref().filter(|tp| tp.data.world_size() > 1)) {
             let mut sums = vec![loss_sum as f32];
             sums.extend(counts.iter().flat_map(|c| [c.0 as f32, c.1 as f32]));
             let total =
@@ -638,6 +650,15 @@ impl Model {
                 slots.push((var.to_string(), slot.to_string(), Tensor::from_slice(values, shape, v.device())?));
             }
         }
+        if self.optimizer.is_none() && (iterations.is_some() || !slots.is_empty()) {
+            return Err(Error::invalid(
+                "load_checkpoint",
+                format!(
+                    "{} holds optimizer state but the model is not compiled: compile first, or use load_weights for the weights alone",
+                    path.as_ref().display()
+                ),
+            ));
+        }
         self.load_weights(&path)?;
         if let Some(step) = step {
             self.ctx.step = step;
@@ -695,6 +716,34 @@ impl Model {
         s += &format!("{rule}\nTotal params: {} ({})\n", thousands(total), bytes(total * 4));
         s += &format!("Trainable params: {} ({})\nNon-trainable params: 0 (0 B)\n", thousands(total), bytes(total * 4));
         Ok(s)
+    }
+}
+
+/// `Err` naming the first variable whose gradient holds a NaN or an infinity. The largest
+/// magnitude of each gradient is taken on the device (NaN propagates through max), then one
+/// value is read back.
+fn check_gradients(vars: &[(String, Var)], grads: &weft_core::GradStore) -> Result<()> {
+    let worst: Vec<(&String, Tensor)> = no_grad(|| {
+        vars.iter()
+            .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
+            .map(|(p, g)| {
+                let axes: Vec<isize> = (0..g.rank() as isize).collect();
+                Ok((p, g.abs()?.max(&axes, false)?.reshape(&[1])?))
+            })
+            .collect::<Result<_>>()
+    })?;
+    if worst.is_empty() {
+        return Ok(());
+    }
+    let all = Tensor::concat(&worst.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(), 0)?.to_vec::<f32>()?;
+    match worst.iter().zip(&all).find(|(_, v)| !v.is_finite()) {
+        Some(((p, _), v)) => Err(Error::invalid(
+            "fit",
+            format!(
+                "the gradient of {p} holds {v}; the step was not applied (weights, optimizer state and counters are unchanged)"
+            ),
+        )),
+        None => Ok(()),
     }
 }
 

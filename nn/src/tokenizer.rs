@@ -74,13 +74,38 @@ impl WordPiece {
         if !norm.is_null() && norm["type"] != "BertNormalizer" {
             return Err(bad(format!("normalizer {} is not supported (BertNormalizer is)", norm["type"])));
         }
-        let flag = |k: &str, default: bool| norm[k].as_bool().unwrap_or(default);
+        // No normaliser: no clean-up, no CJK spacing, no accent stripping, no lower case.
+        let flag = |k: &str, default: bool| !norm.is_null() && norm[k].as_bool().unwrap_or(default);
         let lowercase = flag("lowercase", true);
+        let pre = &json["pre_tokenizer"];
+        if !pre.is_null() && pre["type"] != "BertPreTokenizer" {
+            return Err(bad(format!("pre_tokenizer {} is not supported (BertPreTokenizer is)", pre["type"])));
+        }
+        let post = &json["post_processor"];
+        let cls_sep = |v: &serde_json::Value| {
+            v.as_array().is_some_and(|a| {
+                let ids: Vec<&str> = a
+                    .iter()
+                    .map(|p| p["SpecialToken"]["id"].as_str().or(p["Sequence"]["id"].as_str()).unwrap_or("?"))
+                    .collect();
+                ids == ["[CLS]", "A", "[SEP]"]
+            })
+        };
+        let post_ok = post.is_null()
+            || post["type"] == "BertProcessing"
+            || (post["type"] == "TemplateProcessing" && cls_sep(&post["single"]));
+        if !post_ok {
+            return Err(bad(format!(
+                "post_processor {} is not `[CLS] text [SEP]`, the only one supported",
+                post["type"]
+            )));
+        }
         let mut added: Vec<(String, u32)> = json["added_tokens"]
             .as_array()
             .map(|a| {
                 a.iter()
                     .filter_map(|t| Some((t["content"].as_str()?.to_string(), u32::try_from(t["id"].as_u64()?).ok()?)))
+                    .filter(|(s, _)| !s.is_empty())
                     .collect()
             })
             .unwrap_or_default();
@@ -94,7 +119,7 @@ impl WordPiece {
             max_word_chars: model["max_input_chars_per_word"].as_u64().unwrap_or(100) as usize,
             lowercase,
             // BERT strips accents when it lower-cases, unless told otherwise.
-            strip_accents: norm["strip_accents"].as_bool().unwrap_or(lowercase),
+            strip_accents: !norm.is_null() && norm["strip_accents"].as_bool().unwrap_or(lowercase),
             chinese: flag("handle_chinese_chars", true),
             clean: flag("clean_text", true),
             max_len: json["truncation"]["max_length"].as_u64().unwrap_or(512) as usize,
@@ -178,7 +203,8 @@ impl WordPiece {
         if self.strip_accents {
             s = s.nfd().filter(|c| c.general_category() != GeneralCategory::NonspacingMark).collect();
         }
-        if self.lowercase { s.to_lowercase() } else { s }
+        // One character at a time, as Hugging Face does (no final-sigma rule of str::to_lowercase).
+        if self.lowercase { s.chars().flat_map(char::to_lowercase).collect() } else { s }
     }
 
     /// Longest-match-first WordPiece of one word; a word with a piece not in the vocabulary is `[UNK]`.

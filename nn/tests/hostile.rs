@@ -358,3 +358,37 @@ fn sparse_cross_entropy_of_a_scalar_or_zero_classes_is_an_err() {
         assert!(msg.contains("class"), "{msg}");
     }
 }
+
+#[test]
+fn a_non_finite_gradient_fails_the_step_before_any_update() {
+    use weft_nn::layers::UnitNormalization;
+    // sqrt at 0 has an infinite derivative: a gradient can be NaN while the loss is finite.
+    struct Sqrt;
+    impl weft_nn::Layer for Sqrt {
+        fn call(&self, x: &Tensor, _: &mut weft_nn::Ctx) -> weft_core::Result<Tensor> {
+            x.relu()?.sqrt()
+        }
+        fn name(&self) -> &str {
+            "sqrt"
+        }
+        fn set_name(&mut self, _: String) {}
+        fn kind(&self) -> &'static str {
+            "Sqrt"
+        }
+        fn variables(&self) -> Vec<(String, weft_core::Var)> {
+            Vec::new()
+        }
+    }
+    let net = Sequential::new().add(Dense::new(2).named("d")).add(Sqrt).add(UnitNormalization::new());
+    let mut m = Model::new(net, &Device::Cpu);
+    m.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+    m.build(&[2]).unwrap();
+    for (_, v) in m.variables() {
+        v.set(&Tensor::zeros(v.dims(), &Device::Cpu).unwrap()).unwrap();
+    }
+    let before = state(&m);
+    let y = Tensor::ones(&[1, 2], &Device::Cpu).unwrap();
+    let msg = err_text(m.train_on_batch(Tensor::ones(&[1, 2], &Device::Cpu).unwrap(), &y));
+    assert!(msg.contains("gradient") && msg.contains("not applied"), "{msg}");
+    assert_eq!(state(&m), before);
+}

@@ -118,3 +118,21 @@ fn a_mask_of_the_wrong_shape_is_an_err_naming_the_layer() {
     let err = mha.attend(&x, &x, None, masks, &mut Ctx::inference()).unwrap_err().to_string();
     assert!(err.contains("attn") && err.contains("[2, 5]"), "{err}");
 }
+
+#[test]
+fn concatenate_keeps_a_position_any_input_keeps_as_keras_does() {
+    use weft_nn::layers::Concatenate;
+    let a = Tensor::ones(&[1, 3, 2], &Device::Cpu).unwrap();
+    let b = Tensor::ones(&[1, 3, 4], &Device::Cpu).unwrap();
+    let keep = Tensor::from_vec(vec![1f32, 0., 1.], &[1, 3], &Device::Cpu).unwrap();
+    let cat = Concatenate::new(-1);
+    let out = cat.call_with(&[a.clone(), b.clone()], &[Some(keep.clone()), None], &mut Ctx::inference()).unwrap();
+    // Along the features an unmasked input keeps every step.
+    let m = cat.output_mask(&[a.clone(), b.clone()], &[Some(keep.clone()), None], &out).unwrap().unwrap();
+    assert_eq!(m.to_vec::<f32>().unwrap(), vec![1., 1., 1.]);
+    // Along time the masks join.
+    let t = Concatenate::new(1);
+    let out = t.call_with(&[a.clone(), a.clone()], &[Some(keep.clone()), None], &mut Ctx::inference()).unwrap();
+    let m = t.output_mask(&[a.clone(), a], &[Some(keep), None], &out).unwrap().unwrap();
+    assert_eq!(m.to_vec::<f32>().unwrap(), vec![1., 0., 1., 1., 1., 1.]);
+}

@@ -121,12 +121,13 @@ fn schedules_are_read_every_step() {
     assert!((cos.at(20) - (0.1 + 0.9 * 0.5)).abs() < 1e-6, "half way through the decay: {}", cos.at(20));
     assert!((cos.at(30) - 0.1).abs() < 1e-6 && (cos.at(1000) - 0.1).abs() < 1e-6);
     let pw = LearningRate::PiecewiseConstant { boundaries: vec![3, 6], values: vec![1.0, 0.5, 0.1] };
-    assert_eq!((pw.at(0), pw.at(3), pw.at(5), pw.at(6), pw.at(100)), (1.0, 0.5, 0.5, 0.1, 0.1));
+    // Keras' PiecewiseConstantDecay: a boundary step still takes the value before it.
+    assert_eq!((pw.at(0), pw.at(3), pw.at(4), pw.at(6), pw.at(7), pw.at(100)), (1.0, 1.0, 0.5, 0.5, 0.1, 0.1));
 
     // The optimizer follows the schedule step by step.
     let sched = LearningRate::PiecewiseConstant { boundaries: vec![2], values: vec![0.1, 0.01] };
     let got = run(Sgd::new(sched), 0.0, &[1.0, 1.0, 1.0, 1.0]);
-    close(&got, &[-0.1, -0.2, -0.21, -0.22]);
+    close(&got, &[-0.1, -0.2, -0.3, -0.31]);
 }
 
 #[test]

@@ -38,3 +38,35 @@ fn a_file_that_is_not_wordpiece_is_refused() {
     let err = WordPiece::from_file(&path).unwrap_err().to_string();
     assert!(err.contains("BPE") && err.contains("WordPiece"), "{err}");
 }
+
+/// A tokenizer.json with a tiny vocabulary and the given normalizer and extras.
+fn tiny(dir: &std::path::Path, normalizer: &str, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("tiny.json");
+    let vocab = r###"{"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "cafe": 4, "Café": 5, "ab": 6, "##c": 7, "οδος": 8, "οδοσ": 9}"###;
+    let text = format!(
+        r#"{{"model": {{"type": "WordPiece", "unk_token": "[UNK]", "vocab": {vocab}}}, "normalizer": {normalizer}{extra}}}"#
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn no_normalizer_means_no_normalization_and_lower_case_is_per_character() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = WordPiece::from_file(tiny(dir.path(), "null", "")).unwrap();
+    assert_eq!(raw.encode("Café abc"), vec![2, 5, 6, 7, 3]);
+    let bert = WordPiece::from_file(tiny(dir.path(), r#"{"type": "BertNormalizer", "lowercase": true}"#, "")).unwrap();
+    assert_eq!(bert.encode("Café"), vec![2, 4, 3]);
+    // Σ lower-cases to σ one character at a time (no final-sigma rule), as Hugging Face does.
+    assert_eq!(bert.encode("ΟΔΟΣ"), vec![2, 9, 3]);
+}
+
+#[test]
+fn unsupported_parts_and_empty_added_tokens_are_handled() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_pre = tiny(dir.path(), "null", r#", "pre_tokenizer": {"type": "WhitespaceSplit"}"#);
+    let err = WordPiece::from_file(bad_pre).unwrap_err().to_string();
+    assert!(err.contains("WhitespaceSplit"), "{err}");
+    let empty = tiny(dir.path(), "null", r#", "added_tokens": [{"id": 6, "content": ""}]"#);
+    assert_eq!(WordPiece::from_file(empty).unwrap().encode("ab"), vec![2, 6, 3]);
+}

@@ -12,7 +12,7 @@
 //! deadlocking.
 
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use weft_core::{Collectives, DType, Device, Error, HostF32, ReduceKind, Result, Tensor};
@@ -24,7 +24,7 @@ pub struct World {
     /// Nanoseconds ranks have spent inside collectives (staging, waiting, reducing), summed.
     spent_ns: AtomicU64,
     /// Rank threads of the current run that have returned (they join no further collective).
-    left: AtomicUsize,
+    left: Mutex<Vec<std::thread::ThreadId>>,
 }
 
 impl World {
@@ -78,6 +78,8 @@ struct Group {
     world: Arc<World>,
     slot: Mutex<Slot>,
     cv: Condvar,
+    /// The thread each rank of this group last called a collective from.
+    threads: Mutex<Vec<Option<std::thread::ThreadId>>>,
 }
 
 /// One rank's handle on a group of ranks in this process.
@@ -104,10 +106,9 @@ pub struct InHost {
 /// world does not wake this group's condition variable).
 const POLL: Duration = Duration::from_millis(10);
 
-/// How long a rank waits in a collective after another rank of the run has returned. SPMD ranks
-/// run the same collectives, so a rank that returned has passed every collective its peers
-/// need; one still unmet this long after is waiting for a rank that returned without joining
-/// it, and the run fails instead of hanging.
+/// How long a rank waits in a collective after another rank of the run whose thread this group
+/// has not seen has returned (a member that never called a collective of this group). A member
+/// seen here that returned without arriving fails the run at once.
 const AFTER_LEAVE: Duration = Duration::from_secs(3);
 
 impl InHost {
@@ -118,6 +119,7 @@ impl InHost {
             world: world.clone(),
             slot: Mutex::new(Slot { inputs: vec![None; n], outputs: vec![None; n], ..Default::default() }),
             cv: Condvar::new(),
+            threads: Mutex::new(vec![None; n]),
         });
         (0..n).map(|rank| InHost { rank, group: group.clone() }).collect()
     }
@@ -205,6 +207,7 @@ impl InHost {
             return Err(Error::Collective(why));
         }
         slot.call = call;
+        self.group.threads.lock().unwrap_or_else(|p| p.into_inner())[self.rank] = Some(std::thread::current().id());
         slot.inputs[self.rank] = Some(input);
         slot.arrived += 1;
         let generation = slot.generation;
@@ -239,11 +242,9 @@ impl InHost {
             if let Some(why) = self.group.world.failure() {
                 return Err(Error::Collective(format!("rank {} stopped waiting: {why}", self.rank)));
             }
-            if self.group.world.left.load(Ordering::Relaxed) > 0
-                && since_leave.get_or_insert_with(Instant::now).elapsed() > AFTER_LEAVE
-            {
+            if let Some(gone) = self.departed_member(&slot, &mut since_leave) {
                 let why = format!(
-                    "rank {} waited in {} for a rank that had returned without joining it",
+                    "rank {} waited in {} for {gone}, which had returned without joining it",
                     self.rank, slot.call
                 );
                 drop(slot);
@@ -251,6 +252,28 @@ impl InHost {
                 return Err(Error::Collective(why));
             }
         }
+    }
+
+    /// A member of this group that has not arrived in `slot` and can no longer arrive: one whose
+    /// thread has returned. A member this group never saw is only presumed gone once some rank of
+    /// the run has returned and `AFTER_LEAVE` has passed since this rank noticed.
+    fn departed_member(&self, slot: &Slot, since: &mut Option<Instant>) -> Option<String> {
+        let left = self.group.world.left.lock().unwrap_or_else(|p| p.into_inner());
+        if left.is_empty() {
+            return None;
+        }
+        let threads = self.group.threads.lock().unwrap_or_else(|p| p.into_inner());
+        let missing = (0..self.group.size).filter(|&r| slot.inputs[r].is_none());
+        let mut unseen = false;
+        for r in missing {
+            match threads[r] {
+                Some(t) if left.contains(&t) => return Some(format!("rank {r}")),
+                None => unseen = true,
+                Some(_) => {}
+            }
+        }
+        (unseen && since.get_or_insert_with(Instant::now).elapsed() > AFTER_LEAVE)
+            .then(|| "a rank that never joined this group".to_string())
     }
 
     fn stage(x: &Tensor, op: &str) -> Result<Staged> {
@@ -274,7 +297,7 @@ pub(crate) fn on_threads<I: Send, T: Send>(
     world: &World,
     f: impl Fn(usize, I) -> Result<T> + Sync,
 ) -> Vec<Result<T>> {
-    world.left.store(0, Ordering::Relaxed);
+    world.left.lock().unwrap_or_else(|p| p.into_inner()).clear();
     std::thread::scope(|s| {
         let handles: Vec<_> = items
             .into_iter()
@@ -294,7 +317,7 @@ pub(crate) fn on_threads<I: Send, T: Send>(
                     if let Err(e) = &out {
                         world.fail(&format!("rank {r}: {e}"));
                     }
-                    world.left.fetch_add(1, Ordering::Relaxed);
+                    world.left.lock().unwrap_or_else(|p| p.into_inner()).push(std::thread::current().id());
                     out
                 })
             })

@@ -88,6 +88,10 @@ fn fit_evaluate_and_predict_match_one_device() {
         close(&[l1], &[l2], "evaluate loss");
         close(&[m1[0].1], &[m2[0].1], "evaluate accuracy");
         close(&p1, &m.predict(&x, 16).unwrap().to_vec::<f32>().unwrap(), "predict");
+        // Fewer rows than the data axis has ranks: every rank takes them all, counted once.
+        let (x1, y1) = (x.narrow(0, 0, 1).unwrap(), y.narrow(0, 0, 1).unwrap());
+        let (l1_one, _) = one.evaluate(&x1, &y1, 4).unwrap();
+        close(&[l1_one], &[m.evaluate(&x1, &y1, 4).unwrap().0], "evaluate on one row");
         let summary = m.summary(&[6]).unwrap();
         assert!(
             summary.contains("Sharding plan") && summary.contains(&format!("Rank 0 of {}", mesh.len())),

@@ -131,6 +131,15 @@ impl MultiHeadAttention {
         let _scope = trace::scope(&self.name);
         let path = trace::current_scope();
         let key = key.unwrap_or(value);
+        if self.num_heads == 0 || self.key_dim == 0 || self.value_dim == 0 {
+            return Err(Error::invalid(
+                "MultiHeadAttention",
+                format!(
+                    "{path}: {} heads of key size {} and value size {}: each must be at least 1",
+                    self.num_heads, self.key_dim, self.value_dim
+                ),
+            ));
+        }
         for (what, t) in [("query", query), ("value", value), ("key", key)] {
             if t.rank() != 3 {
                 return Err(Error::invalid(
@@ -269,8 +278,12 @@ impl Layer for MultiHeadAttention {
                 ));
             }
         };
-        let value_mask = if inputs.len() == 1 { mask(0) } else { mask(1) };
-        let masks = AttentionMasks { attention: None, query: mask(0), value: value_mask };
+        // The key's mask, when the key is its own input, masks the same positions as the value's.
+        let value_mask = match (if inputs.len() == 1 { mask(0) } else { mask(1) }, mask(2)) {
+            (Some(v), Some(k)) => Some(v.mul(k)?),
+            (v, k) => v.or(k).cloned(),
+        };
+        let masks = AttentionMasks { attention: None, query: mask(0), value: value_mask.as_ref() };
         Ok(self.attend(q, v, k, masks, ctx)?.0)
     }
     fn output_mask(&self, _: &[Tensor], masks: &[Option<Tensor>], _: &Tensor) -> Result<Option<Tensor>> {

@@ -33,8 +33,11 @@ macro_rules! merge_layer {
                 let _scope = trace::scope(&self.name);
                 merge(self.kind, $kind, inputs)
             }
-            fn output_mask(&self, _: &[Tensor], masks: &[Option<Tensor>], _: &Tensor) -> Result<Option<Tensor>> {
-                and_masks(masks)
+            fn output_mask(&self, inputs: &[Tensor], masks: &[Option<Tensor>], _: &Tensor) -> Result<Option<Tensor>> {
+                match self.kind {
+                    Kind::Concatenate(axis) => concat_masks(inputs, masks, axis),
+                    _ => and_masks(masks),
+                }
             }
             fn name(&self) -> &str {
                 &self.name
@@ -113,6 +116,25 @@ fn merge(kind: Kind, op: &'static str, inputs: &[Tensor]) -> Result<Tensor> {
             Ok(acc)
         }
     }
+}
+
+/// Keras' mask of a concatenation: each input's mask widened to the input's shape (all ones when
+/// it has none), joined along the axis, then kept where any entry of the last axis is kept.
+fn concat_masks(inputs: &[Tensor], masks: &[Option<Tensor>], axis: isize) -> Result<Option<Tensor>> {
+    if masks.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let mut full = Vec::with_capacity(inputs.len());
+    for (i, x) in inputs.iter().enumerate() {
+        full.push(match masks.get(i).cloned().flatten() {
+            None => Tensor::ones(x.dims(), x.device())?,
+            Some(m) if m.rank() < x.rank() => m.unsqueeze(-1)?.broadcast_to(x.dims())?,
+            Some(m) => m,
+        });
+    }
+    let r = inputs[0].rank() as isize;
+    let a = if axis < 0 { axis + r } else { axis };
+    Ok(Some(Tensor::concat(&full, a)?.max(&[-1], false)?))
 }
 
 /// The product of the masks present (a position is kept only where every masked input keeps it).

@@ -118,7 +118,9 @@ impl UnitNormalization {
 impl Layer for UnitNormalization {
     fn call(&self, x: &Tensor, _: &mut Ctx) -> Result<Tensor> {
         let _scope = trace::scope(&self.name);
-        let norm = x.square()?.sum(&[-1], true)?.sqrt()?.clamp(1e-12, f32::MAX)?;
+        // Clamped before the square root, so a zero vector (an all-masked row) has a finite
+        // gradient: sqrt's backward at 0 would be infinite.
+        let norm = x.square()?.sum(&[-1], true)?.clamp(1e-24, f32::MAX)?.sqrt()?;
         x.div(&norm)
     }
     fn name(&self) -> &str {

@@ -30,7 +30,9 @@ pub enum LearningRate {
         /// Final rate as a fraction of `peak`.
         alpha: f32,
     },
-    /// `values[i]` while `step < boundaries[i]`, and the last value after the last boundary.
+    /// `values[0]` up to and including step `boundaries[0]`, `values[i]` for steps in
+    /// `(boundaries[i-1], boundaries[i]]`, and the last value after the last boundary (Keras'
+    /// `PiecewiseConstantDecay`).
     PiecewiseConstant {
         /// Increasing step boundaries.
         boundaries: Vec<u64>,
@@ -71,7 +73,7 @@ impl LearningRate {
                 peak * ((1.0 - alpha) * cosine + alpha)
             }
             LearningRate::PiecewiseConstant { boundaries, values } => {
-                let i = boundaries.iter().take_while(|&&b| step >= b).count();
+                let i = boundaries.iter().take_while(|&&b| step > b).count();
                 // An empty list has no rate (`validate` refuses it): NaN, never a panic.
                 values.get(i).or(values.last()).copied().unwrap_or(f32::NAN)
             }
