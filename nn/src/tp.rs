@@ -42,11 +42,14 @@ impl Placement {
             }
         }
     }
-    /// The local shape of rank `rank` for a full shape.
+    /// The local shape of rank `rank` for a full shape. A rank past the split, or an axis past
+    /// the shape, holds nothing of it: its extent along the axis is 0 (never a panic).
     pub fn local_shape(&self, full: &[usize], rank: usize) -> Vec<usize> {
         let mut s = full.to_vec();
-        if let Placement::Shard { axis, sizes } = self {
-            s[*axis] = sizes[rank];
+        if let Placement::Shard { axis, sizes } = self
+            && let Some(d) = s.get_mut(*axis)
+        {
+            *d = sizes.get(rank).copied().unwrap_or(0);
         }
         s
     }

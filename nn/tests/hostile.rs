@@ -392,3 +392,13 @@ fn a_non_finite_gradient_fails_the_step_before_any_update() {
     assert!(msg.contains("gradient") && msg.contains("not applied"), "{msg}");
     assert_eq!(state(&m), before);
 }
+
+#[test]
+fn a_placement_asked_for_a_rank_past_its_split_holds_nothing() {
+    let p = weft_nn::tp::Placement::Shard { axis: 1, sizes: vec![2, 2] };
+    assert_eq!(p.local_shape(&[3, 4], 1), vec![3, 2]);
+    assert_eq!(p.local_shape(&[3, 4], 5), vec![3, 0]);
+    assert_eq!(p.local_shape(&[3], 0), vec![3]);
+    let full = Tensor::zeros(&[3, 4], &Device::Cpu).unwrap();
+    assert!(p.local(&full, 5).is_err());
+}
