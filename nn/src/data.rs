@@ -30,6 +30,19 @@ pub fn read_csv(path: impl AsRef<std::path::Path>) -> Result<(Vec<f32>, usize, u
     Ok((values, rows, cols))
 }
 
+/// The rows `fit` trains on when it holds out `validation_split` of `n`: Keras' floor(n * (1 - s)),
+/// with `s` taken as the decimal the user wrote (0.2f32 is 0.20000000298 in binary, and
+/// 10 * (1 - that) would floor to 7, not Keras' 8).
+///
+/// ```
+/// assert_eq!(weft_nn::data::training_rows(10, 0.2), 8);
+/// assert_eq!(weft_nn::data::training_rows(7, 0.3), 4);
+/// ```
+pub fn training_rows(n: usize, validation_split: f32) -> usize {
+    let s: f64 = validation_split.to_string().parse().unwrap_or(validation_split as f64);
+    (n as f64 * (1.0 - s)).floor() as usize
+}
+
 /// `0..n` in a seeded random order (Fisher–Yates with the counter-based generator, so the same
 /// seed gives the same order on every machine).
 pub fn shuffled(n: usize, seed: u64) -> Vec<u32> {

@@ -66,9 +66,12 @@ impl Loss {
                 same_shape()?;
                 // The log-sigmoid form, as Keras: max(x, 0) - x y + log(1 + exp(-|x|)); exact for
                 // confident logits of either sign (no clamped sigmoid, no vanishing gradient).
+                // max(x, 0) is written (x + |x|) / 2 so that at x = 0 the kinks of max and |x|
+                // cancel and the gradient is sigmoid(0) - y, as everywhere else.
                 let x = y_pred;
                 let soft = x.abs()?.neg()?.exp()?.add_scalar(1.0)?.log()?;
-                x.relu()?.sub(&x.mul(y_true)?)?.add(&soft)?.mean_all()
+                let pos = x.add(&x.abs()?)?.mul_scalar(0.5)?;
+                pos.sub(&x.mul(y_true)?)?.add(&soft)?.mean_all()
             }
             Loss::BinaryCrossentropy { from_logits: false } => {
                 same_shape()?;

@@ -1,16 +1,15 @@
 //! Metrics, accumulated over an epoch (a running count, not a mean of batch means).
 
-use crate::Loss;
 use weft_core::ops::BinaryOp;
 use weft_core::{DType, Error, Result, Tensor, no_grad};
 
 /// A metric of `(y_pred, y_true)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metric {
-    /// Keras' `"accuracy"`: resolved from the loss and the shapes as Keras does. With binary
-    /// cross-entropy it is [`Metric::BinaryAccuracy`]; otherwise a single output is binary,
-    /// integer labels (one fewer axis than the prediction, or a last axis of 1) are sparse, and
-    /// one-hot targets are categorical. Reported under the name `accuracy`.
+    /// Keras' `"accuracy"`: resolved from the shapes alone, as Keras 3 does
+    /// (`compile_utils.get_metric`): a single output is binary, integer labels (one fewer axis
+    /// than the prediction, or a last axis of 1) are sparse, and one-hot targets are categorical.
+    /// Reported under the name `accuracy`.
     Accuracy,
     /// Fraction of values whose prediction `> 0.5` equals the target.
     BinaryAccuracy,
@@ -32,13 +31,10 @@ impl Metric {
         }
     }
 
-    /// The concrete metric `Accuracy` stands for, given the loss and the shapes.
-    pub fn resolve(self, loss: Option<Loss>, y_pred: &Tensor, y_true: &Tensor) -> Metric {
+    /// The concrete metric `Accuracy` stands for, given the shapes.
+    pub fn resolve(self, y_pred: &Tensor, y_true: &Tensor) -> Metric {
         if self != Metric::Accuracy {
             return self;
-        }
-        if matches!(loss, Some(Loss::BinaryCrossentropy { .. })) {
-            return Metric::BinaryAccuracy;
         }
         let (p_last, t_last) = (y_pred.dims().last().copied(), y_true.dims().last().copied());
         if p_last == Some(1) {
@@ -53,11 +49,6 @@ impl Metric {
     /// (correct, total) for one batch. A label that is not a class (negative, fractional, too
     /// large) is an `Err`, and shapes that do not fit are an `Err` naming both.
     pub fn count(self, y_pred: &Tensor, y_true: &Tensor) -> Result<(f64, f64)> {
-        self.count_with(None, y_pred, y_true)
-    }
-
-    /// As [`Metric::count`], resolving `Accuracy` with the model's loss.
-    pub fn count_with(self, loss: Option<Loss>, y_pred: &Tensor, y_true: &Tensor) -> Result<(f64, f64)> {
         no_grad(|| {
             let misfit = || {
                 Error::invalid(
@@ -70,7 +61,7 @@ impl Metric {
                 return Err(misfit());
             }
             let classes = y_pred.dims()[r - 1];
-            let (hits, total) = match self.resolve(loss, y_pred, y_true) {
+            let (hits, total) = match self.resolve(y_pred, y_true) {
                 Metric::SparseCategoricalAccuracy => {
                     let y = if y_true.rank() == r && y_true.dims()[r - 1] == 1 {
                         y_true.squeeze(-1)?

@@ -304,7 +304,7 @@ impl Model {
         let pred = if counts.is_empty() { pred } else { no_grad(|| self.whole(&pred))? };
         let mut batch_counts = Vec::with_capacity(counts.len());
         for m in self.metrics.iter().take(counts.len()) {
-            let (hit, total) = m.count_with(self.loss, &pred, &y)?;
+            let (hit, total) = m.count(&pred, &y)?;
             batch_counts.push(self.sum_over_data(hit, total)?);
         }
         let vars = self.variables();
@@ -352,7 +352,7 @@ impl Model {
             (Some((vx, vy)), _) => (all, Some(Dataset::new(vx.to_device(&self.device)?, vy)?)),
             (None, s) if s > 0.0 => {
                 // The last samples, as Keras does: it keeps floor(n * (1 - s)) for training.
-                let keep = (n as f64 * (1.0 - s as f64)).floor() as usize;
+                let keep = crate::data::training_rows(n, s);
                 if keep == 0 || keep == n {
                     return Err(Error::invalid(
                         "fit",
@@ -458,7 +458,7 @@ impl Model {
                 loss_sum += self.loss_of(loss_fn, &pred, &by)?.to_scalar::<f32>()? as f64 * len as f64;
                 let pred = if self.metrics.is_empty() { pred } else { self.whole(&pred)? };
                 for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
-                    let (hit, total) = m.count_with(self.loss, &pred, &by)?;
+                    let (hit, total) = m.count(&pred, &by)?;
                     c.0 += hit;
                     c.1 += total;
                 }

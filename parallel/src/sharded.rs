@@ -329,7 +329,7 @@ impl ShardedModel {
         let n = x.rows()?;
         let train = match (&opts.validation_data, opts.validation_split) {
             // What Model::fit keeps for training, as Keras: floor(n * (1 - s)).
-            (None, s) if s > 0.0 && n > 0 => (n as f64 * (1.0 - s as f64)).floor() as usize,
+            (None, s) if s > 0.0 && n > 0 => weft_nn::data::training_rows(n, s),
             _ => n,
         };
         if opts.batch_size > 0 {

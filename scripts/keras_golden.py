@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Golden values from Keras 3 (pinned: keras 3.15.1 on CPU JAX 0.10.2) for weft's conformance
+test (nn/tests/keras_conformance.rs): losses and their gradients, optimizers after 3 steps,
+learning-rate schedules, layers (Dense, LayerNormalization, EinsumDense, MultiHeadAttention with a
+mask), truncated initializer statistics, `validation_split` row counts and what "accuracy"
+resolves to.
+
+    pip install keras==3.15.1 jax==0.10.2 jaxlib==0.10.2 numpy
+    KERAS_BACKEND=jax python3 scripts/keras_golden.py data/keras/golden.json
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from keras.src.trainers import compile_utils
+
+rng = np.random.default_rng(7)
+
+
+def arr(*shape, lo=-1.0, hi=1.0):
+    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def tolist(x):
+    return np.asarray(x, dtype=np.float64).tolist()
+
+
+out = {"keras": keras.__version__, "jax": jax.__version__}
+
+# Losses: value and gradient with respect to y_pred.
+losses = []
+logits = np.array([[-30.0, 0.5, 2.0], [25.0, -1.5, 0.0], [0.1, 0.2, -0.3], [3.0, -4.0, 1.0]], np.float32)
+probs = np.abs(arr(4, 3)) + 0.05  # rows do not sum to 1: Keras renormalises
+binary_true = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]], np.float32)
+onehot = np.eye(3, dtype=np.float32)[[1, 0, 2, 2]]
+labels = np.array([1, 0, 2, 2], np.int32)
+cases = [
+    ("mse", keras.losses.MeanSquaredError(), arr(4, 3), arr(4, 3), {}),
+    ("bce_logits", keras.losses.BinaryCrossentropy(from_logits=True), binary_true, logits, {}),
+    ("bce_probs", keras.losses.BinaryCrossentropy(), binary_true, np.clip(probs, 0, 1), {}),
+    ("cce_logits", keras.losses.CategoricalCrossentropy(from_logits=True), onehot, logits, {}),
+    ("cce_probs", keras.losses.CategoricalCrossentropy(), onehot, probs, {}),
+    ("scce_logits", keras.losses.SparseCategoricalCrossentropy(from_logits=True), labels, logits, {}),
+    ("scce_probs", keras.losses.SparseCategoricalCrossentropy(), labels, probs, {}),
+]
+for name, fn, y_true, y_pred, _ in cases:
+    value, grad = jax.value_and_grad(lambda p: fn(jnp.asarray(y_true), p))(jnp.asarray(y_pred))
+    losses.append(
+        {"name": name, "y_true": tolist(y_true), "y_pred": tolist(y_pred), "value": float(value), "grad": tolist(grad)}
+    )
+out["losses"] = losses
+
+# Optimizers: 3 steps on one variable from fixed gradients.
+w0 = arr(5)
+grads = [arr(5), arr(5), arr(5)]
+opts = [
+    ("sgd", keras.optimizers.SGD(0.1)),
+    ("sgd_momentum", keras.optimizers.SGD(0.1, momentum=0.9)),
+    ("sgd_nesterov", keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True)),
+    ("adam", keras.optimizers.Adam(0.01)),
+    ("adamw", keras.optimizers.AdamW(0.01)),
+    ("rmsprop", keras.optimizers.RMSprop(0.01)),
+    ("adam_clip", keras.optimizers.Adam(0.01, global_clipnorm=0.5)),
+]
+optimizers = []
+for name, opt in opts:
+    v = keras.Variable(w0)
+    for g in grads:
+        opt.apply_gradients([(jnp.asarray(g), v)])
+    optimizers.append({"name": name, "w": tolist(v.numpy())})
+out["optimizers"] = {"w0": tolist(w0), "grads": [tolist(g) for g in grads], "after_3": optimizers}
+
+# Schedules at steps 0..11.
+steps = list(range(12))
+scheds = [
+    ("piecewise", keras.optimizers.schedules.PiecewiseConstantDecay([3, 6], [1.0, 0.5, 0.1])),
+    ("exponential", keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)),
+    ("exponential_staircase", keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5, staircase=True)),
+    ("cosine_warmup", keras.optimizers.schedules.CosineDecay(0.0, 6, alpha=0.1, warmup_target=1.0, warmup_steps=3)),
+]
+out["schedules"] = [{"name": n, "values": [float(s(i)) for i in steps]} for n, s in scheds]
+
+# Layers with given weights.
+x = arr(2, 3, 4)
+dense = keras.layers.Dense(5)
+dense.build((None, 3, 4))
+dk, db = arr(4, 5), arr(5)
+dense.set_weights([dk, db])
+ln = keras.layers.LayerNormalization(epsilon=1e-3)
+ln.build((None, 3, 4))
+lg, lb = arr(4), arr(4)
+ln.set_weights([lg, lb])
+ein = keras.layers.EinsumDense("abc,cde->abde", output_shape=(3, 2, 6), bias_axes="de")
+ein.build((None, 3, 4))
+ek, eb = arr(4, 2, 6), arr(2, 6)
+ein.set_weights([ek, eb])
+mha = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+q, val = arr(2, 3, 4), arr(2, 5, 6)
+keep = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+mha_out, mha_scores = mha(q, val, attention_mask=np.repeat(keep[:, None, :], 3, axis=1), return_attention_scores=True)
+out["layers"] = {
+    "x": tolist(x),
+    "dense": {"kernel": tolist(dk), "bias": tolist(db), "y": tolist(dense(x))},
+    "layer_norm": {"gamma": tolist(lg), "beta": tolist(lb), "epsilon": 1e-3, "y": tolist(ln(x))},
+    "einsum_dense": {"kernel": tolist(ek), "bias": tolist(eb), "y": tolist(ein(x))},
+    "mha": {
+        "query": tolist(q),
+        "value": tolist(val),
+        "key_mask": tolist(keep.astype(np.float32)),
+        "weights": [tolist(w) for w in mha.get_weights()],
+        "y": tolist(mha_out),
+        "scores": tolist(mha_scores),
+    },
+}
+
+# Truncated initializers: the limit and the standard deviation of a large draw.
+inits = []
+for name, init, shape in [
+    ("glorot_normal", keras.initializers.GlorotNormal(seed=1), (300, 200)),
+    ("he_normal", keras.initializers.HeNormal(seed=1), (300, 200)),
+    ("glorot_normal_3d", keras.initializers.GlorotNormal(seed=1), (8, 30, 20)),
+]:
+    w = np.asarray(init(shape))
+    inits.append({"name": name, "shape": list(shape), "std": float(w.std()), "max_abs": float(np.abs(w).max())})
+out["initializers"] = inits
+
+# validation_split: how many rows Keras trains on.
+from keras.src.trainers.data_adapters.array_slicing import train_validation_split
+
+splits = []
+for n, s in [(10, 0.25), (10, 0.2), (7, 0.3), (33, 0.1), (5, 0.5)]:
+    (tx,), _ = train_validation_split((np.arange(n),), validation_split=s)
+    splits.append({"n": n, "split": s, "train": int(len(tx))})
+out["validation_split"] = splits
+
+# What "accuracy" becomes, by the shapes of y_true and y_pred.
+acc = []
+for yt, yp in [((8,), (8, 3)), ((8, 1), (8, 3)), ((8, 3), (8, 3)), ((8, 1), (8, 1)), ((8, 4), (8, 4))]:
+    m = compile_utils.get_metric("accuracy", np.zeros(yt), np.zeros(yp))
+    acc.append({"y_true": list(yt), "y_pred": list(yp), "metric": type(m).__name__})
+out["accuracy"] = acc
+
+os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
+with open(sys.argv[1], "w") as f:
+    json.dump(out, f)
+    f.write("\n")
