@@ -11,16 +11,7 @@ use weft::nn::models::bert::{BertConfig, bert_encoder};
 use weft::prelude::*;
 
 fn main() -> Result<()> {
-    let cfg = BertConfig {
-        vocab_size: 30522,
-        hidden_size: 384,
-        num_hidden_layers: 6,
-        num_attention_heads: 12,
-        intermediate_size: 1536,
-        max_position_embeddings: 512,
-        type_vocab_size: 2,
-        layer_norm_eps: 1e-12,
-    };
+    let cfg = BertConfig::all_minilm_l6_v2();
     let (b, t) = (8, 32);
     for dev in common::devices() {
         let model = Model::new(bert_encoder("minilm", &cfg, true)?, &dev);

@@ -101,7 +101,9 @@ pub trait Layer: Send + Sync {
 }
 
 /// The variables of `layers`, each path prefixed with its layer's name (what containers return).
-pub(crate) fn sublayer_variables(layers: Vec<&dyn Layer>) -> Vec<(String, Var)> {
+///
+/// A container of one's own implements `variables` with it: `sublayer_variables(self.sublayers())`.
+pub fn sublayer_variables(layers: Vec<&dyn Layer>) -> Vec<(String, Var)> {
     layers.into_iter().flat_map(|l| l.variables().into_iter().map(move |(p, v)| (join(l.name(), &p), v))).collect()
 }
 

@@ -43,7 +43,7 @@ pub use ctx::Ctx;
 pub use functional::{Functional, Sym};
 pub use init::Initializer;
 pub use inputs::Inputs;
-pub use layer::{Layer, LayerInfo, check_paths};
+pub use layer::{Layer, LayerInfo, check_paths, sublayer_variables};
 pub use loss::Loss;
 pub use metric::Metric;
 pub use model::{FitOptions, History, Model};

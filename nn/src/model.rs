@@ -285,20 +285,22 @@ impl Model {
             Some(tp) => tp.data.all_reduce(&loss.detach(), ReduceKind::Sum)?,
             None => loss,
         };
-        let value = whole_loss.to_scalar::<f32>()?;
+        let vars = self.variables();
+        // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
+        // one device it is refused rather than written into every weight (a sharded model's
+        // coordinated optimizer skips such a step on every rank instead). The loss and each
+        // gradient's largest magnitude come back in one read.
+        let checked = if self.tp.is_none() { largest_gradients(&vars, &grads)? } else { Vec::new() };
+        let mut parts = vec![whole_loss.detach().reshape(&[1])?];
+        parts.extend(checked.iter().map(|(_, t)| t.clone()));
+        let figures = Tensor::concat(&parts, 0)?.to_vec::<f32>()?;
+        let value = figures[0];
+        let not_applied = "the step was not applied (weights, optimizer state and counters are unchanged)";
         if !value.is_finite() {
-            return Err(Error::invalid(
-                "fit",
-                format!(
-                    "the loss of this batch is {value}; the step was not applied (weights, optimizer state and counters are unchanged)"
-                ),
-            ));
+            return Err(Error::invalid("fit", format!("the loss of this batch is {value}; {not_applied}")));
         }
-        if self.tp.is_none() {
-            // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0):
-            // refuse it rather than write NaN into every weight. (A sharded model's coordinated
-            // optimizer skips such a step on every rank instead.)
-            check_gradients(&self.variables(), &grads)?;
+        if let Some(((p, _), v)) = checked.iter().zip(&figures[1..]).find(|(_, v)| !v.is_finite()) {
+            return Err(Error::invalid("fit", format!("the gradient of {p} holds {v}; {not_applied}")));
         }
         // Metrics need the whole output; without metrics a split output is never gathered.
         let pred = if counts.is_empty() { pred } else { no_grad(|| self.whole(&pred))? };
@@ -307,7 +309,6 @@ impl Model {
             let (hit, total) = m.count(&pred, &y)?;
             batch_counts.push(self.sum_over_data(hit, total)?);
         }
-        let vars = self.variables();
         self.parts()?.0.apply(&vars, &grads)?;
         for (c, (hit, total)) in counts.iter_mut().zip(batch_counts) {
             c.0 += hit;
@@ -582,20 +583,34 @@ impl Model {
     /// shapes; f16 and bf16 are converted). Every missing name, unexpected name and wrong shape is
     /// listed in one `Err`, and then no variable is changed.
     pub fn load_weights(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        self.ready_to_load()?;
+        self.set_weights(&crate::checkpoint::load(&path)?, path.as_ref())
+    }
+
+    fn ready_to_load(&self) -> Result<()> {
         crate::layer::check_paths(self.net.as_ref())?;
-        let vars = self.variables();
-        if vars.is_empty() {
+        if self.variables().is_empty() {
             return Err(Error::invalid(
                 "load_weights",
                 "the model has no variables yet: call build(input_shape) first",
             ));
         }
-        let file = crate::checkpoint::load(&path)?;
+        Ok(())
+    }
+
+    /// Every variable from `file` (read from `source`), checked whole first; each tensor is made
+    /// before any variable changes.
+    fn set_weights(&self, file: &crate::checkpoint::Loaded, source: &std::path::Path) -> Result<()> {
+        let vars = self.variables();
         let expected: Vec<(String, Vec<usize>)> = vars.iter().map(|(p, v)| (p.clone(), v.dims().to_vec())).collect();
-        crate::checkpoint::check_weights(&file, &expected, path.as_ref())?;
+        crate::checkpoint::check_weights(file, &expected, source)?;
+        let mut made = Vec::with_capacity(vars.len());
         for (p, v) in &vars {
             let (shape, values) = &file[p];
-            v.set(&Tensor::from_slice(values, shape, v.device())?)?;
+            made.push((v, Tensor::from_slice(values, shape, v.device())?));
+        }
+        for (v, t) in made {
+            v.set(&t)?;
         }
         Ok(())
     }
@@ -659,7 +674,9 @@ impl Model {
                 ),
             ));
         }
-        self.load_weights(&path)?;
+        self.ready_to_load()?;
+        // The file was read once, above; its weights go in from memory.
+        self.set_weights(&file, path.as_ref())?;
         if let Some(step) = step {
             self.ctx.step = step;
         }
@@ -719,32 +736,18 @@ impl Model {
     }
 }
 
-/// `Err` naming the first variable whose gradient holds a NaN or an infinity. The largest
-/// magnitude of each gradient is taken on the device (NaN propagates through max), then one
-/// value is read back.
-fn check_gradients(vars: &[(String, Var)], grads: &weft_core::GradStore) -> Result<()> {
-    let worst: Vec<(&String, Tensor)> = no_grad(|| {
+/// Each gradient's largest magnitude, as a `[1]` tensor on the device (NaN propagates through
+/// max, so a NaN or an infinity anywhere in a gradient shows in its figure), by variable path.
+fn largest_gradients<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore) -> Result<Vec<(&'a String, Tensor)>> {
+    no_grad(|| {
         vars.iter()
             .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
             .map(|(p, g)| {
                 let axes: Vec<isize> = (0..g.rank() as isize).collect();
                 Ok((p, g.abs()?.max(&axes, false)?.reshape(&[1])?))
             })
-            .collect::<Result<_>>()
-    })?;
-    if worst.is_empty() {
-        return Ok(());
-    }
-    let all = Tensor::concat(&worst.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>(), 0)?.to_vec::<f32>()?;
-    match worst.iter().zip(&all).find(|(_, v)| !v.is_finite()) {
-        Some(((p, _), v)) => Err(Error::invalid(
-            "fit",
-            format!(
-                "the gradient of {p} holds {v}; the step was not applied (weights, optimizer state and counters are unchanged)"
-            ),
-        )),
-        None => Ok(()),
-    }
+            .collect()
+    })
 }
 
 /// Inputs and targets must hold the same positive number of samples along their first axis.

@@ -1,6 +1,8 @@
 //! save_weights / load_weights: exact round trips, every mismatch reported, f16/bf16 files,
 //! truncated files, and a failed save that leaves the previous checkpoint intact.
 
+mod common;
+
 use weft_core::{Device, Tensor};
 use weft_nn::layers::Dense;
 use weft_nn::optim::Sgd;
@@ -18,30 +20,6 @@ fn trained(seed: u64) -> Model {
     let y = Tensor::rand(-1.0, 1.0, &[16, 2], seed + 1, &Device::Cpu).unwrap();
     m.fit(&x, &y, FitOptions { epochs: 2, batch_size: 4, seed, verbose: false, ..Default::default() }).unwrap();
     m
-}
-
-/// A safetensors file written by hand: 8-byte little-endian header length, JSON header, data.
-fn raw_safetensors(entries: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
-    let mut header = String::from("{");
-    let mut data = Vec::new();
-    for (i, (name, dtype, shape, bytes)) in entries.iter().enumerate() {
-        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-        if i > 0 {
-            header.push(',');
-        }
-        header += &format!(
-            "\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-            dims.join(","),
-            data.len(),
-            data.len() + bytes.len()
-        );
-        data.extend_from_slice(bytes);
-    }
-    header.push('}');
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(&data);
-    out
 }
 
 #[test]
@@ -86,8 +64,10 @@ fn every_mismatch_is_listed_and_nothing_changes() {
 
     // A file without one variable and with an extra one.
     let k = vec![0u8; 3 * 4 * 4];
-    let raw =
-        raw_safetensors(&[("sequential/dense/kernel", "F32", vec![3, 4], k), ("stray", "F32", vec![1], vec![0; 4])]);
+    let raw = common::raw_safetensors(&[
+        ("sequential/dense/kernel", "F32", vec![3, 4], k),
+        ("stray", "F32", vec![1], vec![0; 4]),
+    ]);
     std::fs::write(&path, raw).unwrap();
     let err = model(4).tap_build().load_weights(&path).unwrap_err().to_string();
     assert!(
@@ -114,7 +94,7 @@ fn f16_and_bf16_files_load_as_f32() {
     let f16: Vec<u8> = vals.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
     let bf16: Vec<u8> = vals[..4].iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
     let k2: Vec<u8> = vals[..8].iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
-    let raw = raw_safetensors(&[
+    let raw = common::raw_safetensors(&[
         ("sequential/dense/kernel", "F16", vec![3, 4], f16),
         ("sequential/dense/bias", "BF16", vec![4], bf16),
         ("sequential/dense_1/kernel", "F16", vec![4, 2], k2),

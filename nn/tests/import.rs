@@ -1,31 +1,12 @@
 //! Importing foreign safetensors files: renames, transposes, reshapes, integer tensors, strict
 //! and lenient modes, the report, and an import that fails changing nothing.
 
+mod common;
+
 use weft_core::{Device, Tensor};
 use weft_nn::import::{Importer, Mode, Transform};
 use weft_nn::layers::Dense;
 use weft_nn::{Model, Sequential};
-
-/// A safetensors file as PyTorch would write it: (name, dtype, shape, little-endian bytes).
-fn raw(entries: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
-    let mut header = String::from("{\"__metadata__\":{\"format\":\"pt\"}");
-    let mut data = Vec::new();
-    for (name, dtype, shape, bytes) in entries {
-        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-        header += &format!(
-            ",\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-            dims.join(","),
-            data.len(),
-            data.len() + bytes.len()
-        );
-        data.extend_from_slice(bytes);
-    }
-    header.push('}');
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(&data);
-    out
-}
 
 fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -37,7 +18,7 @@ fn torch_file(dir: &std::path::Path) -> (std::path::PathBuf, Vec<f32>, Vec<f32>)
     let w1: Vec<f32> = (0..12).map(|i| i as f32 * 0.1).collect(); // [4, 3]
     let w2: Vec<f32> = (0..8).map(|i| 1.0 - i as f32 * 0.2).collect(); // [2, 4]
     let ids: Vec<u8> = (0..4i64).flat_map(|i| i.to_le_bytes()).collect();
-    let file = raw(&[
+    let file = common::raw_safetensors(&[
         ("net.fc1.weight", "F32", vec![4, 3], f32s(&w1)),
         ("net.fc1.bias", "F32", vec![4], f32s(&[0.1, 0.2, 0.3, 0.4])),
         ("net.fc2.weight", "F32", vec![2, 4], f32s(&w2)),
@@ -150,7 +131,7 @@ fn reshape_to_fit_splits_heads() {
     // A [out = 2 heads * 3, in = 4] projection into an EinsumDense kernel [4, 2, 3].
     let w: Vec<f32> = (0..24).map(|i| i as f32).collect();
     let path = dir.path().join("q.safetensors");
-    std::fs::write(&path, raw(&[("q.weight", "F32", vec![6, 4], f32s(&w))])).unwrap();
+    std::fs::write(&path, common::raw_safetensors(&[("q.weight", "F32", vec![6, 4], f32s(&w))])).unwrap();
     let m = Model::new(Sequential::new().add(EinsumDense::new("abc,cde->abde", &[0, 2, 3]).named("q")), &Device::Cpu);
     m.build(&[5, 4]).unwrap();
     let imp = Importer::new()

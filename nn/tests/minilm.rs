@@ -77,3 +77,9 @@ fn minilm_matches_the_numpy_reference_on_a_gpu() {
     let (got, want) = embed(&dir, &dev);
     check(&got, &want, "gpu");
 }
+
+#[test]
+fn the_built_in_minilm_sizes_are_its_config_file() {
+    let Some(dir) = common::minilm_dir() else { return };
+    assert_eq!(BertConfig::from_file(dir.join("config.json")).unwrap(), BertConfig::all_minilm_l6_v2());
+}

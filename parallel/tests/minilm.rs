@@ -11,18 +11,8 @@ use weft_nn::tokenizer::WordPiece;
 use weft_nn::{Functional, Inputs, Loss, Model};
 use weft_parallel::{AutoConfig, DeviceMesh, PlanInput, ShardedModel};
 
-/// all-MiniLM-L6-v2's configuration (the model's config.json).
 fn minilm() -> BertConfig {
-    BertConfig {
-        vocab_size: 30522,
-        hidden_size: 384,
-        num_hidden_layers: 6,
-        num_attention_heads: 12,
-        intermediate_size: 1536,
-        max_position_embeddings: 512,
-        type_vocab_size: 2,
-        layer_norm_eps: 1e-12,
-    }
+    BertConfig::all_minilm_l6_v2()
 }
 
 fn specs(batch: usize, t: usize) -> Vec<PlanInput> {

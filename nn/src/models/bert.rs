@@ -35,6 +35,21 @@ pub struct BertConfig {
 }
 
 impl BertConfig {
+    /// all-MiniLM-L6-v2's sizes (what its `config.json` holds), for planning and benchmarks
+    /// without the files.
+    pub fn all_minilm_l6_v2() -> Self {
+        BertConfig {
+            vocab_size: 30522,
+            hidden_size: 384,
+            num_hidden_layers: 6,
+            num_attention_heads: 12,
+            intermediate_size: 1536,
+            max_position_embeddings: 512,
+            type_vocab_size: 2,
+            layer_norm_eps: 1e-12,
+        }
+    }
+
     /// Read `config.json`; an `Err` names a missing field or an activation other than GELU.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();

@@ -1,4 +1,5 @@
-//! Shared by nn test binaries: where the all-MiniLM-L6-v2 files are.
+//! Shared by nn test binaries: where the all-MiniLM-L6-v2 files are, and safetensors files
+//! written by hand.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -24,4 +25,25 @@ pub fn minilm_dir() -> Option<PathBuf> {
 pub fn fixture(name: &str) -> serde_json::Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/minilm").join(name);
     serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("fixture JSON")
+}
+
+/// A safetensors file as PyTorch would write it: (name, dtype, shape, little-endian bytes).
+pub fn raw_safetensors(entries: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
+    let mut header = String::from("{\"__metadata__\":{\"format\":\"pt\"}");
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in entries {
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        header += &format!(
+            ",\"{name}\":{{\"dtype\":\"{dtype}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+            dims.join(","),
+            data.len(),
+            data.len() + bytes.len()
+        );
+        data.extend_from_slice(bytes);
+    }
+    header.push('}');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&data);
+    out
 }

@@ -41,10 +41,7 @@ impl Layer for Fork {
         "Fork"
     }
     fn variables(&self) -> Vec<(String, Var)> {
-        self.sublayers()
-            .into_iter()
-            .flat_map(|l| l.variables().into_iter().map(move |(p, v)| (format!("{}/{p}", l.name()), v)))
-            .collect()
+        weft_nn::sublayer_variables(self.sublayers())
     }
     fn sublayers(&self) -> Vec<&dyn Layer> {
         vec![&self.up, &self.left, &self.drop, &self.right]
