@@ -21,3 +21,21 @@ pub mod prelude {
     pub use weft_core::collectives::{Collectives, ReduceKind};
     pub use weft_core::{DType, Device, Error, GradStore, Result, Tensor, Var, devices, no_grad};
 }
+
+/// The guide's chapters, so that every `rust` block in them runs as a doctest and cannot drift
+/// from the API (`tests/guide.rs` checks the blocks it quotes from source files).
+#[cfg(doctest)]
+mod guide {
+    #[doc = include_str!("../docs/01-tensors-and-layouts.md")]
+    mod tensors_and_layouts {}
+    #[doc = include_str!("../docs/02-dispatching-a-kernel.md")]
+    mod dispatching_a_kernel {}
+    #[doc = include_str!("../docs/03-autograd.md")]
+    mod autograd {}
+    #[doc = include_str!("../docs/04-layers-and-the-fit-loop.md")]
+    mod layers_and_the_fit_loop {}
+    #[doc = include_str!("../docs/05-tensor-parallelism.md")]
+    mod tensor_parallelism {}
+    #[doc = include_str!("../docs/06-bringing-a-pretrained-model.md")]
+    mod bringing_a_pretrained_model {}
+}

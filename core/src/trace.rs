@@ -44,6 +44,36 @@ pub fn scope(name: &str) -> ScopeGuard {
     ScopeGuard(())
 }
 
+/// Keeps a scope set by [`scope_at`] until dropped, then restores the one before it.
+#[must_use = "the scope closes when this guard is dropped"]
+pub struct PathGuard(Option<Vec<String>>);
+
+impl Drop for PathGuard {
+    fn drop(&mut self) {
+        if let Some(prev) = self.0.take() {
+            SCOPE.with(|s| *s.borrow_mut() = prev);
+        }
+    }
+}
+
+/// Set the whole scope path (`outer/.../name`) whatever scope is open, until the guard drops.
+/// nn uses it to give a layer its path in the model even when a container around it opened no
+/// scope of its own.
+///
+/// ```
+/// use weft_core::trace;
+/// let _outer = trace::scope("elsewhere");
+/// {
+///     let _g = trace::scope_at("model/block/dense");
+///     assert_eq!(trace::current_scope(), "model/block/dense");
+/// }
+/// assert_eq!(trace::current_scope(), "elsewhere");
+/// ```
+pub fn scope_at(path: &str) -> PathGuard {
+    let new: Vec<String> = if path.is_empty() { Vec::new() } else { path.split('/').map(str::to_string).collect() };
+    PathGuard(Some(SCOPE.with(|s| std::mem::replace(&mut *s.borrow_mut(), new))))
+}
+
 /// The current scope path, segments joined by `/`.
 pub fn current_scope() -> String {
     SCOPE.with(|s| s.borrow().join("/"))

@@ -14,20 +14,17 @@ pub struct Ctx {
     /// On a data axis: (first row, rows of the whole batch) of this rank's part of the batch, so
     /// that dropout draws the whole batch's mask and keeps its rows.
     pub batch_part: Option<(usize, usize)>,
-    /// Set by a caller that already applied f (identity forward, all-reduce backward) to the input
-    /// it passes on: attention's query, key and value share one input and need one f, not three.
-    pub input_copied: bool,
 }
 
 impl Ctx {
     /// Inference context.
     pub fn inference() -> Self {
-        Ctx { training: false, seed: 0, step: 0, tp: None, batch_part: None, input_copied: false }
+        Ctx { training: false, seed: 0, step: 0, tp: None, batch_part: None }
     }
 
     /// Training context with a seed.
     pub fn training(seed: u64) -> Self {
-        Ctx { training: true, seed, step: 0, tp: None, batch_part: None, input_copied: false }
+        Ctx { training: true, seed, step: 0, tp: None, batch_part: None }
     }
 
     /// A seed for the layer at `path`, different per path and per step, stable across runs.

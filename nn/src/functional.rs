@@ -4,7 +4,7 @@
 use crate::layer::{join, sublayer_variables};
 use crate::{Ctx, Layer};
 use std::collections::HashMap;
-use weft_core::{DType, Error, Result, Tensor, Var, trace};
+use weft_core::{DType, Error, Result, Tensor, Var};
 
 /// A symbolic tensor of a [`Functional`] model being built: an input, or a layer's output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +140,7 @@ impl Layer for Functional {
         self.call_with(std::slice::from_ref(x), &[], ctx)
     }
     fn call_with(&self, inputs: &[Tensor], masks: &[Option<Tensor>], ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let out = self.output.ok_or_else(|| {
             Error::invalid("Functional", format!("{}: call output(..) to finish the graph first", self.name))
         })?;
@@ -157,6 +157,8 @@ impl Layer for Functional {
                 Node::Apply { layer, args } => {
                     let xs: Vec<Tensor> = args.iter().map(|a| values[a.0].0.clone()).collect();
                     let ms: Vec<Option<Tensor>> = args.iter().map(|a| values[a.0].1.clone()).collect();
+                    // In the layer's scope, whether or not it opens one itself.
+                    let _s = crate::scope::enter(layer.as_ref());
                     let y = layer.call_with(&xs, &ms, ctx)?;
                     let m = layer.output_mask(&xs, &ms, &y)?;
                     (y, m)

@@ -1,6 +1,7 @@
 //! The `Layer` trait: what every layer and model implements.
 
 use crate::Ctx;
+use crate::split::SplitRule;
 use weft_core::{Result, Tensor, Var};
 
 /// What a layer is, for summaries and the planner: its name and kind, the shapes of its own
@@ -15,8 +16,10 @@ pub struct LayerInfo {
     pub variables: Vec<(String, Vec<usize>)>,
     /// The sublayers, described the same way.
     pub sublayers: Vec<LayerInfo>,
-    /// Settings the planner needs beyond shapes, e.g. `("equation", "abc,cd->abd")`.
+    /// Settings shown beyond shapes, e.g. `("equation", "abc,cd->abd")`.
     pub attributes: Vec<(String, String)>,
+    /// How the layer may be split over devices: all the planner reads of it.
+    pub split: SplitRule,
 }
 
 impl LayerInfo {
@@ -30,9 +33,11 @@ impl LayerInfo {
 /// A layer: a function of its input and its variables.
 ///
 /// Layers build lazily: variables are created on the first call, from the input's last axis,
-/// on the input's device. Each `call` opens a tracing scope named after the layer, so every op
-/// it runs is recorded under its path (`sequential/dense_1`) and variable paths follow it
-/// (`sequential/dense_1/kernel`).
+/// on the input's device. Each layer runs under its path in the model (`sequential/dense_1`),
+/// given by the tree that [`sublayers`](Layer::sublayers) describes (see [`crate::scope`]): its
+/// ops are recorded under it and its variables' paths follow it (`sequential/dense_1/kernel`).
+/// A container of one's own lists its sublayers and returns their variables with
+/// [`sublayer_variables`]; it opens no scope by hand.
 pub trait Layer: Send + Sync {
     /// The forward pass.
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor>;
@@ -81,6 +86,12 @@ pub trait Layer: Send + Sync {
     fn attributes(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// How the layer may be split over the model axis of a mesh: the only thing the planner
+    /// reads of it. The default keeps a layer with variables whole; a container's sublayers
+    /// declare their own.
+    fn split_rule(&self) -> SplitRule {
+        SplitRule::undeclared(self.kind())
+    }
     /// Kind, own variable shapes and sublayers (variables appear once built).
     fn describe(&self) -> LayerInfo {
         let subs = self.sublayers();
@@ -96,6 +107,7 @@ pub trait Layer: Send + Sync {
             variables: own,
             sublayers: subs.iter().map(|s| s.describe()).collect(),
             attributes: self.attributes(),
+            split: self.split_rule(),
         }
     }
 }

@@ -34,7 +34,9 @@ mod metric;
 mod model;
 pub mod models;
 pub mod optim;
+pub mod scope;
 mod sequential;
+pub mod split;
 pub mod tokenizer;
 pub mod tp;
 
@@ -48,3 +50,4 @@ pub use loss::Loss;
 pub use metric::Metric;
 pub use model::{FitOptions, History, Model};
 pub use sequential::Sequential;
+pub use split::SplitRule;

@@ -232,6 +232,7 @@ impl Model {
 
     /// The network on `x`, its inputs put in the order the network names them.
     fn forward(&self, x: &Inputs, ctx: &mut Ctx) -> Result<Tensor> {
+        let _s = crate::scope::enter(self.net.as_ref());
         self.net.call_with(&x.ordered(&self.net.input_names())?, &[], ctx)
     }
 
@@ -526,7 +527,9 @@ impl Model {
     /// Build every layer's variables by running the model once on zeros of `[1, input_shape..]`.
     pub fn build(&self, input_shape: &[usize]) -> Result<()> {
         let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
-        no_grad(|| self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx()))?;
+        no_grad(|| {
+            crate::scope::call(self.net.as_ref(), &Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx())
+        })?;
         crate::layer::check_paths(self.net.as_ref())
     }
 
@@ -695,7 +698,8 @@ impl Model {
     pub fn summary(&self, input_shape: &[usize]) -> Result<String> {
         let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
         let x = Tensor::zeros(&shape, &self.device)?;
-        let (_, nodes) = no_grad(|| trace::trace(|| self.net.call(&x, &mut self.inference_ctx())))?;
+        let (_, nodes) =
+            no_grad(|| trace::trace(|| crate::scope::call(self.net.as_ref(), &x, &mut self.inference_ctx())))?;
         let mut rows: Vec<(String, String, usize)> = Vec::new();
         fn walk(l: &dyn Layer, prefix: &str, nodes: &[trace::TraceNode], rows: &mut Vec<(String, String, usize)>) {
             let path = join(prefix, l.name());

@@ -3,7 +3,7 @@
 use crate::layer::sublayer_variables;
 use crate::{Ctx, Layer};
 use std::collections::HashMap;
-use weft_core::{Result, Tensor, Var, trace};
+use weft_core::{Result, Tensor, Var};
 
 /// A stack of layers, each fed the previous one's output. Unnamed layers get Keras-style names
 /// (`dense`, `dense_1`, ...), so variable paths are stable: `sequential/dense_1/kernel`.
@@ -74,10 +74,10 @@ fn to_snake(kind: &str) -> String {
 
 impl Layer for Sequential {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let mut h = x.clone();
         for l in &self.layers {
-            h = l.call(&h, ctx)?;
+            h = crate::scope::call(l.as_ref(), &h, ctx)?;
         }
         Ok(h)
     }

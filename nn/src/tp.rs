@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use weft_core::collectives::{Collectives, copy_to_parallel, gather_from_parallel, reduce_from_parallel};
+use weft_core::collectives::{Collectives, gather_from_parallel, reduce_from_parallel};
 use weft_core::{Device, Error, Result, Tensor, Var};
 
 /// Where a variable's values live across the ranks of the model axis.
@@ -197,6 +197,14 @@ pub(crate) fn new_var(
     }
 }
 
+/// The whole size of the split axis of `layer`'s input, whose local size here is `local`: a row
+/// split that takes its input split hands this rank only its part, and a layer of one's own
+/// builds its kernel for the whole (see [`variable`]).
+pub fn input_size(layer: &dyn crate::Layer, ctx: &crate::Ctx, local: usize) -> usize {
+    let _scope = crate::scope::enter(layer);
+    full_input(shard_of(&ctx.tp, &weft_core::trace::current_scope()).map(|s| &s.0.style), local)
+}
+
 /// The full size of an axis whose local size is `local`, under a style that may split it.
 pub(crate) fn full_input(style: Option<&Style>, local: usize) -> usize {
     match style {
@@ -205,65 +213,88 @@ pub(crate) fn full_input(style: Option<&Style>, local: usize) -> usize {
     }
 }
 
-/// A column split applies its activation to its own slice: only elementwise activations may.
-pub(crate) fn check_activation(
-    shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
-    activation: crate::Activation,
-    path: &str,
-) -> Result<()> {
-    if let (Some((LayerShard { style: Style::Column { .. }, .. }, _)), crate::Activation::Softmax) = (shard, activation)
-    {
-        return Err(Error::invalid(
-            "tensor parallel",
-            format!(
-                "{path}: a column split cannot apply softmax to a slice of its outputs; split it by rows or replicate it"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Input side of a split layer: f before a column split (unless the caller `copied` the input
-/// already), the slice before a row split with scatter.
-pub(crate) fn enter(
+/// `layer`'s forward pass as a linear map, under the style the plan gives it: the one place
+/// Megatron's protocol runs, for Dense, EinsumDense, a tied head and any linear layer of one's
+/// own (which declares [`SplitRule::Linear`](crate::SplitRule) and builds its kernel with
+/// [`variable`]).
+///
+/// Before the product: f for a column split (identity forward, all-reduce of the gradient
+/// backward; column layers that take the very same tensor share one), or this rank's part of the
+/// input for a row split that scatters it (along `axes.0`). `product` is the local
+/// `x @ kernel` on whatever part of the kernel this rank holds. After it: g (the all-reduce of
+/// the partial sums) for a row split, then `bias`, the activation, and for a column split that
+/// gathers, the all-gather along `axes.1`. Unsplit, it is `activation(product(x) + bias)`.
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::{layers::Dense, tp, Activation, Ctx};
+/// let x = Tensor::ones(&[2, 3], &Device::Cpu)?;
+/// let w = Tensor::ones(&[3, 4], &Device::Cpu)?;
+/// let layer = Dense::new(4); // any layer: it names the path whose split applies
+/// let y = tp::linear(&layer, &Ctx::inference(), &x, (1, 1), |x| x.matmul(&w), None, Activation::Relu)?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![3.0; 8]);
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub fn linear(
+    layer: &dyn crate::Layer,
+    ctx: &crate::Ctx,
     x: &Tensor,
-    shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
-    axis: usize,
-    copied: bool,
+    axes: (usize, usize),
+    product: impl FnOnce(&Tensor) -> Result<Tensor>,
+    bias: Option<&Tensor>,
+    activation: crate::Activation,
 ) -> Result<Tensor> {
-    match shard {
-        Some((LayerShard { style: Style::Column { .. }, .. }, _)) if copied => Ok(x.clone()),
-        Some((LayerShard { style: Style::Column { .. }, .. }, c)) => Ok(copy_to_parallel(x, c.clone())),
-        Some((LayerShard { style: Style::Row { sizes, scatter: true }, .. }, c)) => {
-            weft_core::collectives::scatter_to_parallel(x, c.clone(), axis, sizes)
+    let _scope = crate::scope::enter(layer);
+    let path = weft_core::trace::current_scope();
+    let shard = shard_of(&ctx.tp, &path);
+    let x = match shard {
+        Some((LayerShard { style: Style::Column { .. }, .. }, c)) => {
+            if activation == crate::Activation::Softmax {
+                return Err(Error::invalid(
+                    "tensor parallel",
+                    format!(
+                        "{path}: a column split cannot apply softmax to a slice of its outputs; split it by rows or replicate it"
+                    ),
+                ));
+            }
+            crate::scope::copy_once(x, c)
         }
-        _ => Ok(x.clone()),
+        Some((LayerShard { style: Style::Row { sizes, scatter: true }, .. }, c)) => {
+            weft_core::collectives::scatter_to_parallel(x, c.clone(), axes.0, sizes)?
+        }
+        _ => x.clone(),
+    };
+    let mut y = product(&x)?;
+    if let Some((LayerShard { style: Style::Row { .. }, .. }, c)) = shard {
+        y = reduce_from_parallel(&y, c.clone())?;
     }
-}
-
-/// The model-axis group, when every one of `paths` is a column split: the layers can share one f.
-pub(crate) fn all_column(tp: &Option<Arc<TpCtx>>, paths: &[String]) -> Option<Arc<dyn Collectives>> {
-    let all =
-        paths.iter().all(|p| matches!(shard_of(tp, p), Some((LayerShard { style: Style::Column { .. }, .. }, _))));
-    if all && !paths.is_empty() { tp.as_ref().map(|t| t.model.clone()) } else { None }
-}
-
-/// Output side before the bias: g after a row split.
-pub(crate) fn reduce_partial(y: &Tensor, shard: Option<(&LayerShard, &Arc<dyn Collectives>)>) -> Result<Tensor> {
-    match shard {
-        Some((LayerShard { style: Style::Row { .. }, .. }, c)) => reduce_from_parallel(y, c.clone()),
-        _ => Ok(y.clone()),
+    if let Some(b) = bias {
+        y = y.add(b)?;
     }
-}
-
-/// Output side after the activation: the all-gather of a column split with `gather`.
-pub(crate) fn leave(y: &Tensor, shard: Option<(&LayerShard, &Arc<dyn Collectives>)>, axis: usize) -> Result<Tensor> {
+    let y = activation.apply(&y)?;
     match shard {
         Some((LayerShard { style: Style::Column { sizes, gather: true }, .. }, c)) => {
-            gather_from_parallel(y, c.clone(), axis, sizes)
+            gather_from_parallel(&y, c.clone(), axes.1, sizes)
         }
-        _ => Ok(y.clone()),
+        _ => Ok(y),
     }
+}
+
+/// A variable `name` of `layer`, of whole shape `shape`, drawn by `init` from `seed`: where the
+/// plan splits it, this rank draws only its part (the values one device would have there). What
+/// a layer of one's own builds its weights with.
+pub fn variable(
+    layer: &dyn crate::Layer,
+    ctx: &crate::Ctx,
+    name: &str,
+    device: &Device,
+    init: crate::Initializer,
+    shape: &[usize],
+    seed: u64,
+) -> Result<Var> {
+    let _scope = crate::scope::enter(layer);
+    let path = weft_core::trace::current_scope();
+    new_var(shard_of(&ctx.tp, &path), &path, name, device, init, shape, seed)
 }
 
 /// Mean cross-entropy of logits split over the vocabulary (`[.., sizes[rank]]` on each rank)

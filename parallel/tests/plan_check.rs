@@ -4,7 +4,7 @@
 
 mod common;
 
-use weft_core::{DType, Device, Tensor, Var, trace};
+use weft_core::{DType, Device, Tensor, Var};
 use weft_nn::layers::{Dense, Dropout, Embedding, MultiHeadAttention, TransformerBlock};
 use weft_nn::optim::Adam;
 use weft_nn::tp::{Placement, Style};
@@ -19,7 +19,7 @@ struct Op {
 
 impl Layer for Op {
     fn call(&self, x: &Tensor, _: &mut Ctx) -> weft_core::Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = weft_nn::scope::enter(self);
         (self.f)(x)
     }
     fn name(&self) -> &str {

@@ -57,7 +57,6 @@ impl Encoder {
 
 impl Layer for Encoder {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> weft_core::Result<Tensor> {
-        let _scope = trace::scope("encoder");
         let h = self.stem.call(x, ctx)?;
         let h = h.add(&self.body.call(&h, ctx)?)?;
         self.head.call(&h, ctx)

@@ -1,8 +1,8 @@
 // binary.wgsl: z = op(a, b) for two operands already broadcast to one shape (broadcast axes have
 // stride 0, so a bias row is read again for every output row without being copied).
 //
-// One invocation computes one output element from its two strided offsets; the host splices in
-// the expression `{{OP}}` of `a` and `b`.
+// Each invocation loops over the elements `linear_id + k * grid_size` and computes each from its
+// two strided offsets; the host splices in the expression `{{OP}}` of `a` and `b`.
 //
 // info: [numel, rank, a_offset, b_offset, shape[8], a_strides[8], b_strides[8]]
 

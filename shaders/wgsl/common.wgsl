@@ -6,9 +6,10 @@
 // row-major output index into a storage offset; that is how transposed, broadcast and narrowed
 // views are read without a copy.
 //
-// One-dimensional kernels run 256 invocations per workgroup. When a dispatch would need more
-// workgroups than the adapter allows along x (one workgroup per row, for many rows), the host
-// spreads them over x and y, and `linear_id` folds the 2-D grid back into one index.
+// One-dimensional kernels run 256 invocations per workgroup, at most 1,024 workgroups, and loop
+// (`grid_size`). Kernels with one workgroup per row or chunk may get more workgroups than the
+// adapter allows along x: the host then spreads them over x and y, and those kernels fold the
+// grid back as `wid.x + wid.y * nwg.x`.
 
 @group(0) @binding(0) var<storage, read> info: array<u32>;
 

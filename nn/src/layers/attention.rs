@@ -8,6 +8,7 @@
 
 use super::{Dropout, EinsumDense};
 use crate::layer::sublayer_variables;
+use crate::split::{HeadSplit, SplitRule};
 use crate::{Ctx, Layer};
 use weft_core::ops::BinaryOp;
 use weft_core::{Error, Result, Tensor, Var, trace};
@@ -128,7 +129,7 @@ impl MultiHeadAttention {
         masks: AttentionMasks<'_>,
         ctx: &mut Ctx,
     ) -> Result<(Tensor, Tensor)> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let path = trace::current_scope();
         let key = key.unwrap_or(value);
         if self.num_heads == 0 || self.key_dim == 0 || self.value_dim == 0 {
@@ -161,7 +162,7 @@ impl MultiHeadAttention {
             ));
         }
         let mask = self.combined_mask(&path, (b, t, s), masks, query)?;
-        let (q, k, v) = self.project(&path, query, key, value, ctx)?;
+        let (q, k, v) = self.project(query, key, value, ctx)?;
         let q = q.mul_scalar(1.0 / (self.key_dim as f32).sqrt())?; // [b, t, h, k]
         let mut scores = Tensor::einsum("aecd,abcd->acbe", &[&k, &q])?; // [b, h, t, s]
         if let Some(keep) = mask {
@@ -180,27 +181,9 @@ impl MultiHeadAttention {
     }
 
     /// The query, key and value projections. Split by heads, projections that take the same
-    /// input share one f (one all-reduce of its gradient backward instead of three).
-    fn project(
-        &self,
-        path: &str,
-        query: &Tensor,
-        key: &Tensor,
-        value: &Tensor,
-        ctx: &mut Ctx,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let parts = ["query", "key", "value"].map(|n| format!("{path}/{n}")).to_vec();
-        let same = query.id() == key.id() && key.id() == value.id();
-        let shared = if same { crate::tp::all_column(&ctx.tp, &parts) } else { None };
-        let x_in = match &shared {
-            Some(comm) => weft_core::collectives::copy_to_parallel(query, comm.clone()),
-            None => query.clone(),
-        };
-        ctx.input_copied = shared.is_some();
-        let (k_in, v_in) = if shared.is_some() { (x_in.clone(), x_in.clone()) } else { (key.clone(), value.clone()) };
-        let qkv = (|| Ok((self.query.call(&x_in, ctx)?, self.key.call(&k_in, ctx)?, self.value.call(&v_in, ctx)?)))();
-        ctx.input_copied = false;
-        qkv
+    /// input share one f (see [`tp::linear`](crate::tp::linear)).
+    fn project(&self, query: &Tensor, key: &Tensor, value: &Tensor, ctx: &mut Ctx) -> Result<(Tensor, Tensor, Tensor)> {
+        Ok((self.query.call(query, ctx)?, self.key.call(key, ctx)?, self.value.call(value, ctx)?))
     }
 
     /// The keep-mask `[b, t, s]` from the causal flag and `masks`, or `None` when nothing is masked.
@@ -300,6 +283,15 @@ impl Layer for MultiHeadAttention {
     }
     fn variables(&self) -> Vec<(String, Var)> {
         sublayer_variables(self.sublayers())
+    }
+    /// By heads: query, key and value by columns, the output projection by rows.
+    fn split_rule(&self) -> SplitRule {
+        SplitRule::Heads(HeadSplit {
+            heads: self.num_heads,
+            projections: vec!["query".into(), "key".into(), "value".into()],
+            output: "attention_output".into(),
+            inner_axis: 1,
+        })
     }
     fn sublayers(&self) -> Vec<&dyn Layer> {
         let mut v: Vec<&dyn Layer> = vec![&self.query, &self.key, &self.value];

@@ -1,6 +1,7 @@
 //! Dense: `activation(x @ kernel + bias)` over the last axis.
 
 use crate::layer::kernel_and_bias;
+use crate::split::{LinearSplit, SplitAxis, SplitRule};
 use crate::{Activation, Ctx, Initializer, Layer, tp};
 use std::sync::OnceLock;
 use weft_core::{Error, Result, Tensor, Var, trace};
@@ -69,7 +70,7 @@ impl Dense {
 
 impl Layer for Dense {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let path = trace::current_scope();
         let shard = tp::shard_of(&ctx.tp, &path);
         let local_in = *x.dims().last().ok_or_else(|| Error::invalid("Dense", format!("{path}: input has no axes")))?;
@@ -89,19 +90,27 @@ impl Layer for Dense {
                 self.vars.get().expect("just set")
             }
         };
-        tp::check_activation(shard, self.activation, &path)?;
-        let x = tp::enter(x, shard, x.rank() - 1, ctx.input_copied)?;
-        if kernel.dims()[0] != *x.dims().last().unwrap_or(&0) {
-            return Err(Error::invalid(
-                "Dense",
-                format!("{path}: input of shape {:?} does not fit kernel of shape {:?}", x.dims(), kernel.dims()),
-            ));
-        }
-        let mut y = tp::reduce_partial(&x.matmul(kernel)?, shard)?;
-        if let Some(b) = bias {
-            y = y.add(b)?;
-        }
-        tp::leave(&self.activation.apply(&y)?, shard, y.rank() - 1)
+        tp::linear(
+            self,
+            ctx,
+            x,
+            (x.rank() - 1, x.rank() - 1),
+            |x| {
+                if kernel.dims()[0] != *x.dims().last().unwrap_or(&0) {
+                    return Err(Error::invalid(
+                        "Dense",
+                        format!(
+                            "{path}: input of shape {:?} does not fit kernel of shape {:?}",
+                            x.dims(),
+                            kernel.dims()
+                        ),
+                    ));
+                }
+                x.matmul(kernel)
+            },
+            bias.as_ref().map(|b| b.as_tensor()),
+            self.activation,
+        )
     }
     fn name(&self) -> &str {
         &self.name
@@ -117,5 +126,16 @@ impl Layer for Dense {
     }
     fn variables(&self) -> Vec<(String, Var)> {
         kernel_and_bias(self.vars.get())
+    }
+    /// Column: the units (unless softmax needs the whole row); row: the inputs.
+    fn split_rule(&self) -> SplitRule {
+        let axis = |kernel| SplitAxis { kernel, last: true };
+        SplitRule::Linear(LinearSplit {
+            kernel: "kernel".into(),
+            bias: self.use_bias.then(|| "bias".into()),
+            column: (self.activation != Activation::Softmax).then(|| axis(1)),
+            column_bias: self.use_bias.then_some(0),
+            row: Some(axis(0)),
+        })
     }
 }

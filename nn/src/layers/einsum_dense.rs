@@ -1,6 +1,7 @@
 //! EinsumDense: a dense layer whose product is any einsum equation, with Keras' semantics.
 
 use crate::layer::kernel_and_bias;
+use crate::split::{LinearSplit, SplitAxis, SplitRule};
 use crate::tp::{self, LayerShard, Placement};
 use crate::{Activation, Ctx, Initializer, Layer};
 use std::sync::Arc;
@@ -182,7 +183,7 @@ impl EinsumDense {
 
 impl Layer for EinsumDense {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let path = trace::current_scope();
         let shard = tp::shard_of(&ctx.tp, &path);
         let (kernel, bias) = match self.vars.get() {
@@ -194,15 +195,18 @@ impl Layer for EinsumDense {
             }
         };
         let (in_axis, out_axis) = self.split_axes(shard)?;
-        tp::check_activation(shard, self.activation, &path)?;
-        let x = tp::enter(x, shard, in_axis.unwrap_or(0), ctx.input_copied)?;
-        let y = Tensor::einsum(&self.equation, &[&x, kernel.as_tensor()])
-            .map_err(|e| Error::invalid("EinsumDense", format!("{path}: {e}")))?;
-        let mut y = tp::reduce_partial(&y, shard)?;
-        if let Some(b) = bias {
-            y = y.add(b)?;
-        }
-        tp::leave(&self.activation.apply(&y)?, shard, out_axis.unwrap_or(0))
+        tp::linear(
+            self,
+            ctx,
+            x,
+            (in_axis.unwrap_or(0), out_axis.unwrap_or(0)),
+            |x| {
+                Tensor::einsum(&self.equation, &[x, kernel.as_tensor()])
+                    .map_err(|e| Error::invalid("EinsumDense", format!("{path}: {e}")))
+            },
+            bias.as_ref().map(|b| b.as_tensor()),
+            self.activation,
+        )
     }
     fn name(&self) -> &str {
         &self.name
@@ -222,5 +226,34 @@ impl Layer for EinsumDense {
     }
     fn variables(&self) -> Vec<(String, Var)> {
         kernel_and_bias(self.vars.get())
+    }
+    /// Column: the first kernel letter the output has and the input does not; row: the first
+    /// the input has and the output does not (a letter in all three cannot be split).
+    fn split_rule(&self) -> SplitRule {
+        let Ok((inp, ker, out)) = self.spec() else {
+            return SplitRule::Whole { why: format!("equation {:?} cannot be read", self.equation) };
+        };
+        let find = |made: &[char], summed: &[char]| {
+            ker.iter().enumerate().find(|(_, c)| made.contains(c) && !summed.contains(c)).map(|(k, c)| {
+                let at = made.iter().position(|x| x == c).unwrap_or(0);
+                (SplitAxis { kernel: k, last: at + 1 == made.len() }, *c, at)
+            })
+        };
+        let column = find(&out, &inp);
+        let bias = !self.bias_axes.is_empty();
+        // The bias spans the output from its first letter on; it follows a column split when it
+        // spans the split letter.
+        let first = out.iter().position(|c| self.bias_axes.contains(*c));
+        let column_bias = match (column, first) {
+            (Some((_, c, at)), Some(first)) if self.bias_axes.contains(c) && at >= first => Some(at - first),
+            _ => None,
+        };
+        SplitRule::Linear(LinearSplit {
+            kernel: "kernel".into(),
+            bias: bias.then(|| "bias".into()),
+            column: column.map(|c| c.0).filter(|_| self.activation != Activation::Softmax),
+            column_bias,
+            row: find(&inp, &out).map(|r| r.0),
+        })
     }
 }

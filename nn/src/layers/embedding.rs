@@ -1,5 +1,6 @@
 //! Embedding: integer ids to rows of a trainable table.
 
+use crate::split::SplitRule;
 use crate::tp::{self, Style};
 use crate::{Ctx, Initializer, Layer};
 use std::sync::{Arc, OnceLock};
@@ -59,7 +60,7 @@ impl Embedding {
 
 impl Layer for Embedding {
     fn call(&self, ids: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let path = trace::current_scope();
         let shard = tp::shard_of(&ctx.tp, &path);
         let table = match self.table.get() {
@@ -102,6 +103,9 @@ impl Layer for Embedding {
     fn kind(&self) -> &'static str {
         "Embedding"
     }
+    fn split_rule(&self) -> SplitRule {
+        SplitRule::Vocab { table: "embeddings".into() }
+    }
     fn variables(&self) -> Vec<(String, Var)> {
         self.table.get().map(|t| vec![("embeddings".to_string(), t.clone())]).unwrap_or_default()
     }
@@ -141,7 +145,7 @@ impl TiedHead {
 
 impl Layer for TiedHead {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let path = trace::current_scope();
         let table = self.table.get().ok_or_else(|| {
             Error::invalid("TiedHead", format!("{path}: its embedding has not run yet; put the head after it"))
@@ -152,10 +156,8 @@ impl Layer for TiedHead {
                 format!("{path}: input of shape {:?} does not fit a table of shape {:?}", x.dims(), table.dims()),
             ));
         }
-        let shard = tp::shard_of(&ctx.tp, &path);
-        let x = tp::enter(x, shard, 0, ctx.input_copied)?;
-        let logits = x.matmul(&table.transpose(0, 1)?)?;
-        tp::leave(&logits, shard, logits.rank() - 1)
+        let last = x.rank() - 1;
+        tp::linear(self, ctx, x, (last, last), |x| x.matmul(&table.transpose(0, 1)?), None, crate::Activation::Linear)
     }
     fn name(&self) -> &str {
         &self.name
@@ -165,6 +167,9 @@ impl Layer for TiedHead {
     }
     fn kind(&self) -> &'static str {
         "TiedHead"
+    }
+    fn split_rule(&self) -> SplitRule {
+        SplitRule::Tied
     }
     fn variables(&self) -> Vec<(String, Var)> {
         Vec::new()

@@ -36,7 +36,7 @@ impl LayerNormalization {
 
 impl Layer for LayerNormalization {
     fn call(&self, x: &Tensor, _ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let n = *x.dims().last().ok_or_else(|| {
             Error::invalid("LayerNormalization", format!("{}: input has no axes", trace::current_scope()))
         })?;
@@ -70,6 +70,9 @@ impl Layer for LayerNormalization {
     }
     fn kind(&self) -> &'static str {
         "LayerNormalization"
+    }
+    fn split_rule(&self) -> crate::SplitRule {
+        crate::SplitRule::Whole { why: "normalizes over the whole width".into() }
     }
     fn variables(&self) -> Vec<(String, Var)> {
         match self.vars.get() {

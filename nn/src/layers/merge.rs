@@ -30,7 +30,7 @@ macro_rules! merge_layer {
                 self.call_with(std::slice::from_ref(x), &[], ctx)
             }
             fn call_with(&self, inputs: &[Tensor], _: &[Option<Tensor>], _: &mut Ctx) -> Result<Tensor> {
-                let _scope = trace::scope(&self.name);
+                let _scope = crate::scope::enter(self);
                 merge(self.kind, $kind, inputs)
             }
             fn output_mask(&self, inputs: &[Tensor], masks: &[Option<Tensor>], _: &Tensor) -> Result<Option<Tensor>> {

@@ -39,7 +39,7 @@ impl Layer for GlobalAveragePooling1D {
         self.call_with(std::slice::from_ref(x), &[None], ctx)
     }
     fn call_with(&self, inputs: &[Tensor], masks: &[Option<Tensor>], _: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let [x] = inputs else {
             return Err(Error::invalid("GlobalAveragePooling1D", format!("takes one input, got {}", inputs.len())));
         };
@@ -117,7 +117,7 @@ impl UnitNormalization {
 
 impl Layer for UnitNormalization {
     fn call(&self, x: &Tensor, _: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         // Clamped before the square root, so a zero vector (an all-masked row) has a finite
         // gradient: sqrt's backward at 0 would be infinite.
         let norm = x.square()?.sum(&[-1], true)?.clamp(1e-24, f32::MAX)?.sqrt()?;

@@ -26,7 +26,7 @@ impl PositionEmbedding {
 
 impl Layer for PositionEmbedding {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let path = trace::current_scope();
         if x.rank() != 3 || x.dims()[1] > self.max_len {
             return Err(Error::invalid(

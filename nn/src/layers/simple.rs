@@ -5,6 +5,9 @@ use weft_core::{Error, Result, Tensor, Var, trace};
 
 macro_rules! stateless {
     ($t:ident, $kind:literal) => {
+        stateless!($t, $kind, crate::SplitRule::undeclared($kind));
+    };
+    ($t:ident, $kind:literal, $rule:expr) => {
         impl $t {
             /// Give the layer a name.
             pub fn named(mut self, name: &str) -> Self {
@@ -14,7 +17,7 @@ macro_rules! stateless {
         }
         impl Layer for $t {
             fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
-                let _scope = trace::scope(&self.name);
+                let _scope = crate::scope::enter(self);
                 self.forward(x, ctx)
             }
             fn name(&self) -> &str {
@@ -28,6 +31,9 @@ macro_rules! stateless {
             }
             fn variables(&self) -> Vec<(String, Var)> {
                 Vec::new()
+            }
+            fn split_rule(&self) -> crate::SplitRule {
+                $rule
             }
         }
     };
@@ -102,7 +108,7 @@ impl Dropout {
         x.mul(&mask)
     }
 }
-stateless!(Dropout, "Dropout");
+stateless!(Dropout, "Dropout", crate::SplitRule::Pointwise);
 
 /// Flattens every axis after the batch axis.
 #[derive(Default)]

@@ -5,7 +5,7 @@
 use super::{AttentionMasks, Dense, Dropout, LayerNormalization, MultiHeadAttention};
 use crate::layer::sublayer_variables;
 use crate::{Activation, Ctx, Layer};
-use weft_core::{Result, Tensor, Var, trace};
+use weft_core::{Result, Tensor, Var};
 
 /// One decoder (with `causal`) or encoder block of width `d_model`. Variable paths:
 /// `ln_1/gamma`, `attention/query/kernel`, ..., `mlp/up/kernel`, `mlp/down/kernel` (`ln_1` is the
@@ -85,7 +85,7 @@ impl TransformerBlock {
 
 impl TransformerBlock {
     fn forward(&self, x: &Tensor, mask: Option<&Tensor>, ctx: &mut Ctx) -> Result<Tensor> {
-        let _scope = trace::scope(&self.name);
+        let _scope = crate::scope::enter(self);
         let width = *x.dims().last().unwrap_or(&0);
         let masks = AttentionMasks { attention: None, query: mask, value: mask };
         let attend = |h: &Tensor, ctx: &mut Ctx| -> Result<Tensor> {

@@ -2,14 +2,19 @@
 //! layer's style, in this order:
 //!
 //! 1. overrides by path pattern (they win over everything below);
-//! 2. attention by heads: query, key and value column-split, the output projection row-split;
-//! 3. embeddings by vocabulary, with any tied output projection on the same shards;
-//! 4. every other Dense or EinsumDense, in call order: column-split, and paired with the
+//! 2. attention by heads: every layer that declares [`SplitRule::Heads`] has its projections
+//!    column-split by whole heads and its output projection row-split;
+//! 3. embeddings by vocabulary ([`SplitRule::Vocab`]), with any tied projection
+//!    ([`SplitRule::Tied`]) on the same shards;
+//! 4. every other linear layer ([`SplitRule::Linear`]), in call order: column-split, and paired with the
 //!    layers its output reaches through shard-preserving ops, when every one of them can be
 //!    row-split (one or several: a fan-out stays split into each); output layers stay split only
 //!    for the vocabulary-parallel loss (see [`AutoConfig::loss`]); unpaired, split the way that
 //!    moves fewer bytes; too small, replicated;
 //! 5. everything else replicated.
+//!
+//! The planner reads only what each layer declares ([`Layer::split_rule`]), never its kind or
+//! its name: a layer of one's own is planned exactly as a built-in one that declares the same.
 
 use super::geometry::{Geometry, geometry};
 use super::graph::{Flow, Graph, LayerNode};
@@ -18,12 +23,13 @@ use super::{LayerPlan, PlanInput, ShardingPlan, VarPlan};
 use crate::DeviceMesh;
 use std::collections::{HashMap, HashSet};
 use weft_core::{DType, Error, Result, TensorId};
+use weft_nn::split::HeadSplit;
 use weft_nn::tp::{Placement, Style, split_sizes};
-use weft_nn::{Layer, Loss};
+use weft_nn::{Layer, Loss, SplitRule};
 
 /// The kind a plan gives a scope that runs inside a layer without being one of its described
 /// sublayers (attention's dropout on the probabilities).
-pub(super) const INNER: &str = "inside MultiHeadAttention";
+pub(super) const INNER: &str = "inside attention by heads";
 
 /// A style an override asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,7 +183,7 @@ impl AutoConfig {
             memory: Vec::new(),
             collectives: Vec::new(),
         };
-        super::cost::estimate(&mut plan, graph);
+        super::cost::estimate(&mut plan, graph, layers);
         plan.check()?;
         Ok(plan)
     }
@@ -197,6 +203,44 @@ impl AutoConfig {
 /// ```
 pub fn autoconfig(net: &dyn Layer, input_shape: &[usize], mesh: &DeviceMesh, cfg: &AutoConfig) -> Result<ShardingPlan> {
     cfg.plan(net, input_shape, mesh.size("model"), mesh.size("data"))
+}
+
+/// A sublayer with its kernel's geometry.
+pub(super) type Part<'a> = (&'a LayerNode, Geometry);
+
+/// The projections to heads and the projection back that `att` declares, with their
+/// geometries; an `Err` naming the declaration's fault when they are missing or cannot split by
+/// whole heads.
+pub(super) fn heads_parts<'a>(
+    layers: &'a [LayerNode],
+    att: &LayerNode,
+    h: &HeadSplit,
+) -> Result<(Vec<Part<'a>>, Part<'a>)> {
+    let bad =
+        |what: String| Error::invalid("autoconfig", format!("{} declares {} heads, but {what}", att.path, h.heads));
+    let part = |name: &str, column: bool| -> Result<Part<'a>> {
+        let path = format!("{}/{name}", att.path);
+        let l = layers.iter().find(|l| l.path == path).ok_or_else(|| bad(format!("it has no sublayer {name:?}")))?;
+        let g = geometry(l).ok_or_else(|| bad(format!("{path} is not a built linear layer")))?;
+        let cut = if column { g.col } else { g.row };
+        match cut {
+            Some(c) if h.heads > 0 && c.size % h.heads == 0 => Ok((l, g)),
+            Some(c) => Err(bad(format!(
+                "{path} has {} entries on its {} axis, not a multiple of the heads",
+                c.size,
+                if column { "column" } else { "row" }
+            ))),
+            None => Err(bad(format!(
+                "{path} cannot be split by {}",
+                if column { "columns (its output axis)" } else { "rows (its input axis)" }
+            ))),
+        }
+    };
+    if h.projections.is_empty() {
+        return Err(bad("names no projection to heads".into()));
+    }
+    let projs = h.projections.iter().map(|p| part(p, true)).collect::<Result<Vec<_>>>()?;
+    Ok((projs, part(&h.output, false)?))
 }
 
 /// `*` matches any run of characters.
@@ -246,16 +290,18 @@ impl<'a> Planner<'a> {
     /// given wins).
     ///
     /// An override that names the layer itself always applies (and is an `Err` later if it cannot
-    /// be made). One inherited from a container applies only where it fits the layer's kind
-    /// (`Row` on a block splits its dense layers, not its embedding).
+    /// be made). One inherited from a container applies only where it fits what the layer
+    /// declares (`Row` on a block splits its linear layers, not its embedding).
     fn forced(&self, path: &str) -> Option<Split> {
         let prefixes: Vec<&str> = path.match_indices('/').map(|(i, _)| &path[..i]).collect();
-        let kind = self.layer(path).map_or("", |l| l.kind.as_str());
-        let fits = |s: Split| match s {
-            Split::Replicate => true,
-            Split::Column => matches!(kind, "Dense" | "EinsumDense" | "MultiHeadAttention"),
-            Split::Row => matches!(kind, "Dense" | "EinsumDense"),
-            Split::Vocab => kind == "Embedding",
+        let rule = self.layer(path).map(|l| &l.split);
+        let fits = |s: Split| match (s, rule) {
+            (Split::Replicate, _) => true,
+            (Split::Column, Some(SplitRule::Heads(_))) => true,
+            (Split::Column, Some(SplitRule::Linear(l))) => l.column.is_some(),
+            (Split::Row, Some(SplitRule::Linear(l))) => l.row.is_some(),
+            (Split::Vocab, Some(SplitRule::Vocab { .. })) => true,
+            _ => false,
         };
         self.cfg
             .overrides
@@ -282,24 +328,18 @@ impl<'a> Planner<'a> {
         Error::invalid("autoconfig", format!("{path}: cannot {what} over {} devices", self.n))
     }
 
-    fn column(&self, l: &LayerNode, g: &Geometry, sizes: &[usize], gather: bool) -> Decision {
-        let (k, ..) = g.col.expect("column geometry");
-        let mut p = HashMap::new();
-        if let Some((path, ..)) = l.var("kernel") {
-            p.insert(path.clone(), Placement::Shard { axis: k, sizes: sizes.to_vec() });
-        }
-        if let (Some((path, ..)), Some(b)) = (l.var("bias"), g.col_bias) {
+    fn column(&self, g: &Geometry, sizes: &[usize], gather: bool) -> Decision {
+        let k = g.col.expect("column geometry").kernel;
+        let mut p = HashMap::from([(g.kernel.clone(), Placement::Shard { axis: k, sizes: sizes.to_vec() })]);
+        if let (Some(path), Some(b)) = (&g.bias, g.col_bias) {
             p.insert(path.clone(), Placement::Shard { axis: b, sizes: sizes.to_vec() });
         }
         (Style::Column { sizes: sizes.to_vec(), gather }, p, String::new())
     }
 
-    fn row(&self, l: &LayerNode, g: &Geometry, sizes: &[usize], scatter: bool) -> Decision {
-        let (k, ..) = g.row.expect("row geometry");
-        let mut p = HashMap::new();
-        if let Some((path, ..)) = l.var("kernel") {
-            p.insert(path.clone(), Placement::Shard { axis: k, sizes: sizes.to_vec() });
-        }
+    fn row(&self, g: &Geometry, sizes: &[usize], scatter: bool) -> Decision {
+        let k = g.row.expect("row geometry").kernel;
+        let p = HashMap::from([(g.kernel.clone(), Placement::Shard { axis: k, sizes: sizes.to_vec() })]);
         (Style::Row { sizes: sizes.to_vec(), scatter }, p, String::new())
     }
 
@@ -312,6 +352,12 @@ impl<'a> Planner<'a> {
         self.decided.insert(path.to_string(), (Style::Replicated, HashMap::new(), reason));
     }
 
+    /// The layer at `scope` when it declares [`SplitRule::Pointwise`] (dropout): it runs split
+    /// on a split tensor.
+    fn pointwise(&self, scope: &str) -> Option<String> {
+        self.layers.iter().find(|d| d.path == scope && d.split == SplitRule::Pointwise).map(|d| d.path.clone())
+    }
+
     fn children(&self, path: &str) -> impl Iterator<Item = &'a LayerNode> + 'a {
         let prefix = format!("{path}/");
         let layers: &'a [LayerNode] = self.layers;
@@ -320,41 +366,40 @@ impl<'a> Planner<'a> {
 
     fn attention(&mut self) -> Result<()> {
         let layers: &'a [LayerNode] = self.layers;
-        let mhas: Vec<&LayerNode> = layers.iter().filter(|l| l.kind == "MultiHeadAttention").collect();
-        for mha in mhas {
-            let part = |name: &str| self.layer(&format!("{}/{name}", mha.path));
-            let (Some(q), Some(k), Some(v), Some(o)) =
-                (part("query"), part("key"), part("value"), part("attention_output"))
-            else {
-                continue;
-            };
-            let forced = self.forced(&mha.path);
-            let each: Vec<Option<Split>> = [q, k, v, o].iter().map(|l| self.forced(&l.path)).collect();
+        for att in layers {
+            let SplitRule::Heads(h) = &att.split else { continue };
+            let (projs, o) = heads_parts(layers, att, h)?;
+            let forced = self.forced(&att.path);
+            let each: Vec<Option<Split>> = projs.iter().chain([&o]).map(|(l, _)| self.forced(&l.path)).collect();
             if each.iter().any(|f| *f != each[0]) {
                 return Err(Error::invalid(
                     "autoconfig",
                     format!(
-                        "{}: its query, key, value and output projections split together; override {} itself",
-                        mha.path, mha.path
+                        "{}: its projections ({}, {}) split together; override {} itself",
+                        att.path,
+                        h.projections.join(", "),
+                        h.output,
+                        att.path
                     ),
                 ));
             }
             if matches!(forced, Some(Split::Row | Split::Vocab)) {
-                return Err(self.bad_split(&mha.path, "split attention except by heads (Split::Column)"));
+                return Err(self.bad_split(&att.path, "split attention except by heads (Split::Column)"));
             }
-            let params: usize = [q, k, v, o].iter().map(|l| l.params()).sum();
-            let heads = q.var("kernel").map_or(0, |k| k.1.get(1).copied().unwrap_or(0));
+            let params: usize = projs.iter().chain([&o]).map(|(l, _)| l.params()).sum();
+            let heads = h.heads;
+            let all: Vec<&LayerNode> = projs.iter().chain([&o]).map(|(l, _)| *l).collect();
             if forced == Some(Split::Replicate) {
-                for l in [q, k, v, o] {
-                    self.replicate(&l.path, format!("override on {}: replicated", mha.path));
+                for l in &all {
+                    self.replicate(&l.path, format!("override on {}: replicated", att.path));
                 }
                 continue;
             }
             if heads < self.n {
                 if forced.is_some() {
-                    return Err(self.bad_split(&mha.path, &format!("split {heads} heads by whole heads")));
+                    return Err(self.bad_split(&att.path, &format!("split {heads} heads by whole heads")));
                 }
-                for l in [q, k, v, o] {
+                for l in &all {
                     self.replicate(
                         &l.path,
                         format!("{heads} heads cannot be split over {} devices by whole heads", self.n),
@@ -363,7 +408,7 @@ impl<'a> Planner<'a> {
                 continue;
             }
             if params < self.cfg.min_params && forced.is_none() {
-                for l in [q, k, v, o] {
+                for l in &all {
                     self.replicate(
                         &l.path,
                         format!(
@@ -375,33 +420,34 @@ impl<'a> Planner<'a> {
                 continue;
             }
             let sizes = split_sizes(heads, self.n);
+            let times = |unit: usize| sizes.iter().map(|s| s * unit).collect::<Vec<usize>>();
             let by = format!("attention by heads ({heads} heads -> {sizes:?})");
-            for l in [q, k, v] {
-                let g = Geometry { col: Some((1, 2, heads, false)), row: None, col_bias: l.var("bias").map(|_| 0) };
-                let d = self.column(l, &g, &sizes, false);
+            for (l, g) in &projs {
+                let d = self.column(g, &times(g.col.expect("checked").size / heads), false);
                 self.set(&l.path, d, format!("{by}: column, each device computes its heads"));
             }
-            let g = Geometry { col: None, row: Some((0, 2, heads, false)), col_bias: None };
-            let d = self.row(o, &g, &sizes, false);
-            self.set(&o.path, d, format!("{by}: row, one all-reduce of the heads' sum"));
-            // Dropout inside attention acts on [batch, heads, t, s]: split along the heads.
+            let d = self.row(&o.1, &times(o.1.row.expect("checked").size / heads), false);
+            self.set(&o.0.path, d, format!("{by}: row, one all-reduce of the heads' sum"));
+            // What runs inside it on the split heads (dropout on the probabilities): split along
+            // the heads axis it declares.
             let drops: Vec<String> = self
-                .children(&mha.path)
-                .filter(|l| l.vars.is_empty() && l.kind == "Dropout")
+                .children(&att.path)
+                .filter(|l| l.vars.is_empty() && l.split == SplitRule::Pointwise)
                 .map(|l| l.path.clone())
                 .collect();
             let scopes: HashSet<String> =
-                self.graph.region(&mha.path).iter().map(|&i| self.graph.nodes[i].scope.clone()).collect();
+                self.graph.region(&att.path).iter().map(|&i| self.graph.nodes[i].scope.clone()).collect();
             let mut extra: Vec<String> = scopes
                 .into_iter()
-                .filter(|s| *s != mha.path && ![q, k, v, o].iter().any(|l| s.starts_with(&l.path)))
+                .filter(|s| *s != att.path && !all.iter().any(|l| super::graph::inside(s, &l.path)))
+                .filter(|s| self.layer(s).is_none_or(|l| l.vars.is_empty() && !l.container))
                 .collect();
             extra.extend(drops);
             for s in extra {
                 self.decided.insert(
                     s,
                     (
-                        Style::Split { axis: 1, sizes: sizes.clone() },
+                        Style::Split { axis: h.inner_axis, sizes: sizes.clone() },
                         HashMap::new(),
                         format!("{by}: on the split heads"),
                     ),
@@ -413,13 +459,13 @@ impl<'a> Planner<'a> {
 
     fn embeddings(&mut self) -> Result<()> {
         let layers: &'a [LayerNode] = self.layers;
-        let embs: Vec<&LayerNode> = layers.iter().filter(|l| l.kind == "Embedding").collect();
-        for e in embs {
-            let Some((table_path, shape, Some(table_id))) = e.var("embeddings").cloned() else { continue };
+        for e in layers {
+            let SplitRule::Vocab { table } = &e.split else { continue };
+            let Some((table_path, shape, Some(table_id))) = e.var(table).cloned() else { continue };
             let heads: Vec<&LayerNode> = layers
                 .iter()
                 .filter(|l| {
-                    l.kind == "TiedHead"
+                    l.split == SplitRule::Tied
                         && self.graph.region(&l.path).iter().any(|&i| self.graph.nodes[i].inputs.contains(&table_id))
                 })
                 .collect();
@@ -481,19 +527,18 @@ impl<'a> Planner<'a> {
 
     fn dense(&mut self) -> Result<()> {
         let layers: &'a [LayerNode] = self.layers;
-        let mut order: Vec<&LayerNode> =
-            layers.iter().filter(|l| matches!(l.kind.as_str(), "Dense" | "EinsumDense")).collect();
+        let mut order: Vec<&LayerNode> = layers.iter().filter(|l| l.split.linear().is_some()).collect();
         order.sort_by_key(|l| self.graph.region(&l.path).first().copied().unwrap_or(usize::MAX));
         for l in order {
             if self.decided.contains_key(&l.path) {
                 continue;
             }
             let forced = self.forced(&l.path);
-            let Some(g) = geometry(l) else {
+            let Some(g) = geometry(l).filter(|g| g.col.is_some() || g.row.is_some()) else {
                 if forced.is_some_and(|f| f != Split::Replicate) {
-                    return Err(self.bad_split(&l.path, "find an axis to split in its equation"));
+                    return Err(self.bad_split(&l.path, "find a kernel axis to split"));
                 }
-                self.replicate(&l.path, "no axis to split".into());
+                self.replicate(&l.path, "no kernel axis to split".into());
                 continue;
             };
             match forced {
@@ -503,10 +548,10 @@ impl<'a> Planner<'a> {
                 }
                 Some(Split::Vocab) => return Err(self.bad_split(&l.path, "split a dense layer by vocabulary")),
                 Some(Split::Row) => {
-                    let Some((_, _, size, _)) = g.row.filter(|r| r.2 >= self.n) else {
+                    let Some(size) = g.row.map(|r| r.size).filter(|&s| s >= self.n) else {
                         return Err(self.bad_split(&l.path, "split the kernel's input axis"));
                     };
-                    let d = self.row(l, &g, &split_sizes(size, self.n), true);
+                    let d = self.row(&g, &split_sizes(size, self.n), true);
                     self.set(
                         &l.path,
                         d,
@@ -514,7 +559,7 @@ impl<'a> Planner<'a> {
                     );
                     continue;
                 }
-                Some(Split::Column) if g.col.is_none_or(|c| c.2 < self.n) => {
+                Some(Split::Column) if g.col.is_none_or(|c| c.size < self.n) => {
                     return Err(self.bad_split(&l.path, "split the kernel's output axis"));
                 }
                 _ => {}
@@ -524,21 +569,21 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
-    /// A row-split candidate that takes `t` as its input in `scope`: a Dense or EinsumDense
-    /// whose input splits on its last axis into `size` entries.
+    /// A row-split candidate that takes `t` as its input in `scope`: a linear layer whose input
+    /// splits on its last axis into `size` entries.
     fn accepts(&self, scope: &str, t: TensorId, size: usize) -> Option<String> {
         let m = self
             .layers
             .iter()
-            .filter(|m| matches!(m.kind.as_str(), "Dense" | "EinsumDense"))
+            .filter(|m| m.split.linear().is_some())
             .find(|m| scope == m.path || scope.starts_with(&format!("{}/", m.path)))?;
         if self.decided.contains_key(&m.path) || matches!(self.forced(&m.path), Some(Split::Replicate | Split::Column))
         {
             return None;
         }
         let g = geometry(m)?;
-        let (_, _, rsize, last) = g.row?;
-        (last && rsize == size && self.graph.layer_input(&m.path) == Some(t)).then(|| m.path.clone())
+        let r = g.row?;
+        (r.last && r.size == size && self.graph.layer_input(&m.path) == Some(t)).then(|| m.path.clone())
     }
 
     fn auto_dense(&mut self, l: &LayerNode, g: &Geometry, forced_col: bool) -> Result<()> {
@@ -548,10 +593,8 @@ impl<'a> Planner<'a> {
         let out = self.graph.layer_output(&l.path);
         let input = self.graph.layer_input(&l.path);
         // Try the pairing: a column split whose output reaches one row-splittable layer.
-        if let (Some((_, _, size, true)), Some(out)) = (g.col.filter(|c| c.2 >= n), out) {
-            let is_dropout = |scope: &str| {
-                self.layers.iter().find(|d| d.kind == "Dropout" && d.path == scope).map(|d| d.path.clone())
-            };
+        if let (Some(super::geometry::Cut { size, last: true, .. }), Some(out)) = (g.col.filter(|c| c.size >= n), out) {
+            let is_dropout = |scope: &str| self.pointwise(scope);
             let (flow, _, drops) = self.graph.follow(out, |scope, t| self.accepts(scope, t, size), is_dropout);
             let sizes = split_sizes(size, n);
             // Only a vocabulary-parallel loss takes the model's output split.
@@ -569,7 +612,7 @@ impl<'a> Planner<'a> {
                     }
                 }
                 Flow::Output if params >= min || forced_col => {
-                    let d = self.column(l, g, &sizes, false);
+                    let d = self.column(g, &sizes, false);
                     self.output = Some(sizes.clone());
                     self.set(
                         &l.path,
@@ -619,11 +662,11 @@ impl<'a> Planner<'a> {
             [_] => "one all-reduce forward and one backward, no all-gather".to_string(),
             _ => format!("each of the {} takes it split (one all-reduce forward each), no all-gather", rows.len()),
         };
-        let d = self.column(l, g, sizes, false);
+        let d = self.column(g, sizes, false);
         self.set(&l.path, d, format!("column {size} -> {sizes:?}, paired with {names}: {why}"));
         for m in rows {
             let gm = geometry(m).expect("row geometry");
-            let d = self.row(m, &gm, sizes, false);
+            let d = self.row(&gm, sizes, false);
             self.set(&m.path, d, format!("row, paired with {}: takes its split output as is", l.path));
         }
         for d in drops {
@@ -664,12 +707,12 @@ impl<'a> Planner<'a> {
         // the input's gradient only moves when the input has one.
         let col_cost = out_bytes + 2 * in_bytes;
         let row_cost = 2 * out_bytes + in_bytes;
-        let col_ok = g.col.is_some_and(|c| c.2 >= n);
-        let row_ok = g.row.is_some_and(|r| r.2 >= n && r.3);
+        let col_ok = g.col.is_some_and(|c| c.size >= n);
+        let row_ok = g.row.is_some_and(|r| r.size >= n && r.last);
         let mb = |b: u64| b as f64 / (1 << 20) as f64;
         if col_ok && (forced_col || !row_ok || col_cost <= row_cost) {
-            let size = g.col.expect("col").2;
-            let d = self.column(l, g, &split_sizes(size, n), true);
+            let size = g.col.expect("col").size;
+            let d = self.column(g, &split_sizes(size, n), true);
             self.set(
                 &l.path,
                 d,
@@ -680,8 +723,8 @@ impl<'a> Planner<'a> {
                 ),
             );
         } else if row_ok {
-            let size = g.row.expect("row").2;
-            let d = self.row(l, g, &split_sizes(size, n), true);
+            let size = g.row.expect("row").size;
+            let d = self.row(g, &split_sizes(size, n), true);
             self.set(
                 &l.path,
                 d,
@@ -704,10 +747,10 @@ impl<'a> Planner<'a> {
             .filter(|l| !l.container && !l.vars.is_empty() && !self.decided.contains_key(&l.path))
             .collect();
         for l in left {
-            let why = match l.kind.as_str() {
+            let why = match &l.split {
                 _ if self.n == 1 => "one rank on the model axis: nothing to split".to_string(),
-                "LayerNormalization" => "normalizes over the whole width: replicated".to_string(),
-                k => format!("{k} has no split rule: replicated ({} parameters)", l.params()),
+                SplitRule::Whole { why } => format!("{why}: replicated ({} parameters)", l.params()),
+                _ => format!("no split applies: replicated ({} parameters)", l.params()),
             };
             self.replicate(&l.path, why);
         }

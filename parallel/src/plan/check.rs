@@ -3,15 +3,15 @@
 //! split is followed through its ops, so a plan that would train a different function (a column
 //! split whose output reaches its row partner through a transpose, say) is refused, not run.
 
-use super::autoconfig::INNER;
+use super::autoconfig::{INNER, heads_parts};
 use super::geometry::geometry;
 use super::graph::{Flow, LayerNode, inside};
 use super::traced::Traced;
 use super::{LayerPlan, ShardingPlan};
 use std::collections::HashSet;
 use weft_core::{Error, Result};
-use weft_nn::Layer;
-use weft_nn::tp::{Placement, Style};
+use weft_nn::tp::{Placement, Style, split_sizes};
+use weft_nn::{Layer, SplitRule};
 
 fn bad(what: String) -> Error {
     Error::invalid("ShardingPlan", what)
@@ -62,10 +62,12 @@ impl<'a> Checker<'a> {
             self.fits(l)?;
         }
         let t = self.t;
-        for mha in t.layers.iter().filter(|l| l.kind == "MultiHeadAttention") {
-            self.attention(mha)?;
+        for att in &t.layers {
+            if let SplitRule::Heads(h) = &att.split {
+                self.attention(att, h)?;
+            }
         }
-        for head in t.layers.iter().filter(|l| l.kind == "TiedHead") {
+        for head in t.layers.iter().filter(|l| l.split == SplitRule::Tied) {
             self.tied(head)?;
         }
         for l in &self.plan.layers {
@@ -130,14 +132,14 @@ impl<'a> Checker<'a> {
             },
             None => None,
         };
-        match (&l.style, node.kind.as_str()) {
+        match (&l.style, &node.split) {
             (Style::Replicated, _) => Ok(()),
-            (Style::Column { .. }, "TiedHead") => Ok(()),
-            (Style::Column { .. } | Style::Row { .. }, "Dense" | "EinsumDense") => {
+            (Style::Column { .. }, SplitRule::Tied) => Ok(()),
+            (Style::Column { .. } | Style::Row { .. }, SplitRule::Linear(_)) => {
                 let Some(g) = geometry(node) else { return cannot("no kernel axis to split") };
                 let (kernel, bias) = match &l.style {
                     Style::Column { .. } => match g.col {
-                        Some(c) => (c.0, g.col_bias),
+                        Some(c) => (c.kernel, g.col_bias),
                         None => {
                             return cannot(
                                 "a column split needs an output axis the kernel alone makes, an elementwise activation and a bias along it",
@@ -145,11 +147,15 @@ impl<'a> Checker<'a> {
                         }
                     },
                     _ => match g.row {
-                        Some(r) => (r.0, None),
+                        Some(r) => (r.kernel, None),
                         None => return cannot("a row split needs an input axis the kernel sums over"),
                     },
                 };
-                if axis_of("kernel") != Some(kernel) || (node.var("bias").is_some() && axis_of("bias") != bias) {
+                let axis_at = |path: &str| match l.variables.iter().find(|v| v.path == path).map(|v| &v.placement) {
+                    Some(Placement::Shard { axis, .. }) => Some(*axis),
+                    _ => None,
+                };
+                if axis_at(&g.kernel) != Some(kernel) || g.bias.as_deref().is_some_and(|b| axis_at(b) != bias) {
                     return cannot(&format!(
                         "its kernel must be split on axis {kernel} and its bias {}",
                         bias.map_or("replicated".to_string(), |b| format!("on axis {b}"))
@@ -157,56 +163,67 @@ impl<'a> Checker<'a> {
                 }
                 Ok(())
             }
-            (Style::Vocab { .. }, "Embedding") if axis_of("embeddings") == Some(0) => Ok(()),
-            (Style::Vocab { .. }, "Embedding") => cannot("its table must be split on axis 0"),
+            (Style::Vocab { .. }, SplitRule::Vocab { table }) if axis_of(table) == Some(0) => Ok(()),
+            (Style::Vocab { .. }, SplitRule::Vocab { .. }) => cannot("its table must be split on axis 0"),
             (Style::Split { .. }, _) if node.vars.is_empty() => Ok(()),
-            _ => cannot("the style does not fit the kind"),
+            _ => cannot("the style does not fit how the layer declares it splits"),
         }
     }
 
-    /// Attention split by heads is split as a whole; its dropout is split on the heads axis.
-    fn attention(&mut self, mha: &LayerNode) -> Result<()> {
-        let names = ["query", "key", "value", "attention_output"];
-        let paths = names.map(|n| format!("{}/{n}", mha.path));
-        if paths.iter().any(|p| self.t.layer(p).is_none()) {
-            return Ok(());
-        }
-        let styles = paths.clone().map(|p| self.style(&p));
-        let by_heads = styles[..3].iter().any(|s| matches!(s, Style::Column { gather: false, .. }))
-            || matches!(styles[3], Style::Row { scatter: false, .. });
+    /// Attention split by heads is split as a whole: every projection to heads by columns and
+    /// the projection back by rows, all by the same whole heads; what runs inside on the split
+    /// heads (its dropout) is split along the heads axis it declares.
+    fn attention(&mut self, att: &LayerNode, h: &weft_nn::split::HeadSplit) -> Result<()> {
+        let (projs, o) = heads_parts(&self.t.layers, att, h)?;
+        let paths: Vec<String> = projs.iter().chain([&o]).map(|(l, _)| l.path.clone()).collect();
+        let styles: Vec<Style> = paths.iter().map(|p| self.style(p)).collect();
+        let last = styles.len() - 1;
+        let by_heads = styles[..last].iter().any(|s| matches!(s, Style::Column { gather: false, .. }))
+            || matches!(styles[last], Style::Row { scatter: false, .. });
         if !by_heads {
             return Ok(());
         }
-        let sizes = match &styles[0] {
-            Style::Column { sizes, .. } => sizes.clone(),
-            _ => Vec::new(),
+        // Per-device heads, from the first projection's split and its entries per head.
+        let unit = |g: &super::geometry::Geometry, column: bool| {
+            (if column { g.col } else { g.row }).map_or(1, |c| c.size / h.heads.max(1))
         };
-        let column = Style::Column { sizes: sizes.clone(), gather: false };
-        let row = Style::Row { sizes: sizes.clone(), scatter: false };
+        let heads: Vec<usize> = match &styles[0] {
+            Style::Column { sizes, .. } => sizes.iter().map(|s| s / unit(&projs[0].1, true)).collect(),
+            _ => split_sizes(h.heads, self.plan.model_axis),
+        };
+        let times = |u: usize| heads.iter().map(|s| s * u).collect::<Vec<usize>>();
         for (i, s) in styles.iter().enumerate() {
-            if *s != if i < 3 { column.clone() } else { row.clone() } {
+            let want = if i < last {
+                Style::Column { sizes: times(unit(&projs[i].1, true)), gather: false }
+            } else {
+                Style::Row { sizes: times(unit(&o.1, false)), scatter: false }
+            };
+            if *s != want {
                 return Err(bad(format!(
-                    "{}: attention split by heads splits query, key and value by columns and attention_output by \
-                     rows, all with the same sizes; the plan has {} as {s:?}",
-                    mha.path, paths[i]
+                    "{}: attention split by heads splits {} by columns and {} by rows, all by the same whole heads \
+                     {heads:?}; the plan has {} as {s:?}, where {want:?} fits",
+                    att.path,
+                    h.projections.join(", "),
+                    h.output,
+                    paths[i]
                 )));
             }
         }
-        // What runs inside it on the split heads (the dropout on the probabilities).
         let g = &self.t.graph;
         let inner: HashSet<&str> = g
-            .region(&mha.path)
+            .region(&att.path)
             .into_iter()
             .map(|i| g.nodes[i].scope.as_str())
-            .filter(|s| *s != mha.path && !paths.iter().any(|p| inside(s, p)))
+            .filter(|s| *s != att.path && !paths.iter().any(|p| inside(s, p)))
+            .filter(|s| self.t.layer(s).is_none_or(|l| l.vars.is_empty() && !l.container))
             .collect();
-        let split = Style::Split { axis: 1, sizes };
+        let split = Style::Split { axis: h.inner_axis, sizes: heads.clone() };
         for s in inner {
             if self.style(s) != split {
                 return Err(bad(format!(
                     "{s} runs on the split heads of {}, so it must be split like them ({split:?}); otherwise its \
                      dropout mask differs from the one a single device draws",
-                    mha.path
+                    att.path
                 )));
             }
             self.done.insert(s.to_string());
@@ -251,7 +268,7 @@ impl<'a> Checker<'a> {
     /// keep the split.
     fn column(&mut self, l: &LayerPlan, sizes: &[usize]) -> Result<()> {
         let node = self.t.layer(&l.path).expect("checked by fits");
-        if node.kind != "TiedHead" && geometry(node).and_then(|g| g.col).is_none_or(|c| !c.3) {
+        if node.split != SplitRule::Tied && geometry(node).and_then(|g| g.col).is_none_or(|c| !c.last) {
             return Err(bad(format!(
                 "{} leaves its output split on an axis that is not the last: only attention by heads does that; \
                  gather it (column+gather)",
@@ -260,8 +277,9 @@ impl<'a> Checker<'a> {
         }
         let g = &self.t.graph;
         let Some(out) = g.layer_output(&l.path) else { return Ok(()) };
-        let dropout =
-            |scope: &str| self.t.layers.iter().find(|d| d.kind == "Dropout" && d.path == scope).map(|d| d.path.clone());
+        let dropout = |scope: &str| {
+            self.t.layers.iter().find(|d| d.split == SplitRule::Pointwise && d.path == scope).map(|d| d.path.clone())
+        };
         let (flow, _, drops) = g.follow(out, |scope, t| self.row_taking(scope, t), dropout);
         match flow {
             Flow::Into(rows) => {
@@ -276,7 +294,7 @@ impl<'a> Checker<'a> {
                             l.path
                         )));
                     }
-                    if geometry(node).and_then(|g| g.row).is_none_or(|r| !r.3) {
+                    if geometry(node).and_then(|g| g.row).is_none_or(|r| !r.last) {
                         return Err(bad(format!(
                             "{m} takes {}'s split output, but its kernel does not sum over its input's last axis",
                             l.path

@@ -1,9 +1,10 @@
 //! The plan's figures: bytes per device (weights, gradients, optimizer state, activations) and
 //! the collectives of one training step.
 
-use super::graph::Graph;
+use super::graph::{Graph, LayerNode};
 use super::{CollectiveCost, DeviceMemory, ShardingPlan};
 use std::collections::HashMap;
+use weft_nn::SplitRule;
 use weft_nn::tp::{Placement, Style};
 
 fn numel(s: &[usize]) -> u64 {
@@ -15,21 +16,26 @@ fn is_view(kind: &str) -> bool {
     matches!(kind, "reshape" | "permute" | "broadcast" | "narrow")
 }
 
-pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph) {
+pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, layers: &[LayerNode]) {
     let (n, data) = (plan.model_axis, plan.data_axis);
     // Scopes whose activations are split, with their sizes: column layers (before any gather),
-    // split dropouts, and the attention around split query/key/value.
+    // split dropouts, and attention whose projections are split by heads.
     let mut split_scopes: HashMap<String, Vec<usize>> = HashMap::new();
     for l in &plan.layers {
         match &l.style {
             Style::Column { sizes, gather: false } | Style::Split { sizes, .. } => {
                 split_scopes.insert(l.path.clone(), sizes.clone());
-                if l.path.ends_with("/query") || l.path.ends_with("/key") || l.path.ends_with("/value") {
-                    let parent = l.path.rsplit_once('/').map_or(String::new(), |p| p.0.to_string());
-                    split_scopes.insert(parent, sizes.clone());
-                }
             }
-            _ => {}
+            Style::Column { gather: true, .. } | Style::Row { .. } | Style::Vocab { .. } | Style::Replicated => {}
+        }
+    }
+    for att in layers {
+        if let SplitRule::Heads(h) = &att.split
+            && let Some(first) = h.projections.first()
+            && let Some(Style::Column { sizes, gather: false }) =
+                plan.layer(&format!("{}/{first}", att.path)).map(|l| &l.style)
+        {
+            split_scopes.insert(att.path.clone(), sizes.clone());
         }
     }
     let input_bytes: u64 = graph.inputs.iter().map(|(_, s)| 4 * numel(s)).sum();
@@ -71,24 +77,27 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph) {
         cs.push(CollectiveCost { op: op.into(), axis: axis.into(), pass: pass.into(), at: at.into(), shape, bytes });
     };
     if n > 1 {
+        // Column layers that take the very same tensor share one f (see weft_nn::tp::linear):
+        // its all-reduce is counted once, at the first of them.
+        let mut f_at: HashMap<weft_core::TensorId, Vec<&str>> = HashMap::new();
+        for l in &plan.layers {
+            if let (Style::Column { .. }, Some(i)) = (&l.style, graph.layer_input(&l.path)) {
+                f_at.entry(i).or_default().push(&l.path);
+            }
+        }
         for l in &plan.layers {
             let input = graph.layer_input(&l.path);
             let has_grad = input.is_some_and(|i| !graph.is_input(i) && graph.is_data(i));
             let out = shape_of(graph.layer_output(&l.path));
             match &l.style {
                 Style::Column { gather, .. } => {
-                    // Attention's query, key and value share one f, counted once at the query.
-                    let (parent, name) = l.path.rsplit_once('/').unwrap_or(("", &l.path));
-                    let sibling = |n: &str| {
-                        plan.layer(&format!("{parent}/{n}")).is_some_and(|s| matches!(s.style, Style::Column { .. }))
-                    };
-                    let shared = ["query", "key", "value"].contains(&name)
-                        && ["query", "key", "value"].iter().all(|n| sibling(n));
-                    if has_grad && !(shared && name != "query") {
-                        let at = if shared {
-                            format!("{parent} (query, key and value share one f)")
-                        } else {
-                            l.path.clone()
+                    let sharing = input.and_then(|i| f_at.get(&i)).map_or(&[][..], |v| v.as_slice());
+                    if has_grad && sharing.first().is_none_or(|first| *first == l.path) {
+                        let at = match sharing {
+                            [_, rest @ ..] if !rest.is_empty() => {
+                                format!("{} (shares one f with {})", l.path, rest.join(", "))
+                            }
+                            _ => l.path.clone(),
                         };
                         add("all_reduce", "model", "backward", &at, shape_of(input), data);
                     }
@@ -103,7 +112,7 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph) {
                     }
                 }
                 Style::Vocab { .. } => add("all_reduce", "model", "forward", &l.path, out, data),
-                _ => {}
+                Style::Replicated | Style::Split { .. } => {}
             }
         }
         if let Some(sizes) = &plan.output {

@@ -1,60 +1,54 @@
-//! How a Dense or EinsumDense kernel can split: which kernel axis a column or a row split cuts,
-//! and which axis of the output or input that is. Read by the planner and by the plan check.
+//! How a linear layer's kernel can split, read from what the layer declares
+//! ([`SplitRule::Linear`](weft_nn::SplitRule)) and its variables' shapes. Read by the planner
+//! and by the plan check.
 
 use super::graph::LayerNode;
 
-/// The split axes of a kernel.
-#[derive(Debug, Clone, Copy)]
+/// One way to cut a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// The kernel's axis.
+    pub kernel: usize,
+    /// Its size.
+    pub size: usize,
+    /// Whether the matching axis of the output (column) or input (row) is the last.
+    pub last: bool,
+}
+
+/// The split axes of a kernel, with the variables' full paths.
+#[derive(Debug, Clone)]
 pub struct Geometry {
-    /// (kernel axis, output axis, size, output is split on its last axis)
-    pub col: Option<(usize, usize, usize, bool)>,
-    /// (kernel axis, input axis, size, input is split on its last axis)
-    pub row: Option<(usize, usize, usize, bool)>,
-    /// Bias axis that follows a column split.
+    /// The column split (output axis), when it keeps the function.
+    pub col: Option<Cut>,
+    /// The row split (input axis).
+    pub row: Option<Cut>,
+    /// The bias axis that follows a column split.
     pub col_bias: Option<usize>,
+    /// The kernel's full path.
+    pub kernel: String,
+    /// The bias's full path, when the layer has one.
+    pub bias: Option<String>,
 }
 
-/// The geometry of a layer, with a column split ruled out where it would change the function.
+/// The geometry of a linear layer, with a column split ruled out where it would change the
+/// function: a bias that does not span the split axis would collect only part of its gradient.
+/// `None` for a layer that declares no linear split or has not built its kernel.
 pub fn geometry(l: &LayerNode) -> Option<Geometry> {
-    let g = raw_geometry(l)?;
-    // A column split applies the activation to its own slice: softmax needs the whole row.
-    // A bias that does not span the split letter would collect only part of its gradient.
-    let elementwise = l.attr("activation").is_none_or(|a| a != "softmax");
-    let bias_ok = l.var("bias").is_none() || g.col_bias.is_some();
-    Some(Geometry { col: g.col.filter(|_| elementwise && bias_ok), ..g })
-}
-
-/// The geometry read from the kernel's shape (Dense) or the equation (EinsumDense).
-pub fn raw_geometry(l: &LayerNode) -> Option<Geometry> {
-    let kernel = &l.var("kernel")?.1;
-    match l.kind.as_str() {
-        "Dense" => Some(Geometry {
-            col: Some((1, 0, kernel[1], true)),
-            row: Some((0, 0, kernel[0], true)),
-            col_bias: l.var("bias").map(|_| 0),
-        }),
-        "EinsumDense" => {
-            let eq = l.attr("equation")?;
-            let (lhs, out) = eq.split_once("->")?;
-            let (inp, ker) = lhs.split_once(',')?;
-            let (inp, ker, out): (Vec<char>, Vec<char>, Vec<char>) =
-                (inp.chars().collect(), ker.chars().collect(), out.chars().collect());
-            let col = ker.iter().enumerate().find(|(_, c)| out.contains(c) && !inp.contains(c)).map(|(k, c)| {
-                let o = out.iter().position(|x| x == c).unwrap_or(0);
-                (k, o, kernel[k], o + 1 == out.len())
-            });
-            let row = ker.iter().enumerate().find(|(_, c)| inp.contains(c) && !out.contains(c)).map(|(k, c)| {
-                let i = inp.iter().position(|x| x == c).unwrap_or(0);
-                (k, i, kernel[k], i + 1 == inp.len())
-            });
-            let col_bias = col.and_then(|(_, o, size, _)| {
-                let b = &l.var("bias")?.1;
-                let first = out.len().checked_sub(b.len())?;
-                let axis = o.checked_sub(first)?;
-                (b[axis] == size).then_some(axis)
-            });
-            Some(Geometry { col, row, col_bias })
-        }
-        _ => None,
-    }
+    let lin = l.split.linear()?;
+    let (kernel, shape, _) = l.var(&lin.kernel)?;
+    let cut =
+        |a: weft_nn::split::SplitAxis| shape.get(a.kernel).map(|&size| Cut { kernel: a.kernel, size, last: a.last });
+    let bias = lin.bias.as_ref().and_then(|b| l.var(b));
+    let col = lin.column.and_then(cut);
+    // A bias follows a column split only along an axis of the split's size.
+    let col_bias =
+        lin.column_bias.filter(|&b| bias.is_some_and(|(_, s, _)| col.is_some_and(|c| s.get(b) == Some(&c.size))));
+    let bias_ok = bias.is_none() || col_bias.is_some();
+    Some(Geometry {
+        col: col.filter(|_| bias_ok),
+        row: lin.row.and_then(cut),
+        col_bias,
+        kernel: kernel.clone(),
+        bias: bias.map(|b| b.0.clone()),
+    })
 }

@@ -14,24 +14,22 @@ pub struct LayerNode {
     pub kind: String,
     /// Own variables: (full path, shape, tensor id when built).
     pub vars: Vec<(String, Vec<usize>, Option<TensorId>)>,
-    /// Described settings (EinsumDense's equation).
-    pub attributes: Vec<(String, String)>,
     /// Whether it has sublayers.
     pub container: bool,
+    /// How it declares it may split.
+    pub split: weft_nn::SplitRule,
 }
 
 impl LayerNode {
-    /// A described setting.
-    pub fn attr(&self, key: &str) -> Option<&str> {
-        self.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
-    }
     /// Parameters of its own variables.
     pub fn params(&self) -> usize {
         self.vars.iter().map(|(_, s, _)| s.iter().product::<usize>()).sum()
     }
-    /// The variable whose path ends with `/name`.
+    /// The variable whose path ends with `/name` (`name` may have segments of its own).
     pub fn var(&self, name: &str) -> Option<&(String, Vec<usize>, Option<TensorId>)> {
-        self.vars.iter().find(|(p, _, _)| p.rsplit('/').next() == Some(name))
+        self.vars
+            .iter()
+            .find(|(p, _, _)| p.strip_suffix(name).is_some_and(|rest| rest.is_empty() || rest.ends_with('/')))
     }
 }
 

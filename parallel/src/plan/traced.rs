@@ -26,7 +26,12 @@ impl Traced {
         }
         let xs = x.ordered(&net.input_names())?;
         let mut ctx = Ctx::training(0);
-        let (y, nodes) = no_grad(|| trace::trace(|| net.call_with(&xs, &[], &mut ctx)))?;
+        let (y, nodes) = no_grad(|| {
+            trace::trace(|| {
+                let _s = weft_nn::scope::enter(net);
+                net.call_with(&xs, &[], &mut ctx)
+            })
+        })?;
         let root = net.name().to_string();
         let vars: HashMap<String, TensorId> =
             net.variables().into_iter().map(|(p, v)| (join(&root, &p), v.id())).collect();
@@ -42,14 +47,10 @@ impl Traced {
         self.layers.iter().find(|l| l.path == path)
     }
 
-    /// The Embedding whose table the TiedHead at `path` reads.
+    /// The embedding (a layer that declares a vocabulary split) whose table the tied projection
+    /// at `path` reads.
     pub fn tied_table(&self, path: &str) -> Option<&LayerNode> {
-        let region = self.graph.region(path);
-        self.layers.iter().filter(|l| l.kind == "Embedding").find(|e| {
-            e.var("embeddings")
-                .and_then(|v| v.2)
-                .is_some_and(|id| region.iter().any(|&i| self.graph.nodes[i].inputs.contains(&id)))
-        })
+        tied_table(&self.layers, &self.graph, path)
     }
 }
 
@@ -73,10 +74,19 @@ fn walk(info: &LayerInfo, prefix: &str, vars: &HashMap<String, TensorId>, out: &
         path: path.clone(),
         kind: info.kind.clone(),
         vars: own,
-        attributes: info.attributes.clone(),
         container: !info.sublayers.is_empty(),
+        split: info.split.clone(),
     });
     for s in &info.sublayers {
         walk(s, &path, vars, out);
     }
+}
+
+/// The layer declaring a vocabulary split whose table the ops of the layer at `path` read.
+pub fn tied_table<'a>(layers: &'a [LayerNode], graph: &Graph, path: &str) -> Option<&'a LayerNode> {
+    let region = graph.region(path);
+    layers.iter().find(|e| {
+        let weft_nn::SplitRule::Vocab { table } = &e.split else { return false };
+        e.var(table).and_then(|v| v.2).is_some_and(|id| region.iter().any(|&i| graph.nodes[i].inputs.contains(&id)))
+    })
 }

@@ -1,7 +1,7 @@
 //! A model shared by the planner and equivalence tests: a column layer whose output fans out to
 //! two layers that can each take it split.
 
-use weft_core::{Tensor, Var, trace};
+use weft_core::{Tensor, Var};
 use weft_nn::layers::{Dense, Dropout};
 use weft_nn::{Activation, Ctx, Layer};
 
@@ -27,7 +27,6 @@ impl Fork {
 
 impl Layer for Fork {
     fn call(&self, x: &Tensor, ctx: &mut Ctx) -> weft_core::Result<Tensor> {
-        let _scope = trace::scope("fork");
         let h = self.up.call(x, ctx)?;
         let l = self.left.call(&h, ctx)?;
         let r = self.right.call(&self.drop.call(&h, ctx)?, ctx)?;

@@ -1,0 +1,278 @@
+//! Layers of one's own are planned from what they declare (`Layer::split_rule`), never from
+//! their kind or name, and their containers need no `trace::scope` call:
+//!
+//! - an attention layer written from four plain Dense layers (heads flat in their outputs), with
+//!   a dropout on its probabilities, declares its heads and gets the by-heads split with the same
+//!   collectives as the built-in MultiHeadAttention; trained sharded over 2 and 3 devices (4 heads
+//!   over 3: uneven) it equals one device, weights drawn by the shards themselves included;
+//! - a linear layer of one's own, built with `tp::variable` and run with `tp::linear`, is paired
+//!   column then row like Dense;
+//! - a layer that calls itself `MultiHeadAttention` but declares nothing is not split by heads;
+//! - a declaration the layer cannot honour is an `Err` naming it.
+
+use std::sync::OnceLock;
+use weft_core::{Device, Result, Tensor, Var};
+use weft_nn::layers::{Dense, Dropout, MultiHeadAttention};
+use weft_nn::optim::Adam;
+use weft_nn::split::{HeadSplit, LinearSplit, SplitAxis};
+use weft_nn::{Activation, Ctx, Initializer, Layer, Loss, Sequential, SplitRule, sublayer_variables, tp};
+use weft_parallel::{AutoConfig, DeviceMesh, ShardingPlan, VerifyOptions, verify_with};
+
+/// Self-attention from plain Dense layers; it opens no scope of its own.
+struct MyAttention {
+    name: String,
+    kind: &'static str,
+    heads: usize,
+    head_dim: usize,
+    declare: bool,
+    q: Dense,
+    k: Dense,
+    v: Dense,
+    o: Dense,
+    drop: Dropout,
+}
+
+impl MyAttention {
+    fn new(name: &str, heads: usize, head_dim: usize, width: usize) -> Self {
+        MyAttention {
+            name: name.into(),
+            kind: "MyAttention",
+            heads,
+            head_dim,
+            declare: true,
+            q: Dense::new(heads * head_dim).named("q"),
+            k: Dense::new(heads * head_dim).named("k"),
+            v: Dense::new(heads * head_dim).named("v"),
+            o: Dense::new(width).named("o"),
+            drop: Dropout::new(0.1).named("dropout"),
+        }
+    }
+}
+
+impl Layer for MyAttention {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let (b, t) = (x.dims()[0], x.dims()[1]);
+        // The heads this device holds: as many as its projections give it.
+        let heads = |y: Tensor| {
+            let h = y.dims()[2] / self.head_dim;
+            y.reshape(&[b, t, h, self.head_dim])
+        };
+        let q = heads(self.q.call(x, ctx)?)?.mul_scalar(1.0 / (self.head_dim as f32).sqrt())?;
+        let k = heads(self.k.call(x, ctx)?)?;
+        let v = heads(self.v.call(x, ctx)?)?;
+        let probs = Tensor::einsum("bthd,bshd->bhts", &[&q, &k])?.softmax(-1)?;
+        let probs = self.drop.call(&probs, ctx)?;
+        let out = Tensor::einsum("bhts,bshd->bthd", &[&probs, &v])?;
+        let h = out.dims()[2];
+        self.o.call(&out.reshape(&[b, t, h * self.head_dim])?, ctx)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        sublayer_variables(self.sublayers())
+    }
+    fn sublayers(&self) -> Vec<&dyn Layer> {
+        vec![&self.q, &self.k, &self.v, &self.o, &self.drop]
+    }
+    fn split_rule(&self) -> SplitRule {
+        if !self.declare {
+            return SplitRule::undeclared(self.kind);
+        }
+        SplitRule::Heads(HeadSplit {
+            heads: self.heads,
+            projections: vec!["q".into(), "k".into(), "v".into()],
+            output: "o".into(),
+            inner_axis: 1,
+        })
+    }
+}
+
+/// A block of one's own: attention, then an MLP, each with a residual; no scope either.
+struct MyBlock {
+    name: String,
+    attn: Box<dyn Layer>,
+    up: Dense,
+    down: Dense,
+}
+
+impl Layer for MyBlock {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let x = x.add(&self.attn.call(x, ctx)?)?;
+        x.add(&self.down.call(&self.up.call(&x, ctx)?, ctx)?)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "MyBlock"
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        sublayer_variables(self.sublayers())
+    }
+    fn sublayers(&self) -> Vec<&dyn Layer> {
+        vec![self.attn.as_ref(), &self.up, &self.down]
+    }
+}
+
+const WIDTH: usize = 8;
+
+fn net_with(attn: impl Layer + 'static) -> Sequential {
+    let block = MyBlock {
+        name: "block".into(),
+        attn: Box::new(attn),
+        up: Dense::new(16).activation(Activation::Gelu).named("up"),
+        down: Dense::new(WIDTH).named("down"),
+    };
+    Sequential::new().named("net").add(Dense::new(WIDTH).named("embed")).add(block).add(Dense::new(3).named("head"))
+}
+
+fn mine() -> Sequential {
+    net_with(MyAttention::new("attn", 4, 3, WIDTH))
+}
+
+fn plan(net: &dyn Layer, n: usize) -> ShardingPlan {
+    AutoConfig::new().min_params(0).loss(Loss::MeanSquaredError).plan(net, &[4, 5, 6], n, 1).unwrap()
+}
+
+#[test]
+fn an_attention_layer_of_ones_own_is_split_by_the_heads_it_declares() {
+    let p = plan(&mine(), 2);
+    for name in ["q", "k", "v"] {
+        let l = p.layer(&format!("net/block/attn/{name}")).unwrap();
+        // 4 heads of 3 over 2 devices: 2 heads, 6 columns each.
+        assert_eq!(l.style, tp::Style::Column { sizes: vec![6, 6], gather: false }, "{p}");
+    }
+    assert_eq!(p.layer("net/block/attn/o").unwrap().style, tp::Style::Row { sizes: vec![6, 6], scatter: false });
+    assert_eq!(p.layer("net/block/attn/dropout").unwrap().style, tp::Style::Split { axis: 1, sizes: vec![2, 2] });
+    // The MLP inside the block (which opened no scope) is found and paired.
+    assert_eq!(p.layer("net/block/up").unwrap().style.name(), "column", "{p}");
+    assert_eq!(p.layer("net/block/down").unwrap().style.name(), "row", "{p}");
+
+    // The same collectives as the built-in attention in its place: one shared f backward, one
+    // all-reduce forward.
+    let builtin = plan(&net_with(MultiHeadAttention::new(4, 3).dropout(0.1).named("attn")), 2);
+    let at = |p: &ShardingPlan| {
+        let mut v: Vec<(String, String, u64)> = p
+            .collectives
+            .iter()
+            .filter(|c| c.at.starts_with("net/block/attn"))
+            .map(|c| (c.op.clone(), c.pass.clone(), c.bytes))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(at(&p), at(&builtin), "{p}\n{builtin}");
+    assert_eq!(at(&p).len(), 2, "{p}");
+    p.check_model(&mine()).unwrap();
+}
+
+#[test]
+fn an_attention_layer_of_ones_own_trains_sharded_as_on_one_device() {
+    let x = Tensor::rand(-1.0, 1.0, &[16, 5, 6], 1, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[16, 5, 3], 2, &Device::Cpu).unwrap();
+    for n in [2, 3] {
+        let mesh = DeviceMesh::cpus(n).unwrap();
+        let p = plan(&mine(), n);
+        let options = VerifyOptions { own_init: true, ..VerifyOptions::rows(&x, &y, 4, 8).unwrap() };
+        let report = verify_with(mine, &mesh, &p, Adam::new(0.01), Loss::MeanSquaredError, options).unwrap();
+        assert!(report.max_rel() < 1e-4, "{n} devices:\n{report}\n{p}");
+        assert!(report.losses.last().unwrap().0 < report.losses[0].0, "the loss did not fall: {report}");
+    }
+}
+
+#[test]
+fn the_planner_reads_declarations_not_kinds() {
+    let mut pretender = MyAttention::new("attn", 4, 3, WIDTH);
+    pretender.kind = "MultiHeadAttention";
+    pretender.declare = false;
+    let p = plan(&net_with(pretender), 2);
+    let q = p.layer("net/block/attn/q").unwrap();
+    assert_ne!(q.style, tp::Style::Column { sizes: vec![6, 6], gather: false }, "{p}");
+    assert!(p.layers.iter().all(|l| !matches!(l.style, tp::Style::Split { .. })), "{p}");
+
+    // 5 heads cannot come out of projections of 12 columns: the declaration is refused by name.
+    let liar = MyAttention { heads: 5, ..MyAttention::new("attn", 4, 3, WIDTH) };
+    let err = AutoConfig::new().min_params(0).plan(&net_with(liar), &[4, 5, 6], 2, 1).unwrap_err().to_string();
+    assert!(err.contains("net/block/attn declares 5 heads") && err.contains("net/block/attn/q"), "{err}");
+}
+
+/// `activation(x @ kernel)` with its own weights, through the public helpers.
+struct MyLinear {
+    name: String,
+    units: usize,
+    activation: Activation,
+    kernel: OnceLock<Var>,
+}
+
+impl MyLinear {
+    fn new(name: &str, units: usize, activation: Activation) -> Self {
+        MyLinear { name: name.into(), units, activation, kernel: OnceLock::new() }
+    }
+}
+
+impl Layer for MyLinear {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let kernel = match self.kernel.get() {
+            Some(k) => k,
+            None => {
+                // Under a row split the input arrives split: the kernel is made for the whole.
+                let shape = [tp::input_size(self, ctx, x.dims()[x.rank() - 1]), self.units];
+                let k = tp::variable(self, ctx, "kernel", x.device(), Initializer::GlorotUniform, &shape, 7)?;
+                self.kernel.get_or_init(|| k)
+            }
+        };
+        let last = x.rank() - 1;
+        tp::linear(self, ctx, x, (last, last), |x| x.matmul(kernel), None, self.activation)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "MyLinear"
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        self.kernel.get().map(|k| vec![("kernel".to_string(), k.clone())]).unwrap_or_default()
+    }
+    fn split_rule(&self) -> SplitRule {
+        SplitRule::Linear(LinearSplit {
+            kernel: "kernel".into(),
+            bias: None,
+            column: Some(SplitAxis { kernel: 1, last: true }),
+            column_bias: None,
+            row: Some(SplitAxis { kernel: 0, last: true }),
+        })
+    }
+}
+
+#[test]
+fn a_linear_layer_of_ones_own_pairs_like_dense_and_trains_as_on_one_device() {
+    let net = || {
+        Sequential::new().named("net").add(MyLinear::new("up", 12, Activation::Relu)).add(MyLinear::new(
+            "down",
+            4,
+            Activation::Linear,
+        ))
+    };
+    let p = AutoConfig::new().min_params(0).loss(Loss::MeanSquaredError).plan(&net(), &[4, 6], 2, 1).unwrap();
+    assert_eq!(p.layer("net/up").unwrap().style, tp::Style::Column { sizes: vec![6, 6], gather: false }, "{p}");
+    assert_eq!(p.layer("net/down").unwrap().style, tp::Style::Row { sizes: vec![6, 6], scatter: false }, "{p}");
+    let x = Tensor::rand(-1.0, 1.0, &[16, 6], 3, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[16, 4], 4, &Device::Cpu).unwrap();
+    let mesh = DeviceMesh::cpus(2).unwrap();
+    let options = VerifyOptions { own_init: true, ..VerifyOptions::rows(&x, &y, 4, 6).unwrap() };
+    let report = verify_with(net, &mesh, &p, Adam::new(0.01), Loss::MeanSquaredError, options).unwrap();
+    assert!(report.max_rel() < 1e-4, "{report}\n{p}");
+}
