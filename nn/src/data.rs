@@ -73,57 +73,58 @@ pub fn train_test_split(n: usize, test_fraction: f32, seed: u64) -> (Vec<u32>, V
 /// let x = Tensor::rand(0.0, 1.0, &[10, 3], 0, &Device::Cpu)?;
 /// let y = Tensor::from_vec((0..10u32).collect(), &[10], &Device::Cpu)?;
 /// let data = Dataset::new(&x, &y)?;
-/// let sizes: Vec<usize> = data.batches(4, Some(7)).map(|b| b.map(|(_, y)| y.dims()[0])).collect::<Result<_, _>>()?;
+/// let sizes: Vec<usize> = data.batches(4, Some(7)).map(|b| b.and_then(|(_, y)| y.rows())).collect::<Result<_, _>>()?;
 /// assert_eq!(sizes, [4, 4, 2]);
 /// # Ok::<(), weft_core::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct Dataset {
     x: Inputs,
-    y: Tensor,
+    y: Inputs,
 }
 
 impl Dataset {
-    /// Pair inputs (one tensor, or several named ones) and targets; every first axis must match.
-    pub fn new(x: impl Into<Inputs>, y: &Tensor) -> Result<Self> {
-        let x: Inputs = x.into();
+    /// Pair inputs and targets (each one tensor, or several named ones); every first axis must
+    /// match.
+    pub fn new(x: impl Into<Inputs>, y: impl Into<Inputs>) -> Result<Self> {
+        let (x, y): (Inputs, Inputs) = (x.into(), y.into());
         let n = x.rows()?;
-        if y.rank() == 0 || y.dims()[0] != n {
+        if y.rows()? != n {
             return Err(Error::invalid(
                 "Dataset",
                 format!(
-                    "inputs of shapes {:?} and targets of shape {:?} hold different numbers of samples",
+                    "inputs of shapes {:?} and targets of shapes {:?} hold different numbers of samples",
                     x.shapes(),
-                    y.dims()
+                    y.shapes()
                 ),
             ));
         }
         // Integer inputs (token ids) and labels are held as f32, exact below 2^24, so one gather
         // kernel serves every batch; embeddings and sparse losses take f32 ids and check them.
         let x = x.map(|t| if t.dtype() == DType::F32 { Ok(t.clone()) } else { t.to_dtype(DType::F32) })?;
-        let y = if y.dtype() == DType::F32 { y.clone() } else { y.to_dtype(DType::F32)? };
+        let y = y.map(|t| if t.dtype() == DType::F32 { Ok(t.clone()) } else { t.to_dtype(DType::F32) })?;
         let device = x.entries()[0].1.device().clone();
         Ok(Dataset { y: y.to_device(&device)?, x })
     }
     /// Number of samples.
     pub fn len(&self) -> usize {
-        self.y.dims()[0]
+        self.x.entries()[0].1.dims()[0]
     }
     /// Whether there are no samples.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// The first (for a single-input data set, the only) input, and the targets.
+    /// The first (for a single-input data set, the only) input, and the first targets.
     pub fn tensors(&self) -> (&Tensor, &Tensor) {
-        (&self.x.entries()[0].1, &self.y)
+        (&self.x.entries()[0].1, &self.y.entries()[0].1)
     }
-    /// Every input, and the targets.
-    pub fn inputs(&self) -> (&Inputs, &Tensor) {
+    /// Every input, and every target.
+    pub fn inputs(&self) -> (&Inputs, &Inputs) {
         (&self.x, &self.y)
     }
     /// The samples `start..start + len`, in order.
     pub fn slice(&self, start: usize, len: usize) -> Result<Dataset> {
-        Ok(Dataset { x: self.x.narrow(start, len)?, y: self.y.narrow(0, start, len)? })
+        Ok(Dataset { x: self.x.narrow(start, len)?, y: self.y.narrow(start, len)? })
     }
     /// Batches of `batch_size` (the last may be smaller), in order or shuffled by `shuffle_seed`.
     pub fn batches(&self, batch_size: usize, shuffle_seed: Option<u64>) -> Batches<'_> {
@@ -144,16 +145,16 @@ pub struct Batches<'a> {
 }
 
 impl Iterator for Batches<'_> {
-    type Item = Result<(Inputs, Tensor)>;
+    type Item = Result<(Inputs, Inputs)>;
     fn next(&mut self) -> Option<Self::Item> {
         if self.pos >= self.order.len() {
             return None;
         }
         let ids = &self.order[self.pos..(self.pos + self.batch_size).min(self.order.len())];
         self.pos += ids.len();
-        let gather = || -> Result<(Inputs, Tensor)> {
-            let t = Tensor::from_slice(ids, &[ids.len()], self.data.y.device())?;
-            Ok((self.data.x.index_select(&t)?, self.data.y.index_select(&t, 0)?))
+        let gather = || -> Result<(Inputs, Inputs)> {
+            let t = Tensor::from_slice(ids, &[ids.len()], self.data.x.entries()[0].1.device())?;
+            Ok((self.data.x.index_select(&t)?, self.data.y.index_select(&t)?))
         };
         Some(gather())
     }

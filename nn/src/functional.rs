@@ -1,5 +1,5 @@
 //! Functional models, as in Keras: named symbolic inputs, layers applied to them (fan-out and
-//! merges allowed), masks that flow from layer to layer, and one output.
+//! merges allowed), masks that flow from layer to layer, and one output or several named ones.
 
 use crate::layer::{join, sublayer_variables};
 use crate::{Ctx, Layer};
@@ -47,7 +47,8 @@ pub struct Functional {
     name: String,
     inputs: Vec<String>,
     nodes: Vec<Node>,
-    output: Option<Sym>,
+    /// (name, value); one unnamed output has the name "".
+    outputs: Vec<(String, Sym)>,
     counts: HashMap<&'static str, usize>,
     late_input: bool,
 }
@@ -59,7 +60,7 @@ impl Functional {
             name: name.to_string(),
             inputs: Vec::new(),
             nodes: Vec::new(),
-            output: None,
+            outputs: Vec::new(),
             counts: HashMap::new(),
             late_input: false,
         }
@@ -93,7 +94,44 @@ impl Functional {
 
     /// Finish the graph with `out` as its output. An `Err` names a value that does not belong to
     /// this graph or is used before it is made, or an input declared after a layer.
-    pub fn output(mut self, out: Sym) -> Result<Self> {
+    pub fn output(self, out: Sym) -> Result<Self> {
+        self.outputs(&[("", out)])
+    }
+
+    /// Finish the graph with several named outputs (a model with two heads, say): `fit` then
+    /// takes labels by these names, `compile_outputs` a loss for each, and `predict_outputs`
+    /// returns them by name. An `Err` as for [`output`](Self::output), or for repeated or empty
+    /// names among several.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// use weft_nn::layers::Dense;
+    /// use weft_nn::{Ctx, Functional, Layer};
+    /// let mut g = Functional::new("two_heads");
+    /// let x = g.input("x");
+    /// let h = g.apply(Dense::new(8), &[x]);
+    /// let price = g.apply(Dense::new(1).named("price"), &[h]);
+    /// let kind = g.apply(Dense::new(3).named("kind"), &[h]);
+    /// let model = g.outputs(&[("price", price), ("kind", kind)])?;
+    /// assert_eq!(model.output_names(), ["price", "kind"]);
+    /// let ys = model.call_outputs(&[Tensor::ones(&[2, 4], &Device::Cpu)?], &[], &mut Ctx::inference())?;
+    /// assert_eq!((ys[0].dims(), ys[1].dims()), (&[2, 1][..], &[2, 3][..]));
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn outputs(mut self, outs: &[(&str, Sym)]) -> Result<Self> {
+        if outs.is_empty() {
+            return Err(Error::invalid("Functional", format!("{}: a model needs at least one output", self.name)));
+        }
+        if outs.len() > 1 {
+            for (i, (n, _)) in outs.iter().enumerate() {
+                if n.is_empty() || outs[..i].iter().any(|(m, _)| m == n) {
+                    return Err(Error::invalid(
+                        "Functional",
+                        format!("{}: several outputs need distinct names, got {n:?} at position {i}", self.name),
+                    ));
+                }
+            }
+        }
         if self.late_input {
             return Err(Error::invalid(
                 "Functional",
@@ -120,10 +158,13 @@ impl Functional {
                 ));
             }
         }
-        if out.0 >= n_in + self.nodes.len() {
-            return Err(Error::invalid("Functional", format!("the output {} is not a value of {}", out.0, self.name)));
+        if let Some((n, out)) = outs.iter().find(|(_, o)| o.0 >= n_in + self.nodes.len()) {
+            return Err(Error::invalid(
+                "Functional",
+                format!("the output {n:?} ({}) is not a value of {}", out.0, self.name),
+            ));
         }
-        self.output = Some(out);
+        self.outputs = outs.iter().map(|(n, o)| (n.to_string(), *o)).collect();
         Ok(self)
     }
 
@@ -140,10 +181,26 @@ impl Layer for Functional {
         self.call_with(std::slice::from_ref(x), &[], ctx)
     }
     fn call_with(&self, inputs: &[Tensor], masks: &[Option<Tensor>], ctx: &mut Ctx) -> Result<Tensor> {
+        match self.outputs.len() {
+            1 => Ok(self.call_outputs(inputs, masks, ctx)?.swap_remove(0)),
+            _ => Err(Error::invalid(
+                "Functional",
+                format!(
+                    "{} has the outputs {:?}: call it with call_outputs (a Model does), not as a one-output layer",
+                    self.name,
+                    self.output_names()
+                ),
+            )),
+        }
+    }
+    fn call_outputs(&self, inputs: &[Tensor], masks: &[Option<Tensor>], ctx: &mut Ctx) -> Result<Vec<Tensor>> {
         let _scope = crate::scope::enter(self);
-        let out = self.output.ok_or_else(|| {
-            Error::invalid("Functional", format!("{}: call output(..) to finish the graph first", self.name))
-        })?;
+        if self.outputs.is_empty() {
+            return Err(Error::invalid(
+                "Functional",
+                format!("{}: call output(..) to finish the graph first", self.name),
+            ));
+        }
         if inputs.len() != self.inputs.len() {
             return Err(Error::invalid(
                 "Functional",
@@ -171,7 +228,13 @@ impl Layer for Functional {
             };
             values.push(v);
         }
-        Ok(values.swap_remove(out.0).0)
+        Ok(self.outputs.iter().map(|(_, o)| values[o.0].0.clone()).collect())
+    }
+    fn output_names(&self) -> Vec<String> {
+        match self.outputs.as_slice() {
+            [(n, _)] if n.is_empty() => Vec::new(),
+            outs => outs.iter().map(|(n, _)| n.clone()).collect(),
+        }
     }
     fn input_names(&self) -> Vec<String> {
         self.inputs.clone()

@@ -67,6 +67,16 @@ pub trait Layer: Send + Sync {
             )),
         }
     }
+    /// Every output, in the order of [`output_names`](Layer::output_names): a functional model
+    /// of several outputs returns each; the default is the one output of `call_with`.
+    fn call_outputs(&self, inputs: &[Tensor], masks: &[Option<Tensor>], ctx: &mut Ctx) -> Result<Vec<Tensor>> {
+        Ok(vec![self.call_with(inputs, masks, ctx)?])
+    }
+    /// The names of the outputs `call_outputs` returns, in order; empty for a layer with one
+    /// unnamed output.
+    fn output_names(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// The names of the inputs `call_with` takes, in order (a functional model's named inputs);
     /// empty for a layer that takes one input.
     fn input_names(&self) -> Vec<String> {

@@ -5,8 +5,9 @@ use crate::callback::{Callback, Control};
 use crate::data::Dataset;
 use crate::layer::join;
 use crate::optim::Optimizer;
+use crate::outputs::Heads;
 use crate::tp::{Placement, TpCtx, split_sizes, split_start, vocab_parallel_cross_entropy};
-use crate::{Ctx, Inputs, Layer, Loss, Metric};
+use crate::{Ctx, Inputs, Layer, Loss, Metric, OutputLoss};
 use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -26,8 +27,9 @@ pub struct FitOptions {
     pub seed: u64,
     /// Hold out this fraction of the samples (the last ones, as Keras does) for validation.
     pub validation_split: f32,
-    /// Validation data given explicitly (wins over `validation_split`).
-    pub validation_data: Option<(Tensor, Tensor)>,
+    /// Validation data given explicitly (wins over `validation_split`): inputs and labels, each
+    /// one tensor or several by name (`(x.into(), y.into())`).
+    pub validation_data: Option<(Inputs, Inputs)>,
     /// Show progress: a bar per epoch on a terminal, one line per epoch otherwise.
     pub verbose: bool,
     /// Called after every epoch (EarlyStopping, ModelCheckpoint, closures).
@@ -101,8 +103,7 @@ pub struct Model {
     net: Box<dyn Layer>,
     device: Device,
     optimizer: Option<Box<dyn Optimizer>>,
-    loss: Option<Loss>,
-    metrics: Vec<Metric>,
+    heads: Option<Heads>,
     ctx: Ctx,
     tp: Option<Arc<TpCtx>>,
 }
@@ -114,8 +115,7 @@ impl Model {
             net: Box::new(net),
             device: device.clone(),
             optimizer: None,
-            loss: None,
-            metrics: Vec::new(),
+            heads: None,
             ctx: Ctx::training(0),
             tp: None,
         }
@@ -149,9 +149,9 @@ impl Model {
         self.ctx.step = step;
     }
 
-    /// The loss chosen at compile.
+    /// The loss chosen at compile (of the first output with a loss, on a model of several).
     pub fn loss(&self) -> Option<Loss> {
-        self.loss
+        self.heads.as_ref().and_then(|h| h.list.first()).map(|(_, o)| o.loss)
     }
 
     fn inference_ctx(&self) -> Ctx {
@@ -179,7 +179,7 @@ impl Model {
     }
 
     /// This rank's rows of a batch on a data axis, with their fraction of the batch.
-    fn data_part(&mut self, x: &Inputs, y: &Tensor) -> Result<(Inputs, Tensor, f32)> {
+    fn data_part(&mut self, x: &Inputs, y: &Inputs) -> Result<(Inputs, Inputs, f32)> {
         let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) else {
             return Ok((x.clone(), y.clone(), 1.0));
         };
@@ -193,18 +193,61 @@ impl Model {
         let sizes = split_sizes(n, d);
         let (s, len) = (split_start(&sizes, tp.data.rank()), sizes[tp.data.rank()]);
         self.ctx.batch_part = Some((s, n));
-        Ok((x.narrow(s, len)?, y.narrow(0, s, len)?, len as f32 / n as f32))
+        Ok((x.narrow(s, len)?, y.narrow(s, len)?, len as f32 / n as f32))
     }
 
     /// Choose the optimizer, the loss and the metrics. Hyper-parameters out of range (a negative
     /// or NaN learning rate, `beta_1 = 1`, a bad schedule) and layers whose paths collide are an
     /// `Err`, and then the model is unchanged.
+    ///
+    /// On a model of several outputs, `loss` and `metrics` apply to each (Keras' one loss for
+    /// all); [`compile_outputs`](Self::compile_outputs) gives each its own.
     pub fn compile(&mut self, optimizer: impl Optimizer + 'static, loss: Loss, metrics: &[Metric]) -> Result<()> {
+        let heads = Heads::every(&self.net.output_names(), loss, metrics);
+        self.compile_heads(Box::new(optimizer), heads)
+    }
+
+    /// Choose the optimizer and, for each output by name, its loss, weight and metrics (Keras'
+    /// `loss={..}, loss_weights={..}, metrics={..}`). The total loss is the weighted sum; the
+    /// history reports each output's loss and metrics under `{output}_loss`, `{output}_{metric}`.
+    /// An `Err` names an output the model does not have, one given twice, or a bad weight.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// use weft_nn::layers::Dense;
+    /// use weft_nn::{optim::Adam, FitOptions, Functional, Inputs, Loss, Metric, Model, OutputLoss};
+    /// let mut g = Functional::new("net");
+    /// let x = g.input("x");
+    /// let h = g.apply(Dense::new(8), &[x]);
+    /// let (price, kind) = (g.apply(Dense::new(1), &[h]), g.apply(Dense::new(3), &[h]));
+    /// let mut model = Model::new(g.outputs(&[("price", price), ("kind", kind)])?, &Device::Cpu);
+    /// let ce = Loss::SparseCategoricalCrossentropy { from_logits: true };
+    /// model.compile_outputs(
+    ///     Adam::new(0.01),
+    ///     &[OutputLoss::new("price", Loss::MeanSquaredError), OutputLoss::new("kind", ce).weight(0.5).metrics(&[Metric::Accuracy])],
+    /// )?;
+    /// let x = Tensor::rand(-1.0, 1.0, &[16, 4], 0, &Device::Cpu)?;
+    /// let y = Inputs::from([("price", x.sum(&[1], true)?), ("kind", Tensor::zeros(&[16], &Device::Cpu)?)]);
+    /// let h = model.fit(&x, y, FitOptions { epochs: 2, batch_size: 8, verbose: false, ..Default::default() })?;
+    /// assert!(h.get("price_loss").is_some() && h.get("kind_accuracy").is_some());
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn compile_outputs(&mut self, optimizer: impl Optimizer + 'static, outputs: &[OutputLoss]) -> Result<()> {
+        let heads = Heads::named(&self.net.output_names(), outputs)?;
+        self.compile_heads(Box::new(optimizer), heads)
+    }
+
+    fn compile_heads(&mut self, optimizer: Box<dyn Optimizer>, heads: Heads) -> Result<()> {
         optimizer.validate()?;
         crate::layer::check_paths(self.net.as_ref())?;
-        self.optimizer = Some(Box::new(optimizer));
-        self.loss = Some(loss);
-        self.metrics = metrics.to_vec();
+        if heads.list.len() > 1
+            && let Some(tp) = &self.tp
+            && tp.output.is_some()
+        {
+            return Err(Error::invalid("compile", "a model of several outputs cannot leave one split"));
+        }
+        self.optimizer = Some(optimizer);
+        self.heads = Some(heads);
         Ok(())
     }
 
@@ -227,33 +270,49 @@ impl Model {
     pub fn call(&self, x: impl Into<Inputs>) -> Result<Tensor> {
         let mut ctx = self.inference_ctx();
         let x = x.into().to_device(&self.device)?;
-        self.whole(&self.forward(&x, &mut ctx)?)
+        self.whole(&self.one_output("call", self.forward(&x, &mut ctx)?)?)
     }
 
-    /// The network on `x`, its inputs put in the order the network names them.
-    fn forward(&self, x: &Inputs, ctx: &mut Ctx) -> Result<Tensor> {
-        let _s = crate::scope::enter(self.net.as_ref());
-        self.net.call_with(&x.ordered(&self.net.input_names())?, &[], ctx)
+    /// The network on `x`, its inputs put in the order the network names them: every output.
+    fn forward(&self, x: &Inputs, ctx: &mut Ctx) -> Result<Vec<Tensor>> {
+        let _s = crate::scope::root(self.net.as_ref());
+        self.net.call_outputs(&x.ordered(&self.net.input_names())?, &[], ctx)
     }
 
-    fn parts(&mut self) -> Result<(&mut Box<dyn Optimizer>, Loss)> {
-        match (self.optimizer.as_mut(), self.loss) {
-            (Some(o), Some(l)) => Ok((o, l)),
+    /// The output of a model that has one; an `Err` pointing to the per-output call otherwise.
+    fn one_output(&self, op: &'static str, mut outs: Vec<Tensor>) -> Result<Tensor> {
+        match outs.len() {
+            1 => Ok(outs.swap_remove(0)),
+            _ => Err(Error::invalid(
+                op,
+                format!(
+                    "the model has the outputs {:?}: use predict_outputs to get each by name",
+                    self.net.output_names()
+                ),
+            )),
+        }
+    }
+
+    fn parts(&mut self) -> Result<(&mut Box<dyn Optimizer>, Heads)> {
+        match (self.optimizer.as_mut(), self.heads.clone()) {
+            (Some(o), Some(h)) => Ok((o, h)),
             _ => Err(Error::invalid("fit", "call compile(optimizer, loss, metrics) first")),
         }
     }
 
-    /// One optimizer step on one batch; returns the batch loss. A batch whose loss is not
-    /// finite is an `Err`, and then no weight, slot or counter has changed.
-    pub fn train_on_batch(&mut self, x: impl Into<Inputs>, y: &Tensor) -> Result<f32> {
-        let x = x.into();
-        check_rows("train_on_batch", &x, y)?;
+    /// One optimizer step on one batch; returns the batch loss (the weighted sum over the
+    /// outputs, on a model of several). A batch whose loss is not finite is an `Err`, and then
+    /// no weight, slot or counter has changed.
+    pub fn train_on_batch(&mut self, x: impl Into<Inputs>, y: impl Into<Inputs>) -> Result<f32> {
+        let (x, y) = (x.into(), y.into());
+        check_rows("train_on_batch", &x, &y)?;
         let (x, y) = (x.to_device(&self.device)?, y.to_device(&self.device)?);
-        self.step(&x, &y, &mut [])
+        Ok(self.step(&x, &y, &mut [])?.0)
     }
 
-    /// Forward, loss, backward and update; returns the loss.
-    fn step(&mut self, x: &Inputs, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
+    /// Forward, loss, backward and update; returns the loss and, on a model of several outputs,
+    /// each output's loss.
+    fn step(&mut self, x: &Inputs, y: &Inputs, counts: &mut [(f64, f64)]) -> Result<(f32, Vec<f32>)> {
         self.ctx.training = true;
         self.ctx.step += 1;
         let out = self.step_inner(x, y, counts);
@@ -265,57 +324,99 @@ impl Model {
         out
     }
 
-    fn step_inner(&mut self, x: &Inputs, y: &Tensor, counts: &mut [(f64, f64)]) -> Result<f32> {
-        let (x, y, part) = self.data_part(x, y)?;
-        let mut ctx = std::mem::replace(&mut self.ctx, Ctx::inference());
-        let pred = self.forward(&x, &mut ctx);
-        self.ctx = ctx;
-        let pred = pred?;
-        let (_, loss_fn) = self.parts()?;
-        let mut loss = self.loss_of(loss_fn, &pred, &y)?;
-        if part != 1.0 {
-            // On a data axis each rank's loss is weighted by its share of the batch, so that the
-            // sum over the axis (which the optimizer takes of the gradients) is the batch mean.
-            loss = loss.mul_scalar(part)?;
+    /// The loss of each head on `preds` (weighted by `part` on a data axis), and their weighted
+    /// sum.
+    fn head_losses(
+        &self,
+        heads: &Heads,
+        preds: &[Tensor],
+        labels: &[Tensor],
+        part: f32,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let mut per = Vec::with_capacity(heads.list.len());
+        let mut total: Option<Tensor> = None;
+        for ((at, o), y) in heads.list.iter().zip(labels) {
+            let pred = preds.get(*at).ok_or_else(|| {
+                Error::invalid(
+                    "fit",
+                    format!("the model gave {} outputs, the loss of {:?} wants #{at}", preds.len(), o.output),
+                )
+            })?;
+            let mut l = self.loss_of(o.loss, pred, y)?;
+            if part != 1.0 {
+                // On a data axis each rank's loss is weighted by its share of the batch, so that
+                // the sum over the axis (which the optimizer takes of the gradients) is the mean.
+                l = l.mul_scalar(part)?;
+            }
+            let w = if o.weight == 1.0 { l.clone() } else { l.mul_scalar(o.weight)? };
+            total = Some(match total {
+                Some(t) => t.add(&w)?,
+                None => w,
+            });
+            per.push(l);
         }
+        let total = total.ok_or_else(|| Error::invalid("fit", "no output has a loss"))?;
+        Ok((total, per))
+    }
+
+    fn step_inner(&mut self, x: &Inputs, y: &Inputs, counts: &mut [(f64, f64)]) -> Result<(f32, Vec<f32>)> {
+        let heads = self.parts()?.1;
+        let (x, y, part) = self.data_part(x, y)?;
+        let labels = heads.labels("fit", &y)?;
+        let mut ctx = std::mem::replace(&mut self.ctx, Ctx::inference());
+        let preds = self.forward(&x, &mut ctx);
+        self.ctx = ctx;
+        let preds = preds?;
+        let (loss, per) = self.head_losses(&heads, &preds, &labels, part)?;
         let grads = loss.backward()?;
         // Everything that can fail runs before the update, so a step that returns `Err` has
-        // changed nothing: the loss is read back (which also reports a bad label or id found on
-        // a GPU) and must be finite, and the metrics are counted.
-        let whole_loss = match self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
-            Some(tp) => tp.data.all_reduce(&loss.detach(), ReduceKind::Sum)?,
-            None => loss,
-        };
+        // changed nothing: the losses are read back (which also reports a bad label or id found
+        // on a GPU) and must be finite, and the metrics are counted.
+        let mut figs = vec![loss.detach().reshape(&[1])?];
+        if per.len() > 1 {
+            for l in &per {
+                figs.push(l.detach().reshape(&[1])?);
+            }
+        }
+        let mut losses = Tensor::concat(&figs, 0)?;
+        if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
+            losses = tp.data.all_reduce(&losses, ReduceKind::Sum)?;
+        }
         let vars = self.variables();
         // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
         // one device it is refused rather than written into every weight (a sharded model's
-        // coordinated optimizer skips such a step on every rank instead). The loss and each
+        // coordinated optimizer skips such a step on every rank instead). The losses and each
         // gradient's largest magnitude come back in one read.
         let checked = if self.tp.is_none() { largest_gradients(&vars, &grads)? } else { Vec::new() };
-        let mut parts = vec![whole_loss.detach().reshape(&[1])?];
+        let mut parts = vec![losses];
         parts.extend(checked.iter().map(|(_, t)| t.clone()));
         let figures = Tensor::concat(&parts, 0)?.to_vec::<f32>()?;
+        let k = figs.len();
         let value = figures[0];
         let not_applied = "the step was not applied (weights, optimizer state and counters are unchanged)";
-        if !value.is_finite() {
-            return Err(Error::invalid("fit", format!("the loss of this batch is {value}; {not_applied}")));
+        if let Some(v) = figures[..k].iter().find(|v| !v.is_finite()) {
+            return Err(Error::invalid("fit", format!("the loss of this batch is {v}; {not_applied}")));
         }
-        if let Some(((p, _), v)) = checked.iter().zip(&figures[1..]).find(|(_, v)| !v.is_finite()) {
+        if let Some(((p, _), v)) = checked.iter().zip(&figures[k..]).find(|(_, v)| !v.is_finite()) {
             return Err(Error::invalid("fit", format!("the gradient of {p} holds {v}; {not_applied}")));
         }
-        // Metrics need the whole output; without metrics a split output is never gathered.
-        let pred = if counts.is_empty() { pred } else { no_grad(|| self.whole(&pred))? };
         let mut batch_counts = Vec::with_capacity(counts.len());
-        for m in self.metrics.iter().take(counts.len()) {
-            let (hit, total) = m.count(&pred, &y)?;
-            batch_counts.push(self.sum_over_data(hit, total)?);
+        if !counts.is_empty() {
+            for ((at, o), y) in heads.list.iter().zip(&labels) {
+                // Metrics need the whole output; without metrics a split output is never gathered.
+                let pred = no_grad(|| self.whole(&preds[*at]))?;
+                for m in &o.metrics {
+                    let (hit, total) = m.count(&pred, y)?;
+                    batch_counts.push(self.sum_over_data(hit, total)?);
+                }
+            }
         }
         self.parts()?.0.apply(&vars, &grads)?;
         for (c, (hit, total)) in counts.iter_mut().zip(batch_counts) {
             c.0 += hit;
             c.1 += total;
         }
-        Ok(value)
+        Ok((value, figures[1..k].to_vec()))
     }
 
     /// Metric counts summed over the data axis.
@@ -328,15 +429,18 @@ impl Model {
         Ok((v[0] as f64, v[1] as f64))
     }
 
-    /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples). Integer labels are
-    /// accepted for sparse losses. Arguments are checked before anything changes; a batch that
-    /// fails part way through (a bad label, a non-finite loss) returns `Err` with that batch's
-    /// step not applied, and the steps before it kept, as Keras keeps them.
-    pub fn fit(&mut self, x: impl Into<Inputs>, y: &Tensor, mut opts: FitOptions) -> Result<History> {
-        let x: Inputs = x.into();
-        self.parts()?;
+    /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples): one input and one
+    /// label tensor, or several of each by name (labels by output name, on a model of several
+    /// outputs). Integer labels are accepted for sparse losses. Arguments are checked before
+    /// anything changes; a batch that fails part way through (a bad label, a non-finite loss)
+    /// returns `Err` with that batch's step not applied, and the steps before it kept, as Keras
+    /// keeps them.
+    pub fn fit(&mut self, x: impl Into<Inputs>, y: impl Into<Inputs>, mut opts: FitOptions) -> Result<History> {
+        let (x, y): (Inputs, Inputs) = (x.into(), y.into());
+        let heads = self.parts()?.1;
         crate::layer::check_paths(self.net.as_ref())?;
-        check_rows("fit", &x, y)?;
+        check_rows("fit", &x, &y)?;
+        heads.labels("fit", &y)?;
         if opts.batch_size == 0 {
             return Err(Error::invalid("fit", "batch_size must be at least 1"));
         }
@@ -345,10 +449,11 @@ impl Model {
             return Err(Error::invalid("fit", format!("validation_split must be in [0, 1), got {s}")));
         }
         if let Some((vx, vy)) = &opts.validation_data {
-            check_rows("fit (validation_data)", &vx.into(), vy)?;
+            check_rows("fit (validation_data)", vx, vy)?;
+            heads.labels("fit (validation_data)", vy)?;
         }
         // Data moves to the device once; each batch is then one gather there.
-        let all = Dataset::new(x.to_device(&self.device)?, y)?;
+        let all = Dataset::new(x.to_device(&self.device)?, &y)?;
         let n = all.len();
         let (train, val) = match (&opts.validation_data, opts.validation_split) {
             (Some((vx, vy)), _) => (all, Some(Dataset::new(vx.to_device(&self.device)?, vy)?)),
@@ -371,11 +476,14 @@ impl Model {
         // Only now, with every argument checked, does the model's seed change.
         self.ctx.seed = opts.seed;
         let train_n = train.len();
+        let names = heads.metric_names();
+        let per_output = heads.list.len() > 1;
         let mut history = History::default();
         for epoch in 0..opts.epochs {
             let start = std::time::Instant::now();
             let mut loss_sum = 0f64;
-            let mut counts = vec![(0f64, 0f64); self.metrics.len()];
+            let mut head_sums = vec![0f64; if per_output { heads.list.len() } else { 0 }];
+            let mut counts = vec![(0f64, 0f64); heads.metric_count()];
             let steps = train_n.div_ceil(opts.batch_size);
             let bar =
                 (opts.verbose && std::io::stdout().is_terminal()).then(|| progress_bar(epoch, opts.epochs, steps));
@@ -383,15 +491,18 @@ impl Model {
             let shuffle = opts.shuffle.then(|| opts.seed.wrapping_add(epoch as u64));
             for b in train.batches(opts.batch_size, shuffle) {
                 let (bx, by) = b?;
-                let len = by.dims()[0];
-                let l = self.step(&bx, &by, &mut counts)?;
+                let len = bx.rows()?;
+                let (l, per) = self.step(&bx, &by, &mut counts)?;
                 if !l.is_finite() {
                     return Err(Error::invalid("fit", format!("the loss became {l} at epoch {}", epoch + 1)));
                 }
                 loss_sum += l as f64 * len as f64;
+                for (s, v) in head_sums.iter_mut().zip(per) {
+                    *s += v as f64 * len as f64;
+                }
                 seen += len;
                 if let Some(bar) = &bar {
-                    bar.set_message(running_line(loss_sum / seen as f64, &self.metrics, &counts));
+                    bar.set_message(running_line(loss_sum / seen as f64, &names, &counts));
                     bar.inc(1);
                 }
             }
@@ -399,8 +510,11 @@ impl Model {
                 bar.finish_and_clear();
             }
             history.loss.push((loss_sum / train_n as f64) as f32);
-            for (m, c) in self.metrics.iter().zip(&counts) {
-                history.metrics.entry(m.name().to_string()).or_default().push((c.0 / c.1.max(1.0)) as f32);
+            for ((_, o), s) in heads.list.iter().zip(&head_sums) {
+                history.metrics.entry(heads.figure(o, "loss")).or_default().push((s / train_n as f64) as f32);
+            }
+            for (name, c) in names.iter().zip(&counts) {
+                history.metrics.entry(name.clone()).or_default().push((c.0 / c.1.max(1.0)) as f32);
             }
             if let Some(v) = &val {
                 let (vx, vy) = v.inputs();
@@ -433,36 +547,56 @@ impl Model {
         Ok(history)
     }
 
-    /// Mean loss and metrics over `(x, y)`, in batches, without training.
+    /// Mean loss and metrics over `(x, y)`, in batches, without training. On a model of several
+    /// outputs the loss is the weighted total, and the figures start with each output's loss
+    /// (`{output}_loss`).
     pub fn evaluate(
         &mut self,
         x: impl Into<Inputs>,
-        y: &Tensor,
+        y: impl Into<Inputs>,
         batch_size: usize,
     ) -> Result<(f32, Vec<(String, f32)>)> {
-        let x: Inputs = x.into();
-        let loss_fn = self.parts()?.1;
-        check_rows("evaluate", &x, y)?;
+        let (x, y): (Inputs, Inputs) = (x.into(), y.into());
+        let heads = self.parts()?.1;
+        check_rows("evaluate", &x, &y)?;
         check_batch_size("evaluate", batch_size)?;
-        let (x, y) = (x.to_device(&self.device)?, as_f32(&y.to_device(&self.device)?)?);
-        let n = y.dims()[0];
+        let labels = heads.labels("evaluate", &y)?;
+        let x = x.to_device(&self.device)?;
+        let labels: Vec<Tensor> = labels.iter().map(|l| as_f32(&l.to_device(&self.device)?)).collect::<Result<_>>()?;
+        let n = x.rows()?;
         // On a data axis each rank evaluates its own rows; the sums are added up at the end.
         let rows = self.data_rows(n);
         let (lo, hi) = rows.unwrap_or((0, n));
-        let mut loss_sum = 0f64;
-        let mut counts = vec![(0f64, 0f64); self.metrics.len()];
+        let per_output = heads.list.len() > 1;
+        // [total, each output's loss (several outputs), hits and totals of each metric]
+        let mut sums = vec![0f64; 1 + if per_output { heads.list.len() } else { 0 } + 2 * heads.metric_count()];
         no_grad(|| -> Result<()> {
             let mut ctx = self.inference_ctx();
             for s in (lo..hi).step_by(batch_size.max(1)) {
                 let len = batch_size.min(hi - s);
-                let (bx, by) = (x.narrow(s, len)?, y.narrow(0, s, len)?);
-                let pred = self.forward(&bx, &mut ctx)?;
-                loss_sum += self.loss_of(loss_fn, &pred, &by)?.to_scalar::<f32>()? as f64 * len as f64;
-                let pred = if self.metrics.is_empty() { pred } else { self.whole(&pred)? };
-                for (m, c) in self.metrics.iter().zip(counts.iter_mut()) {
-                    let (hit, total) = m.count(&pred, &by)?;
-                    c.0 += hit;
-                    c.1 += total;
+                let bx = x.narrow(s, len)?;
+                let by: Vec<Tensor> = labels.iter().map(|l| l.narrow(0, s, len)).collect::<Result<_>>()?;
+                let preds = self.forward(&bx, &mut ctx)?;
+                let (total, per) = self.head_losses(&heads, &preds, &by, 1.0)?;
+                sums[0] += total.to_scalar::<f32>()? as f64 * len as f64;
+                let mut i = 1;
+                if per_output {
+                    for l in &per {
+                        sums[i] += l.to_scalar::<f32>()? as f64 * len as f64;
+                        i += 1;
+                    }
+                }
+                for ((at, o), y) in heads.list.iter().zip(&by) {
+                    if o.metrics.is_empty() {
+                        continue;
+                    }
+                    let pred = self.whole(&preds[*at])?;
+                    for m in &o.metrics {
+                        let (hit, total) = m.count(&pred, y)?;
+                        sums[i] += hit;
+                        sums[i + 1] += total;
+                        i += 2;
+                    }
                 }
             }
             Ok(())
@@ -470,19 +604,24 @@ impl Model {
         // Only when each rank took its own rows (too few rows for the axis: every rank took
         // all of them, and their sums are already whole).
         if let (Some(_), Some(tp)) = (rows, self.tp.as_ref().filter(|tp| tp.data.world_size() > 1)) {
-            let mut sums = vec![loss_sum as f32];
-            sums.extend(counts.iter().flat_map(|c| [c.0 as f32, c.1 as f32]));
-            let total =
-                tp.data.all_reduce(&Tensor::from_vec(sums.clone(), &[sums.len()], &Device::Cpu)?, ReduceKind::Sum)?;
-            let v = total.to_vec::<f32>()?;
-            loss_sum = v[0] as f64;
-            for (i, c) in counts.iter_mut().enumerate() {
-                *c = (v[1 + 2 * i] as f64, v[2 + 2 * i] as f64);
+            let v: Vec<f32> = sums.iter().map(|s| *s as f32).collect();
+            let total = tp.data.all_reduce(&Tensor::from_vec(v, &[sums.len()], &Device::Cpu)?, ReduceKind::Sum)?;
+            sums = total.to_vec::<f32>()?.into_iter().map(f64::from).collect();
+        }
+        let mean = |s: f64| (s / n.max(1) as f64) as f32;
+        let mut figures = Vec::new();
+        let mut i = 1;
+        if per_output {
+            for (_, o) in &heads.list {
+                figures.push((heads.figure(o, "loss"), mean(sums[i])));
+                i += 1;
             }
         }
-        let metrics =
-            self.metrics.iter().zip(&counts).map(|(m, c)| (m.name().to_string(), (c.0 / c.1.max(1.0)) as f32));
-        Ok(((loss_sum / n.max(1) as f64) as f32, metrics.collect()))
+        for name in heads.metric_names() {
+            figures.push((name, (sums[i] / sums[i + 1].max(1.0)) as f32));
+            i += 2;
+        }
+        Ok((mean(sums[0]), figures))
     }
 
     /// On a data axis: this rank's rows `lo..hi` of `n` (`None` off a data axis, or when `n` is
@@ -499,8 +638,16 @@ impl Model {
     }
 
     /// Outputs for `x`, computed in batches, without training. On a data axis each rank predicts
-    /// its own rows and the parts are gathered.
+    /// its own rows and the parts are gathered. A model of several outputs gives them with
+    /// [`predict_outputs`](Self::predict_outputs).
     pub fn predict(&self, x: impl Into<Inputs>, batch_size: usize) -> Result<Tensor> {
+        let outs = self.predict_outputs(x, batch_size)?;
+        self.one_output("predict", outs.entries().iter().map(|(_, t)| t.clone()).collect())
+    }
+
+    /// Every output for `x`, by name (a model of one unnamed output gives it under ""), computed
+    /// in batches without training.
+    pub fn predict_outputs(&self, x: impl Into<Inputs>, batch_size: usize) -> Result<Inputs> {
         let x: Inputs = x.into();
         check_batch_size("predict", batch_size)?;
         let n = x.rows()?;
@@ -510,17 +657,29 @@ impl Model {
         let x = x.to_device(&self.device)?;
         let rows = self.data_rows(n);
         let (lo, hi) = rows.unwrap_or((0, n));
+        let mut names = self.net.output_names();
+        if names.is_empty() {
+            names.push(String::new());
+        }
         no_grad(|| {
             let mut ctx = self.inference_ctx();
-            let mut outs = Vec::new();
+            let mut outs: Vec<Vec<Tensor>> = vec![Vec::new(); names.len()];
             for s in (lo..hi).step_by(batch_size.max(1)) {
-                outs.push(self.whole(&self.forward(&x.narrow(s, batch_size.min(hi - s))?, &mut ctx)?)?);
+                let preds = self.forward(&x.narrow(s, batch_size.min(hi - s))?, &mut ctx)?;
+                for (o, p) in outs.iter_mut().zip(preds) {
+                    o.push(self.whole(&p)?);
+                }
             }
-            let mine = Tensor::concat(&outs, 0)?;
-            match (rows, &self.tp) {
-                (Some(_), Some(tp)) => tp.data.all_gather(&mine, 0),
-                _ => Ok(mine),
+            let mut all = Inputs::new();
+            for (name, parts) in names.iter().zip(outs) {
+                let mine = Tensor::concat(&parts, 0)?;
+                let whole = match (rows, &self.tp) {
+                    (Some(_), Some(tp)) => tp.data.all_gather(&mine, 0)?,
+                    _ => mine,
+                };
+                all = all.with(name, whole);
             }
+            Ok(all)
         })
     }
 
@@ -528,7 +687,8 @@ impl Model {
     pub fn build(&self, input_shape: &[usize]) -> Result<()> {
         let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
         no_grad(|| {
-            crate::scope::call(self.net.as_ref(), &Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx())
+            let _s = crate::scope::root(self.net.as_ref());
+            self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx())
         })?;
         crate::layer::check_paths(self.net.as_ref())
     }
@@ -698,8 +858,12 @@ impl Model {
     pub fn summary(&self, input_shape: &[usize]) -> Result<String> {
         let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
         let x = Tensor::zeros(&shape, &self.device)?;
-        let (_, nodes) =
-            no_grad(|| trace::trace(|| crate::scope::call(self.net.as_ref(), &x, &mut self.inference_ctx())))?;
+        let (_, nodes) = no_grad(|| {
+            trace::trace(|| {
+                let _s = crate::scope::root(self.net.as_ref());
+                self.net.call(&x, &mut self.inference_ctx())
+            })
+        })?;
         let mut rows: Vec<(String, String, usize)> = Vec::new();
         fn walk(l: &dyn Layer, prefix: &str, nodes: &[trace::TraceNode], rows: &mut Vec<(String, String, usize)>) {
             let path = join(prefix, l.name());
@@ -755,24 +919,25 @@ fn largest_gradients<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore
 }
 
 /// Inputs and targets must hold the same positive number of samples along their first axis.
-fn check_rows(op: &'static str, x: &Inputs, y: &Tensor) -> Result<()> {
-    let shapes = || match x.shapes().as_slice() {
-        [one] => format!("x of shape {one:?}"),
-        many => format!("inputs of shapes {many:?}"),
+fn check_rows(op: &'static str, x: &Inputs, y: &Inputs) -> Result<()> {
+    let shapes = |what: &str, t: &Inputs| match t.shapes().as_slice() {
+        [one] => format!("{what} of shape {one:?}"),
+        many => format!("{what} of shapes {many:?}"),
     };
     let n = x.rows().map_err(|e| Error::invalid(op, e.to_string()))?;
-    if y.rank() == 0 || y.dims()[0] != n {
+    let m = y.rows().map_err(|e| Error::invalid(op, format!("labels: {e}")))?;
+    if m != n {
         return Err(Error::invalid(
             op,
             format!(
-                "{} and y of shape {:?} must have the same number of samples along their first axis",
-                shapes(),
-                y.dims()
+                "{} and {} must have the same number of samples along their first axis",
+                shapes("x", x),
+                shapes("y", y)
             ),
         ));
     }
     if n == 0 {
-        return Err(Error::invalid(op, format!("{} holds no samples", shapes())));
+        return Err(Error::invalid(op, format!("{} holds no samples", shapes("x", x))));
     }
     Ok(())
 }
@@ -820,10 +985,10 @@ fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::Progres
     bar
 }
 
-fn running_line(loss: f64, metrics: &[Metric], counts: &[(f64, f64)]) -> String {
+fn running_line(loss: f64, names: &[String], counts: &[(f64, f64)]) -> String {
     let mut s = format!("loss: {loss:.4}");
-    for (m, c) in metrics.iter().zip(counts) {
-        s += &format!(" - {}: {:.4}", m.name(), c.0 / c.1.max(1.0));
+    for (m, c) in names.iter().zip(counts) {
+        s += &format!(" - {m}: {:.4}", c.0 / c.1.max(1.0));
     }
     s
 }

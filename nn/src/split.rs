@@ -43,8 +43,10 @@ pub struct HeadSplit {
     /// The number of heads.
     pub heads: usize,
     /// The sublayers (by name) that project the inputs to heads, each a [`SplitRule::Linear`]
-    /// whose column axis holds the heads (its size a multiple of `heads`: `heads x head_dim` when
-    /// a Dense makes them flat).
+    /// whose column axis holds the heads: an axis of exactly `heads` entries, or the last axis
+    /// with the heads flat and head-major (`heads x head_dim`, as a Dense makes them; a fused
+    /// query-key-value projection is three projections, not one). Nothing else inside the layer
+    /// may have variables, or it is kept whole.
     pub projections: Vec<String>,
     /// The sublayer (by name) that takes the heads back, a [`SplitRule::Linear`] whose row axis
     /// holds them.
@@ -66,6 +68,8 @@ pub enum SplitRule {
     /// A linear map: column- or row-split candidates.
     Linear(LinearSplit),
     /// An embedding table split by vocabulary rows (axis 0): masked lookups, one all-reduce.
+    /// The layer runs its part itself under `Style::Vocab` (as `Embedding` does: look up the ids
+    /// it holds, zero the rest, all-reduce); a layer of one's own that declares it must too.
     Vocab {
         /// The table variable's name.
         table: String,
@@ -76,7 +80,9 @@ pub enum SplitRule {
     /// Attention by heads.
     Heads(HeadSplit),
     /// No variables, and each element on its own (dropout): runs on a split tensor as it comes,
-    /// drawing its random values for the whole tensor and keeping its part.
+    /// drawing its random values for the whole tensor and keeping its part. Under
+    /// `Style::Split` the layer must draw so itself (as `Dropout` does); a layer with variables
+    /// that declares it is kept whole.
     Pointwise,
 }
 

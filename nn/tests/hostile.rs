@@ -159,7 +159,7 @@ fn validation_split_takes_rows_as_keras_does() {
     let opts = FitOptions { validation_split: 0.25, shuffle: false, batch_size: 10, ..quiet() };
     let h = m.fit(&xs, &ys, opts).unwrap();
     // With lr 0 the weights stay put: the validation loss is that of rows 7, 8, 9 alone.
-    let (val, _) = m.evaluate(xs.narrow(0, 7, 3).unwrap(), &ys.narrow(0, 7, 3).unwrap(), 3).unwrap();
+    let (val, _) = m.evaluate(xs.narrow(0, 7, 3).unwrap(), ys.narrow(0, 7, 3).unwrap(), 3).unwrap();
     assert!((h.val_loss[0] - val).abs() <= 1e-6 * val.abs().max(1.0), "{} vs {val}", h.val_loss[0]);
 }
 

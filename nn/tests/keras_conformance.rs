@@ -197,7 +197,7 @@ fn validation_split_takes_the_rows_keras_takes() {
         let h = m.fit(&xs, &ys, opts).unwrap();
         // With lr 0 nothing moves: the validation loss is that of the rows Keras holds out.
         let (held, _) =
-            m.evaluate(xs.narrow(0, train, n - train).unwrap(), &ys.narrow(0, train, n - train).unwrap(), n).unwrap();
+            m.evaluate(xs.narrow(0, train, n - train).unwrap(), ys.narrow(0, train, n - train).unwrap(), n).unwrap();
         assert!((h.val_loss[0] - held).abs() <= 1e-6 * held.max(1.0), "n {n}, split {s}: {} vs {held}", h.val_loss[0]);
     }
 }

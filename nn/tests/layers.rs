@@ -247,3 +247,20 @@ fn a_part_drawn_alone_equals_the_same_part_of_the_whole() {
     let e = GlorotUniform.init_part(&[4, 4], 1, 3, 2, 0, &Device::Cpu).unwrap_err().to_string();
     assert!(e.contains("3..5") && e.contains("[4, 4]"), "{e}");
 }
+
+/// Initial weights come from the layer's path and the seed alone: a model built before training
+/// (by `predict`) starts where one built by its first training step does.
+#[test]
+fn initial_weights_do_not_depend_on_when_the_model_is_built() {
+    use weft_nn::{FitOptions, Model, optim::Sgd};
+    let mlp = || Sequential::new().add(Dense::new(6).activation(Activation::Tanh)).add(Dense::new(2));
+    let x = Tensor::rand(-1.0, 1.0, &[8, 3], 0, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[8, 2], 1, &Device::Cpu).unwrap();
+    let opts = || FitOptions { epochs: 1, batch_size: 8, shuffle: false, verbose: false, ..Default::default() };
+    let mut early = Model::new(mlp(), &Device::Cpu);
+    early.predict(&x, 8).unwrap();
+    early.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+    let mut late = Model::new(mlp(), &Device::Cpu);
+    late.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+    assert_eq!(early.fit(&x, &y, opts()).unwrap().loss, late.fit(&x, &y, opts()).unwrap().loss);
+}

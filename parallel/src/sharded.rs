@@ -15,7 +15,7 @@ use weft_core::{Error, Result, Tensor};
 use weft_nn::checkpoint::parse_slot_key;
 use weft_nn::optim::Optimizer;
 use weft_nn::tp::{Placement, TpCtx};
-use weft_nn::{FitOptions, History, Inputs, Layer, Loss, Metric, Model};
+use weft_nn::{FitOptions, History, Inputs, Layer, Loss, Metric, Model, OutputLoss};
 
 /// Where a rank's coordinated optimizer leaves the gradients it records.
 type GradSlot = Arc<Mutex<Vec<(String, Tensor)>>>;
@@ -113,7 +113,7 @@ impl ShardedModel {
             }
             sample = sample.with(&spec.name, one.zeros(&weft_core::Device::Cpu)?);
         }
-        me.run(|_, model| model.call(&sample).map(drop))?;
+        me.run(|_, model| model.predict_outputs(&sample, 1).map(drop))?;
         me.check_shapes()?;
         Ok(me)
     }
@@ -244,17 +244,17 @@ impl ShardedModel {
     }
 
     /// Refuse, before any rank starts, a batch the data axis cannot split.
-    fn check_batch(&self, what: &str, rows: usize, x: &Inputs, y: Option<&Tensor>) -> Result<()> {
+    fn check_batch(&self, what: &str, rows: usize, x: &Inputs, y: Option<&Inputs>) -> Result<()> {
         let n = x.rows()?;
         if let Some(y) = y
-            && (y.rank() == 0 || y.dims()[0] != n)
+            && y.rows()? != n
         {
             return Err(Error::invalid(
                 "ShardedModel",
                 format!(
-                    "{what}: inputs of shapes {:?} and y of shape {:?} hold different numbers of samples",
+                    "{what}: inputs of shapes {:?} and labels of shapes {:?} hold different numbers of samples",
                     x.shapes(),
-                    y.dims()
+                    y.shapes()
                 ),
             ));
         }
@@ -276,10 +276,32 @@ impl ShardedModel {
         loss: Loss,
         metrics: &[Metric],
     ) -> Result<()> {
+        self.compile_with(optimizer, &[loss], |model, opt| model.compile(opt, loss, metrics))
+    }
+
+    /// Choose the optimizer and each output's loss, weight and metrics, as
+    /// [`Model::compile_outputs`].
+    pub fn compile_outputs(
+        &mut self,
+        optimizer: impl Optimizer + Clone + 'static,
+        outputs: &[OutputLoss],
+    ) -> Result<()> {
+        let losses: Vec<Loss> = outputs.iter().map(|o| o.loss).collect();
+        self.compile_with(optimizer, &losses, |model, opt| model.compile_outputs(opt, outputs))
+    }
+
+    fn compile_with(
+        &mut self,
+        optimizer: impl Optimizer + Clone + 'static,
+        losses: &[Loss],
+        compile: impl Fn(&mut Model, CoordinatedOptimizer) -> Result<()>,
+    ) -> Result<()> {
         // Checked once, whole, before any rank is changed (each rank's copy loses its clipping
         // to the coordinated wrapper).
         optimizer.validate()?;
-        self.plan.check_loss(loss)?;
+        for loss in losses {
+            self.plan.check_loss(*loss)?;
+        }
         let split: HashSet<String> =
             self.placements.iter().filter(|(_, p)| **p != Placement::Replicate).map(|(k, _)| k.clone()).collect();
         for (model, store) in self.ranks.iter_mut().zip(&self.recorded) {
@@ -291,16 +313,16 @@ impl ShardedModel {
                 split.clone(),
             )
             .with_recorder((self.recording.clone(), store.clone()));
-            model.compile(opt, loss, metrics)?;
+            compile(model, opt)?;
         }
         Ok(())
     }
 
     /// Train, as `Model::fit`. The data axis splits each batch; only rank 0 prints. Each rank
     /// runs a copy of every callback (a callback that cannot be copied is an `Err`).
-    pub fn fit(&mut self, x: impl Into<Inputs>, y: &Tensor, opts: FitOptions) -> Result<History> {
-        let x: Inputs = x.into();
-        let x = &x;
+    pub fn fit(&mut self, x: impl Into<Inputs>, y: impl Into<Inputs>, opts: FitOptions) -> Result<History> {
+        let (x, y): (Inputs, Inputs) = (x.into(), y.into());
+        let (x, y) = (&x, &y);
         // Every rank runs its own copy of each callback: they see the same history, and each
         // restores or saves through its own rank (ModelCheckpoint gathers, one rank writes).
         let mut per_rank: Vec<Mutex<Vec<Box<dyn weft_nn::callback::Callback>>>> = Vec::new();
@@ -358,28 +380,34 @@ impl ShardedModel {
     }
 
     /// One optimizer step on one batch; returns the batch loss.
-    pub fn train_on_batch(&mut self, x: impl Into<Inputs>, y: &Tensor) -> Result<f32> {
-        let x: Inputs = x.into();
-        self.check_batch("train_on_batch", x.rows()?, &x, Some(y))?;
-        Ok(self.run(|_, m| m.train_on_batch(&x, y))?[0])
+    pub fn train_on_batch(&mut self, x: impl Into<Inputs>, y: impl Into<Inputs>) -> Result<f32> {
+        let (x, y): (Inputs, Inputs) = (x.into(), y.into());
+        self.check_batch("train_on_batch", x.rows()?, &x, Some(&y))?;
+        Ok(self.run(|_, m| m.train_on_batch(&x, &y))?[0])
     }
 
     /// Mean loss and metrics over `(x, y)`.
     pub fn evaluate(
         &mut self,
         x: impl Into<Inputs>,
-        y: &Tensor,
+        y: impl Into<Inputs>,
         batch_size: usize,
     ) -> Result<(f32, Vec<(String, f32)>)> {
-        let x: Inputs = x.into();
-        self.check_batch("evaluate", 0, &x, Some(y))?;
-        Ok(self.run(|_, m| m.evaluate(&x, y, batch_size))?.swap_remove(0))
+        let (x, y): (Inputs, Inputs) = (x.into(), y.into());
+        self.check_batch("evaluate", 0, &x, Some(&y))?;
+        Ok(self.run(|_, m| m.evaluate(&x, &y, batch_size))?.swap_remove(0))
     }
 
     /// Whole outputs for `x` (gathered from the shards).
     pub fn predict(&mut self, x: impl Into<Inputs>, batch_size: usize) -> Result<Tensor> {
         let x: Inputs = x.into();
         Ok(self.run(|_, m| m.predict(&x, batch_size))?.swap_remove(0))
+    }
+
+    /// Every output for `x`, by name, whole, as [`Model::predict_outputs`].
+    pub fn predict_outputs(&mut self, x: impl Into<Inputs>, batch_size: usize) -> Result<Inputs> {
+        let x: Inputs = x.into();
+        Ok(self.run(|_, m| m.predict_outputs(&x, batch_size))?.swap_remove(0))
     }
 
     /// The plan, then rank 0's summary (its shapes are its shards').

@@ -8,15 +8,18 @@
 //! - a linear layer of one's own, built with `tp::variable` and run with `tp::linear`, is paired
 //!   column then row like Dense;
 //! - a layer that calls itself `MultiHeadAttention` but declares nothing is not split by heads;
-//! - a declaration the layer cannot honour is an `Err` naming it.
+//! - a declaration the layer cannot honour keeps the layer whole with the reason in the plan, and
+//!   is an `Err` naming it when a split is asked for;
+//! - only what runs on the split heads is split, and weights a declaration does not name keep
+//!   the layer whole.
 
 use std::sync::OnceLock;
 use weft_core::{Device, Result, Tensor, Var};
-use weft_nn::layers::{Dense, Dropout, MultiHeadAttention};
+use weft_nn::layers::{Dense, Dropout, LayerNormalization, MultiHeadAttention};
 use weft_nn::optim::Adam;
 use weft_nn::split::{HeadSplit, LinearSplit, SplitAxis};
 use weft_nn::{Activation, Ctx, Initializer, Layer, Loss, Sequential, SplitRule, sublayer_variables, tp};
-use weft_parallel::{AutoConfig, DeviceMesh, ShardingPlan, VerifyOptions, verify_with};
+use weft_parallel::{AutoConfig, DeviceMesh, ShardingPlan, Split, VerifyOptions, verify_with};
 
 /// Self-attention from plain Dense layers; it opens no scope of its own.
 struct MyAttention {
@@ -30,6 +33,10 @@ struct MyAttention {
     v: Dense,
     o: Dense,
     drop: Dropout,
+    /// A dropout on the whole output, inside the layer (after the output projection).
+    resid: Dropout,
+    /// A normalisation of each head's queries (weights outside the projections).
+    qk_norm: Option<LayerNormalization>,
 }
 
 impl MyAttention {
@@ -45,6 +52,8 @@ impl MyAttention {
             v: Dense::new(heads * head_dim).named("v"),
             o: Dense::new(width).named("o"),
             drop: Dropout::new(0.1).named("dropout"),
+            resid: Dropout::new(0.0).named("resid_dropout"),
+            qk_norm: None,
         }
     }
 }
@@ -57,14 +66,17 @@ impl Layer for MyAttention {
             let h = y.dims()[2] / self.head_dim;
             y.reshape(&[b, t, h, self.head_dim])
         };
-        let q = heads(self.q.call(x, ctx)?)?.mul_scalar(1.0 / (self.head_dim as f32).sqrt())?;
+        let mut q = heads(self.q.call(x, ctx)?)?.mul_scalar(1.0 / (self.head_dim as f32).sqrt())?;
+        if let Some(n) = &self.qk_norm {
+            q = n.call(&q, ctx)?;
+        }
         let k = heads(self.k.call(x, ctx)?)?;
         let v = heads(self.v.call(x, ctx)?)?;
         let probs = Tensor::einsum("bthd,bshd->bhts", &[&q, &k])?.softmax(-1)?;
         let probs = self.drop.call(&probs, ctx)?;
         let out = Tensor::einsum("bhts,bshd->bthd", &[&probs, &v])?;
         let h = out.dims()[2];
-        self.o.call(&out.reshape(&[b, t, h * self.head_dim])?, ctx)
+        self.resid.call(&self.o.call(&out.reshape(&[b, t, h * self.head_dim])?, ctx)?, ctx)
     }
     fn name(&self) -> &str {
         &self.name
@@ -79,7 +91,11 @@ impl Layer for MyAttention {
         sublayer_variables(self.sublayers())
     }
     fn sublayers(&self) -> Vec<&dyn Layer> {
-        vec![&self.q, &self.k, &self.v, &self.o, &self.drop]
+        let mut v: Vec<&dyn Layer> = vec![&self.q, &self.k, &self.v, &self.o, &self.drop, &self.resid];
+        if let Some(n) = &self.qk_norm {
+            v.push(n);
+        }
+        v
     }
     fn split_rule(&self) -> SplitRule {
         if !self.declare {
@@ -200,10 +216,20 @@ fn the_planner_reads_declarations_not_kinds() {
     assert_ne!(q.style, tp::Style::Column { sizes: vec![6, 6], gather: false }, "{p}");
     assert!(p.layers.iter().all(|l| !matches!(l.style, tp::Style::Split { .. })), "{p}");
 
-    // 5 heads cannot come out of projections of 12 columns: the declaration is refused by name.
-    let liar = MyAttention { heads: 5, ..MyAttention::new("attn", 4, 3, WIDTH) };
-    let err = AutoConfig::new().min_params(0).plan(&net_with(liar), &[4, 5, 6], 2, 1).unwrap_err().to_string();
-    assert!(err.contains("net/block/attn declares 5 heads") && err.contains("net/block/attn/q"), "{err}");
+    // 5 heads cannot come out of projections of 12 columns: the attention stays whole and the
+    // plan says why; asked to split it anyway, the planner refuses by name.
+    let liar = || net_with(MyAttention { heads: 5, ..MyAttention::new("attn", 4, 3, WIDTH) });
+    let p = plan(&liar(), 2);
+    let q = p.layer("net/block/attn/q").unwrap();
+    assert_eq!(q.style, tp::Style::Replicated, "{p}");
+    assert!(
+        q.reason.contains("net/block/attn declares 5 heads") && q.reason.contains("net/block/attn/q"),
+        "{}",
+        q.reason
+    );
+    let forced = AutoConfig::new().min_params(0).override_layer("net/block/attn", Split::Column);
+    let err = forced.plan(&liar(), &[4, 5, 6], 2, 1).unwrap_err().to_string();
+    assert!(err.contains("net/block/attn declares 5 heads"), "{err}");
 }
 
 /// `activation(x @ kernel)` with its own weights, through the public helpers.
@@ -274,5 +300,50 @@ fn a_linear_layer_of_ones_own_pairs_like_dense_and_trains_as_on_one_device() {
     let mesh = DeviceMesh::cpus(2).unwrap();
     let options = VerifyOptions { own_init: true, ..VerifyOptions::rows(&x, &y, 4, 6).unwrap() };
     let report = verify_with(net, &mesh, &p, Adam::new(0.01), Loss::MeanSquaredError, options).unwrap();
+    assert!(report.max_rel() < 1e-4, "{report}\n{p}");
+}
+
+/// Only what runs on the split heads is split like them: a dropout on the whole output inside
+/// the layer stays whole (2 heads over 2 devices: one head each, where a wrong split would
+/// broadcast silently), a dropout that never runs is not in the plan's way, and weights the
+/// declaration does not name (a norm of the queries) keep the whole attention whole, with the
+/// reason, rather than train on part of their gradient.
+#[test]
+fn only_what_runs_on_the_split_heads_is_split() {
+    let x = Tensor::rand(-1.0, 1.0, &[16, 5, 6], 1, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[16, 5, 3], 2, &Device::Cpu).unwrap();
+    let resid = || {
+        let mut a = MyAttention::new("attn", 2, 3, WIDTH);
+        a.resid = Dropout::new(0.3).named("resid_dropout");
+        net_with(a)
+    };
+    let p = plan(&resid(), 2);
+    assert_eq!(p.layer("net/block/attn/dropout").unwrap().style, tp::Style::Split { axis: 1, sizes: vec![1, 1] });
+    assert!(p.layer("net/block/attn/resid_dropout").is_none_or(|l| l.style == tp::Style::Replicated), "{p}");
+    let mesh = DeviceMesh::cpus(2).unwrap();
+    let options = VerifyOptions { own_init: true, ..VerifyOptions::rows(&x, &y, 4, 6).unwrap() };
+    let report = verify_with(resid, &mesh, &p, Adam::new(0.01), Loss::MeanSquaredError, options).unwrap();
+    assert!(report.max_rel() < 1e-4, "{report}\n{p}");
+
+    // The attention's own dropout at rate 0 draws nothing: the plan still checks.
+    let quiet = || {
+        let mut a = MyAttention::new("attn", 4, 3, WIDTH);
+        a.drop = Dropout::new(0.0).named("dropout");
+        net_with(a)
+    };
+    plan(&quiet(), 2).check_model(&quiet()).unwrap();
+
+    let normed = || {
+        let mut a = MyAttention::new("attn", 4, 3, WIDTH);
+        a.qk_norm = Some(LayerNormalization::new().named("qk_norm"));
+        net_with(a)
+    };
+    let p = plan(&normed(), 2);
+    let q = p.layer("net/block/attn/q").unwrap();
+    assert_eq!(q.style, tp::Style::Replicated, "{p}");
+    assert!(q.reason.contains("net/block/attn/qk_norm has variables"), "{}", q.reason);
+    p.check_model(&normed()).unwrap();
+    let options = VerifyOptions { own_init: true, ..VerifyOptions::rows(&x, &y, 4, 4).unwrap() };
+    let report = verify_with(normed, &mesh, &p, Adam::new(0.01), Loss::MeanSquaredError, options).unwrap();
     assert!(report.max_rel() < 1e-4, "{report}\n{p}");
 }

@@ -87,7 +87,7 @@ fn device_memory_matches_the_plan_and_the_split_part_is_a_half() {
     let after_build: Vec<u64> = two.devices().iter().map(|d| d.memory_stats().requested).collect();
     model.compile(Adam::new(1e-3), Loss::MeanSquaredError, &[]).unwrap();
     let x = Tensor::rand(-1.0, 1.0, &[4, 300], 0, &Device::Cpu).unwrap();
-    model.train_on_batch(&x, &Tensor::zeros(&[4, 300], &Device::Cpu).unwrap()).unwrap();
+    model.train_on_batch(&x, Tensor::zeros(&[4, 300], &Device::Cpu).unwrap()).unwrap();
     for (r, dev) in two.devices().iter().enumerate() {
         dev.synchronize().unwrap();
         let want = &plan.memory[r];

@@ -78,7 +78,7 @@ impl Layer for Dense {
             Some(v) => v,
             None => {
                 let in_dim = tp::full_input(shard.map(|s| &s.0.style), local_in);
-                let seed = ctx.seed_for(&path);
+                let seed = ctx.init_seed(&path);
                 let k = tp::new_var(shard, &path, "kernel", x.device(), self.kernel_init, &[in_dim, self.units], seed)?;
                 let b = match self.use_bias {
                     true => {

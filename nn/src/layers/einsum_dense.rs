@@ -141,7 +141,7 @@ impl EinsumDense {
             }
         };
         let kshape = ker.iter().map(|&c| size_of(c)).collect::<Result<Vec<_>>>()?;
-        let seed = ctx.seed_for(path);
+        let seed = ctx.init_seed(path);
         let kernel = tp::new_var(shard, path, "kernel", x.device(), self.kernel_init, &kshape, seed)?;
         let bias = if self.bias_axes.is_empty() {
             None

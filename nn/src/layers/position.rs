@@ -38,7 +38,7 @@ impl Layer for PositionEmbedding {
         let table = match self.table.get() {
             Some(v) => v,
             None => {
-                let init = Tensor::randn(0.0, 0.02, &[self.max_len, width], ctx.seed_for(&path), x.device())?;
+                let init = Tensor::randn(0.0, 0.02, &[self.max_len, width], ctx.init_seed(&path), x.device())?;
                 let _ = self.table.set(Var::new(init)?);
                 self.table.get().expect("just set")
             }

@@ -205,6 +205,37 @@ pub fn autoconfig(net: &dyn Layer, input_shape: &[usize], mesh: &DeviceMesh, cfg
     cfg.plan(net, input_shape, mesh.size("model"), mesh.size("data"))
 }
 
+/// The scopes inside the attention at `att` that act on its split heads: every op that takes a
+/// tensor computed from a projection's output, before the output projection (`parts`: the
+/// projections, the output last). Only scopes that are not layers (attention's own dropout) or
+/// that declare [`SplitRule::Pointwise`] count; the attention's own scope runs on its part of
+/// the heads as it is.
+pub(super) fn heads_inner(graph: &Graph, layers: &[LayerNode], att: &str, parts: &[&str]) -> Vec<String> {
+    let Some((out, projs)) = parts.split_last() else { return Vec::new() };
+    let mut split: HashSet<TensorId> = projs.iter().filter_map(|p| graph.layer_output(p)).collect();
+    let mut scopes: Vec<String> = Vec::new();
+    // Over the whole graph: the attention's own ops may be recorded under its parent (a layer
+    // of one's own need not open its scope); only scopes inside it are collected.
+    for n in &graph.nodes {
+        if super::graph::inside(&n.scope, out) || projs.iter().any(|p| super::graph::inside(&n.scope, p)) {
+            continue;
+        }
+        if n.inputs.iter().any(|t| split.contains(t)) {
+            split.insert(n.id);
+            let counts = n.scope != att
+                && super::graph::inside(&n.scope, att)
+                && layers
+                    .iter()
+                    .find(|l| l.path == n.scope)
+                    .is_none_or(|l| l.split == SplitRule::Pointwise && l.vars.is_empty());
+            if counts && !scopes.contains(&n.scope) {
+                scopes.push(n.scope.clone());
+            }
+        }
+    }
+    scopes
+}
+
 /// A sublayer with its kernel's geometry.
 pub(super) type Part<'a> = (&'a LayerNode, Geometry);
 
@@ -224,6 +255,12 @@ pub(super) fn heads_parts<'a>(
         let g = geometry(l).ok_or_else(|| bad(format!("{path} is not a built linear layer")))?;
         let cut = if column { g.col } else { g.row };
         match cut {
+            // A heads axis of its own (attention's [.., heads, head_dim]) must hold the heads
+            // exactly; a flat one (Dense to heads x head_dim) whole heads of equal size.
+            Some(c) if !c.last && c.size != h.heads => Err(bad(format!(
+                "{path} splits an axis of {} entries, not one of the heads (a head's own axis cannot be split)",
+                c.size
+            ))),
             Some(c) if h.heads > 0 && c.size % h.heads == 0 => Ok((l, g)),
             Some(c) => Err(bad(format!(
                 "{path} has {} entries on its {} axis, not a multiple of the heads",
@@ -240,7 +277,21 @@ pub(super) fn heads_parts<'a>(
         return Err(bad("names no projection to heads".into()));
     }
     let projs = h.projections.iter().map(|p| part(p, true)).collect::<Result<Vec<_>>>()?;
-    Ok((projs, part(&h.output, false)?))
+    let out = part(&h.output, false)?;
+    // Anything else with weights inside would see split heads yet be kept whole.
+    let declared: Vec<&str> = projs.iter().chain([&out]).map(|(l, _)| l.path.as_str()).collect();
+    if let Some(l) = layers.iter().find(|l| {
+        super::graph::inside(&l.path, &att.path)
+            && !l.vars.is_empty()
+            && !declared.iter().any(|d| super::graph::inside(&l.path, d))
+    }) {
+        return Err(bad(format!(
+            "{} has variables ({}) and is not one of its projections",
+            l.path,
+            l.vars.iter().map(|v| v.0.as_str()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok((projs, out))
 }
 
 /// `*` matches any run of characters.
@@ -355,21 +406,36 @@ impl<'a> Planner<'a> {
     /// The layer at `scope` when it declares [`SplitRule::Pointwise`] (dropout): it runs split
     /// on a split tensor.
     fn pointwise(&self, scope: &str) -> Option<String> {
-        self.layers.iter().find(|d| d.path == scope && d.split == SplitRule::Pointwise).map(|d| d.path.clone())
-    }
-
-    fn children(&self, path: &str) -> impl Iterator<Item = &'a LayerNode> + 'a {
-        let prefix = format!("{path}/");
-        let layers: &'a [LayerNode] = self.layers;
-        layers.iter().filter(move |l| l.path.starts_with(&prefix))
+        self.layers
+            .iter()
+            .find(|d| d.path == scope && d.split == SplitRule::Pointwise && d.vars.is_empty())
+            .map(|d| d.path.clone())
     }
 
     fn attention(&mut self) -> Result<()> {
         let layers: &'a [LayerNode] = self.layers;
         for att in layers {
             let SplitRule::Heads(h) = &att.split else { continue };
-            let (projs, o) = heads_parts(layers, att, h)?;
             let forced = self.forced(&att.path);
+            // Whatever has weights in it: replicated together when it cannot split by heads.
+            let weighted: Vec<&LayerNode> =
+                layers.iter().filter(|l| super::graph::inside(&l.path, &att.path) && !l.vars.is_empty()).collect();
+            if forced == Some(Split::Replicate) {
+                for l in &weighted {
+                    self.replicate(&l.path, format!("override on {}: replicated", att.path));
+                }
+                continue;
+            }
+            let (projs, o) = match heads_parts(layers, att, h) {
+                Ok(parts) => parts,
+                Err(e) if forced.is_some() => return Err(e),
+                Err(e) => {
+                    for l in &weighted {
+                        self.replicate(&l.path, format!("not split by heads: {e}"));
+                    }
+                    continue;
+                }
+            };
             let each: Vec<Option<Split>> = projs.iter().chain([&o]).map(|(l, _)| self.forced(&l.path)).collect();
             if each.iter().any(|f| *f != each[0]) {
                 return Err(Error::invalid(
@@ -389,12 +455,6 @@ impl<'a> Planner<'a> {
             let params: usize = projs.iter().chain([&o]).map(|(l, _)| l.params()).sum();
             let heads = h.heads;
             let all: Vec<&LayerNode> = projs.iter().chain([&o]).map(|(l, _)| *l).collect();
-            if forced == Some(Split::Replicate) {
-                for l in &all {
-                    self.replicate(&l.path, format!("override on {}: replicated", att.path));
-                }
-                continue;
-            }
             if heads < self.n {
                 if forced.is_some() {
                     return Err(self.bad_split(&att.path, &format!("split {heads} heads by whole heads")));
@@ -430,19 +490,8 @@ impl<'a> Planner<'a> {
             self.set(&o.0.path, d, format!("{by}: row, one all-reduce of the heads' sum"));
             // What runs inside it on the split heads (dropout on the probabilities): split along
             // the heads axis it declares.
-            let drops: Vec<String> = self
-                .children(&att.path)
-                .filter(|l| l.vars.is_empty() && l.split == SplitRule::Pointwise)
-                .map(|l| l.path.clone())
-                .collect();
-            let scopes: HashSet<String> =
-                self.graph.region(&att.path).iter().map(|&i| self.graph.nodes[i].scope.clone()).collect();
-            let mut extra: Vec<String> = scopes
-                .into_iter()
-                .filter(|s| *s != att.path && !all.iter().any(|l| super::graph::inside(s, &l.path)))
-                .filter(|s| self.layer(s).is_none_or(|l| l.vars.is_empty() && !l.container))
-                .collect();
-            extra.extend(drops);
+            let parts: Vec<&str> = all.iter().map(|l| l.path.as_str()).collect();
+            let extra = heads_inner(self.graph, layers, &att.path, &parts);
             for s in extra {
                 self.decided.insert(
                     s,
@@ -535,10 +584,16 @@ impl<'a> Planner<'a> {
             }
             let forced = self.forced(&l.path);
             let Some(g) = geometry(l).filter(|g| g.col.is_some() || g.row.is_some()) else {
+                let why = match geometry(l) {
+                    Some(g) if !g.extra.is_empty() => {
+                        format!("it has variables its declaration does not name ({})", g.extra.join(", "))
+                    }
+                    _ => "no kernel axis to split".to_string(),
+                };
                 if forced.is_some_and(|f| f != Split::Replicate) {
-                    return Err(self.bad_split(&l.path, "find a kernel axis to split"));
+                    return Err(self.bad_split(&l.path, &format!("split it: {why}")));
                 }
-                self.replicate(&l.path, "no kernel axis to split".into());
+                self.replicate(&l.path, why);
                 continue;
             };
             match forced {
@@ -640,6 +695,9 @@ impl<'a> Planner<'a> {
     /// Why the model's output cannot stay split: the loss, when given, is not the
     /// vocabulary-parallel one.
     fn whole_output(&self) -> Option<String> {
+        if self.graph.outputs.len() > 1 {
+            return Some(format!("the model has {} outputs, each leaves whole", self.graph.outputs.len()));
+        }
         let loss = self.cfg.loss.filter(|l| !super::vocab_parallel(l))?;
         Some(format!("the loss ({loss:?}) needs the whole output"))
     }

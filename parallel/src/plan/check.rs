@@ -3,7 +3,7 @@
 //! split is followed through its ops, so a plan that would train a different function (a column
 //! split whose output reaches its row partner through a transpose, say) is refused, not run.
 
-use super::autoconfig::{INNER, heads_parts};
+use super::autoconfig::{INNER, heads_inner, heads_parts};
 use super::geometry::geometry;
 use super::graph::{Flow, LayerNode, inside};
 use super::traced::Traced;
@@ -174,15 +174,18 @@ impl<'a> Checker<'a> {
     /// the projection back by rows, all by the same whole heads; what runs inside on the split
     /// heads (its dropout) is split along the heads axis it declares.
     fn attention(&mut self, att: &LayerNode, h: &weft_nn::split::HeadSplit) -> Result<()> {
-        let (projs, o) = heads_parts(&self.t.layers, att, h)?;
-        let paths: Vec<String> = projs.iter().chain([&o]).map(|(l, _)| l.path.clone()).collect();
-        let styles: Vec<Style> = paths.iter().map(|p| self.style(p)).collect();
+        let declared: Vec<String> =
+            h.projections.iter().chain([&h.output]).map(|n| format!("{}/{n}", att.path)).collect();
+        let styles: Vec<Style> = declared.iter().map(|p| self.style(p)).collect();
         let last = styles.len() - 1;
         let by_heads = styles[..last].iter().any(|s| matches!(s, Style::Column { gather: false, .. }))
             || matches!(styles[last], Style::Row { scatter: false, .. });
         if !by_heads {
+            // Kept whole (or its parts split on their own, checked like any linear layer).
             return Ok(());
         }
+        let (projs, o) = heads_parts(&self.t.layers, att, h)?;
+        let paths: Vec<String> = projs.iter().chain([&o]).map(|(l, _)| l.path.clone()).collect();
         // Per-device heads, from the first projection's split and its entries per head.
         let unit = |g: &super::geometry::Geometry, column: bool| {
             (if column { g.col } else { g.row }).map_or(1, |c| c.size / h.heads.max(1))
@@ -209,16 +212,10 @@ impl<'a> Checker<'a> {
                 )));
             }
         }
-        let g = &self.t.graph;
-        let inner: HashSet<&str> = g
-            .region(&att.path)
-            .into_iter()
-            .map(|i| g.nodes[i].scope.as_str())
-            .filter(|s| *s != att.path && !paths.iter().any(|p| inside(s, p)))
-            .filter(|s| self.t.layer(s).is_none_or(|l| l.vars.is_empty() && !l.container))
-            .collect();
+        let parts: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let inner = heads_inner(&self.t.graph, &self.t.layers, &att.path, &parts);
         let split = Style::Split { axis: h.inner_axis, sizes: heads.clone() };
-        for s in inner {
+        for s in &inner {
             if self.style(s) != split {
                 return Err(bad(format!(
                     "{s} runs on the split heads of {}, so it must be split like them ({split:?}); otherwise its \
@@ -226,7 +223,7 @@ impl<'a> Checker<'a> {
                     att.path
                 )));
             }
-            self.done.insert(s.to_string());
+            self.done.insert(s.clone());
         }
         self.done.extend(paths);
         Ok(())

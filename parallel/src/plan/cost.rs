@@ -116,7 +116,7 @@ pub(super) fn estimate(plan: &mut ShardingPlan, graph: &Graph, layers: &[LayerNo
             }
         }
         if let Some(sizes) = &plan.output {
-            let out = shape_of(Some(graph.output));
+            let out = shape_of(graph.outputs.first().copied());
             let vocab = plan.loss.as_ref().is_none_or(|l| *l == format!("{:?}", super::vocab_loss()));
             if vocab {
                 // Without a loss the plan cannot know: these run only under the vocabulary-parallel loss.

@@ -28,6 +28,9 @@ pub struct Geometry {
     pub kernel: String,
     /// The bias's full path, when the layer has one.
     pub bias: Option<String>,
+    /// Variables of the layer that its declaration does not name: then it cannot split (each
+    /// would see split activations yet be kept whole, and collect part of its gradient).
+    pub extra: Vec<String>,
 }
 
 /// The geometry of a linear layer, with a column split ruled out where it would change the
@@ -44,11 +47,15 @@ pub fn geometry(l: &LayerNode) -> Option<Geometry> {
     let col_bias =
         lin.column_bias.filter(|&b| bias.is_some_and(|(_, s, _)| col.is_some_and(|c| s.get(b) == Some(&c.size))));
     let bias_ok = bias.is_none() || col_bias.is_some();
+    let extra: Vec<String> =
+        l.vars.iter().map(|v| &v.0).filter(|p| *p != kernel && bias.is_none_or(|b| b.0 != **p)).cloned().collect();
+    let whole = !extra.is_empty();
     Some(Geometry {
-        col: col.filter(|_| bias_ok),
-        row: lin.row.and_then(cut),
+        col: col.filter(|_| bias_ok && !whole),
+        row: lin.row.and_then(cut).filter(|_| !whole),
         col_bias,
         kernel: kernel.clone(),
         bias: bias.map(|b| b.0.clone()),
+        extra,
     })
 }

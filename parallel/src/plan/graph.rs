@@ -53,7 +53,8 @@ pub struct Graph {
     data: HashSet<TensorId>,
     /// The model's inputs, with their shapes.
     pub inputs: Vec<(TensorId, Vec<usize>)>,
-    pub output: TensorId,
+    /// The model's outputs (several for a functional model of several).
+    pub outputs: Vec<TensorId>,
     var_ids: HashSet<TensorId>,
 }
 
@@ -66,7 +67,7 @@ impl Graph {
     pub fn new(
         nodes: Vec<TraceNode>,
         inputs: Vec<(TensorId, Vec<usize>)>,
-        output: TensorId,
+        outputs: Vec<TensorId>,
         var_ids: HashSet<TensorId>,
     ) -> Self {
         let mut consumers: HashMap<TensorId, Vec<usize>> = HashMap::new();
@@ -81,7 +82,7 @@ impl Graph {
                 data.insert(n.id);
             }
         }
-        Graph { nodes, consumers, produced, data, inputs, output, var_ids }
+        Graph { nodes, consumers, produced, data, inputs, outputs, var_ids }
     }
 
     /// Whether `id` is one of the model's inputs.
@@ -158,7 +159,7 @@ impl Graph {
             if !seen.insert(t) {
                 continue;
             }
-            if t == self.output {
+            if self.outputs.contains(&t) {
                 out = true;
             }
             for &c in self.consumers.get(&t).map(Vec::as_slice).unwrap_or(&[]) {

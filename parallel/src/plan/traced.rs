@@ -28,8 +28,8 @@ impl Traced {
         let mut ctx = Ctx::training(0);
         let (y, nodes) = no_grad(|| {
             trace::trace(|| {
-                let _s = weft_nn::scope::enter(net);
-                net.call_with(&xs, &[], &mut ctx)
+                let _s = weft_nn::scope::root(net);
+                net.call_outputs(&xs, &[], &mut ctx)
             })
         })?;
         let root = net.name().to_string();
@@ -39,7 +39,7 @@ impl Traced {
         walk(&net.describe(), "", &vars, &mut layers);
         let var_ids: HashSet<TensorId> = vars.values().copied().collect();
         let inputs = xs.iter().map(|t| (t.id(), t.dims().to_vec())).collect();
-        Ok(Traced { root, graph: Graph::new(nodes, inputs, y.id(), var_ids), layers })
+        Ok(Traced { root, graph: Graph::new(nodes, inputs, y.iter().map(|t| t.id()).collect(), var_ids), layers })
     }
 
     /// The layer at `path`.
