@@ -24,7 +24,7 @@ fn main() -> Result<()> {
     let dev = Device::from_env()?;
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.csv");
     let (values, n, cols) = read_csv(path)?;
-    let (train, test) = train_test_split(n, 0.2, 42);
+    let (train, test) = train_test_split(n, 0.2, 42)?;
     let (x_train, y_train) = rows(&values, cols, &train, &dev)?;
     let (x_test, y_test) = rows(&values, cols, &test, &dev)?;
     println!("digits: {} training and {} test samples of {} pixels", train.len(), test.len(), cols - 1);

@@ -22,7 +22,7 @@ fn rows(values: &[f32], cols: usize, ids: &[u32]) -> (Tensor, Tensor) {
 fn the_digits_mlp_reaches_97_percent() {
     let (values, n, cols) = read_csv(concat!(env!("CARGO_MANIFEST_DIR"), "/data/digits.csv")).unwrap();
     assert_eq!((n, cols), (1797, 65));
-    let (train, test) = train_test_split(n, 0.2, 42);
+    let (train, test) = train_test_split(n, 0.2, 42).unwrap();
     let (x, y) = rows(&values, cols, &train);
     let (xt, yt) = rows(&values, cols, &test);
     let net = Sequential::new()

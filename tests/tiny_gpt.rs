@@ -1,5 +1,6 @@
 //! A short run of the tiny_gpt setup (a decoder-only transformer learning `123+456=0579`): the
-//! loss on the answer digits falls well below chance (ln 12 = 2.48) within 200 steps.
+//! loss on the answer digits falls well below chance (ln 12 = 2.48) within 300 steps (with
+//! EinsumDense drawn by Keras' fans, attention starts from larger weights than it did).
 
 use weft::nn::layers::{Dense, Embedding, LayerNormalization, PositionEmbedding, TransformerBlock};
 use weft::nn::optim::{Adam, LearningRate, Optimizer};
@@ -36,19 +37,19 @@ fn the_answer_loss_falls_below_one() {
         initial: 0.0,
         peak: 3e-3,
         warmup_steps: 50,
-        decay_steps: 200,
+        decay_steps: 300,
         alpha: 0.05,
     })
     .clip_global_norm(1.0);
     let mut losses = Vec::new();
-    for step in 0..200 {
+    for step in 0..300 {
         let (x, y) = batch(128, step + 1);
         let logits = net.call(&x, &mut ctx).unwrap();
         let loss = Tensor::cross_entropy(&logits.narrow(1, 7, 4).unwrap(), &y).unwrap();
         opt.apply(&vars, &loss.backward().unwrap()).unwrap();
         losses.push(loss.to_scalar::<f32>().unwrap());
     }
-    let last: f32 = losses[190..].iter().sum::<f32>() / 10.0;
+    let last: f32 = losses[290..].iter().sum::<f32>() / 10.0;
     eprintln!("answer loss: first {}, mean of the last 10 steps {last}", losses[0]);
     assert!(losses[0] > 2.0, "starts near chance: {}", losses[0]);
     assert!(last < 1.0, "mean loss of the last 10 steps {last} (first {})", losses[0]);

@@ -55,12 +55,26 @@ pub fn shuffled(n: usize, seed: u64) -> Vec<u32> {
     order
 }
 
-/// A seeded shuffle of `0..n` cut into (first `1 - test_fraction`, last `test_fraction`).
-pub fn train_test_split(n: usize, test_fraction: f32, seed: u64) -> (Vec<u32>, Vec<u32>) {
+/// A seeded shuffle of `0..n` cut into (train: the first `1 - test_fraction`, test: the last
+/// `test_fraction`, rounded). A fraction outside [0, 1] (or NaN) is an `Err`.
+///
+/// ```
+/// let (train, test) = weft_nn::data::train_test_split(10, 0.2, 7)?;
+/// assert_eq!((train.len(), test.len()), (8, 2));
+/// assert!(weft_nn::data::train_test_split(10, 1.5, 7).is_err());
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub fn train_test_split(n: usize, test_fraction: f32, seed: u64) -> Result<(Vec<u32>, Vec<u32>)> {
+    if !(0.0..=1.0).contains(&test_fraction) {
+        return Err(Error::invalid(
+            "train_test_split",
+            format!("test_fraction must be in [0, 1], got {test_fraction}"),
+        ));
+    }
     let mut order = shuffled(n, seed);
-    let test = ((n as f32) * test_fraction).round() as usize;
-    let train = order.split_off(n - test);
-    (order, train)
+    let test_rows = (((n as f64) * test_fraction as f64).round() as usize).min(n);
+    let test = order.split_off(n - test_rows);
+    Ok((order, test))
 }
 
 /// Samples in memory: inputs and targets sharing their first axis, cut into batches on their

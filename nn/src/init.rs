@@ -54,13 +54,15 @@ enum Dist {
 
 impl Initializer {
     /// The distribution for a tensor of `shape` (fans come from the whole shape).
-    fn dist(self, shape: &[usize]) -> Dist {
-        // Keras' fans: a kernel [.., in, out] has a receptive field of the leading axes' product;
+    fn dist(self, shape: &[usize], fans: Option<(usize, usize)>) -> Dist {
+        // Keras' fans, unless the layer gives them (EinsumDense: from its input and output
+        // axes): a kernel [.., in, out] has a receptive field of the leading axes' product;
         // fan_in = in * field, fan_out = out * field.
-        let (fan_in, fan_out) = match shape.len() {
-            0 => (1, 1),
-            1 => (shape[0], shape[0]),
-            n => {
+        let (fan_in, fan_out) = match (fans, shape.len()) {
+            (Some(f), _) => f,
+            (None, 0) => (1, 1),
+            (None, 1) => (shape[0], shape[0]),
+            (None, n) => {
                 let field: usize = shape[..n - 2].iter().product();
                 (shape[n - 2] * field, shape[n - 1] * field)
             }
@@ -87,17 +89,28 @@ impl Initializer {
 
     /// A tensor of `shape` on `device` drawn from `seed`.
     pub fn init(self, shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+        self.init_fans(shape, None, seed, device)
+    }
+
+    /// [`init`](Self::init), scaled by the fans given (`None`: from the shape, as Keras).
+    pub(crate) fn init_fans(
+        self,
+        shape: &[usize],
+        fans: Option<(usize, usize)>,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Tensor> {
         if matches!(device, Device::Meta) {
             return Tensor::zeros(shape, device); // planning: shapes only
         }
-        match self.dist(shape) {
+        match self.dist(shape, fans) {
             Dist::Uniform(lo, hi) => Tensor::rand(lo, hi, shape, seed, device),
             Dist::Normal(mean, std) => Tensor::randn(mean, std, shape, seed, device),
             Dist::Const(v) => Tensor::full(v, shape, device),
             Dist::Truncated(_) => {
                 let axis = shape.len().saturating_sub(1);
                 let len = shape.get(axis).copied().unwrap_or(1);
-                self.init_part(shape, axis, 0, len, seed, device)
+                self.init_part_fans(shape, fans, axis, 0, len, seed, device)
             }
         }
     }
@@ -123,9 +136,24 @@ impl Initializer {
         seed: u64,
         device: &Device,
     ) -> Result<Tensor> {
+        self.init_part_fans(shape, None, axis, start, len, seed, device)
+    }
+
+    /// [`init_part`](Self::init_part), scaled by the fans given (`None`: from the shape).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn init_part_fans(
+        self,
+        shape: &[usize],
+        fans: Option<(usize, usize)>,
+        axis: usize,
+        start: usize,
+        len: usize,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Tensor> {
         if shape.is_empty() && axis == 0 && start == 0 && len == 1 {
             // A scalar: one value, drawn as a vector of one.
-            return self.init_part(&[1], 0, 0, 1, seed, device)?.reshape(&[]);
+            return self.init_part_fans(&[1], fans, 0, 0, 1, seed, device)?.reshape(&[]);
         }
         if axis >= shape.len() || start.checked_add(len).is_none_or(|end| end > shape[axis]) {
             return Err(weft_core::Error::invalid(
@@ -162,7 +190,7 @@ impl Initializer {
             }
             Ok(v)
         };
-        let values = match self.dist(shape) {
+        let values = match self.dist(shape, fans) {
             Dist::Uniform(lo, hi) => draw(&|i| lo + (hi - lo) * weft_core::rng::uniform(key, i))?,
             Dist::Normal(mean, std) => draw(&|i| mean + std * weft_core::rng::normal(key, i))?,
             Dist::Const(c) => return Tensor::full(c, &local, device),

@@ -685,12 +685,20 @@ impl Model {
 
     /// Build every layer's variables by running the model once on zeros of `[1, input_shape..]`.
     pub fn build(&self, input_shape: &[usize]) -> Result<()> {
-        let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
-        no_grad(|| {
-            let _s = crate::scope::root(self.net.as_ref());
-            self.net.call(&Tensor::zeros(&shape, &self.device)?, &mut self.inference_ctx())
-        })?;
+        self.build_for(&self.zeros_for(input_shape)?)
+    }
+
+    /// Build every layer's variables by running the model once on `x` (one input or several
+    /// named ones: a model of several inputs is built from a sample of each).
+    pub fn build_for(&self, x: impl Into<Inputs>) -> Result<()> {
+        let x = x.into().to_device(&self.device)?;
+        no_grad(|| self.forward(&x, &mut self.inference_ctx()))?;
         crate::layer::check_paths(self.net.as_ref())
+    }
+
+    fn zeros_for(&self, input_shape: &[usize]) -> Result<Tensor> {
+        let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
+        Tensor::zeros(&shape, &self.device)
     }
 
     /// Every variable (and, with `optimizer`, every optimizer slot and the step counter) whole,
@@ -856,14 +864,30 @@ impl Model {
     /// A Keras-style table: each layer's path and kind, its output shape for one sample
     /// (`None` stands for the batch axis), and its parameter count; then the totals.
     pub fn summary(&self, input_shape: &[usize]) -> Result<String> {
-        let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
-        let x = Tensor::zeros(&shape, &self.device)?;
-        let (_, nodes) = no_grad(|| {
-            trace::trace(|| {
-                let _s = crate::scope::root(self.net.as_ref());
-                self.net.call(&x, &mut self.inference_ctx())
-            })
-        })?;
+        self.summary_for(&self.zeros_for(input_shape)?)
+    }
+
+    /// [`summary`](Self::summary) of the model run on `x`: one input, or a sample of each of
+    /// several named ones (ids, attention mask, ...), which is how a model of several inputs
+    /// shows its shapes.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// use weft_nn::layers::{Concatenate, Dense};
+    /// use weft_nn::{Functional, Inputs, Model};
+    /// let mut g = Functional::new("two");
+    /// let (a, b) = (g.input("a"), g.input("b"));
+    /// let j = g.apply(Concatenate::new(-1), &[a, b]);
+    /// let out = g.apply(Dense::new(2), &[j]);
+    /// let model = Model::new(g.output(out)?, &Device::Cpu);
+    /// let x = Inputs::from([("a", Tensor::zeros(&[1, 3], &Device::Cpu)?), ("b", Tensor::zeros(&[1, 4], &Device::Cpu)?)]);
+    /// let table = model.summary_for(x)?;
+    /// assert!(table.contains("two/dense (Dense)") && table.contains("(None, 2)") && table.contains("Total params: 16"));
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn summary_for(&self, x: impl Into<Inputs>) -> Result<String> {
+        let x = x.into().to_device(&self.device)?;
+        let (_, nodes) = no_grad(|| trace::trace(|| self.forward(&x, &mut self.inference_ctx())))?;
         let mut rows: Vec<(String, String, usize)> = Vec::new();
         fn walk(l: &dyn Layer, prefix: &str, nodes: &[trace::TraceNode], rows: &mut Vec<(String, String, usize)>) {
             let path = join(prefix, l.name());

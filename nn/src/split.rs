@@ -79,10 +79,10 @@ pub enum SplitRule {
     Tied,
     /// Attention by heads.
     Heads(HeadSplit),
-    /// No variables, and each element on its own (dropout): runs on a split tensor as it comes,
-    /// drawing its random values for the whole tensor and keeping its part. Under
-    /// `Style::Split` the layer must draw so itself (as `Dropout` does); a layer with variables
-    /// that declares it is kept whole.
+    /// No variables, and runs on a tensor split along its last axis as it comes when told
+    /// where the split is (`Style::Split`): dropout draws its mask for the whole tensor and keeps
+    /// its part, a reshape that keeps the last axis reshapes to its part of it. The layer must
+    /// do so itself under `Style::Split`; a layer with variables that declares it is kept whole.
     Pointwise,
 }
 

@@ -179,6 +179,21 @@ pub(crate) fn new_var(
     shape: &[usize],
     seed: u64,
 ) -> Result<Var> {
+    new_var_fans(shard, path, name, device, init, shape, None, seed)
+}
+
+/// [`new_var`] with the fans the initializer scales by given (EinsumDense's, from its axes).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn new_var_fans(
+    shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
+    path: &str,
+    name: &str,
+    device: &Device,
+    init: crate::Initializer,
+    shape: &[usize],
+    fans: Option<(usize, usize)>,
+    seed: u64,
+) -> Result<Var> {
     match shard.and_then(|(s, c)| s.vars.get(name).map(|p| (p, c))) {
         Some((Placement::Shard { axis, sizes }, comm)) => {
             let r = comm.rank();
@@ -191,9 +206,9 @@ pub(crate) fn new_var(
                     ),
                 ));
             }
-            Var::new(init.init_part(shape, *axis, split_start(sizes, r), sizes[r], seed, device)?)
+            Var::new(init.init_part_fans(shape, fans, *axis, split_start(sizes, r), sizes[r], seed, device)?)
         }
-        _ => Var::new(init.init(shape, seed, device)?),
+        _ => Var::new(init.init_fans(shape, fans, seed, device)?),
     }
 }
 

@@ -264,3 +264,24 @@ fn initial_weights_do_not_depend_on_when_the_model_is_built() {
     late.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
     assert_eq!(early.fit(&x, &y, opts()).unwrap().loss, late.fit(&x, &y, opts()).unwrap().loss);
 }
+
+/// EinsumDense scales its initializer by the fans of its kernel's input and output axes, as
+/// Keras 3 does (`compute_fans(shape, input_axes, output_axes)`), not by the last two axes: a
+/// projection to 8 heads of 16 from 64 has fans (64, 128), the projection back (128, 64).
+/// Keras 3.15 draws these kernels with max |w| 0.1767 (Glorot uniform) and std 0.1246 (He normal).
+#[test]
+fn einsum_dense_fans_come_from_its_input_and_output_axes() {
+    let to_heads = EinsumDense::new("abc,cde->abde", &[0, 8, 16]).bias_axes("de");
+    to_heads.call(&Tensor::zeros(&[2, 5, 64], &Device::Cpu).unwrap(), &mut Ctx::inference()).unwrap();
+    let k = to_heads.variables()[0].1.as_tensor().to_vec::<f32>().unwrap();
+    let limit = (6.0f32 / (64.0 + 128.0)).sqrt();
+    let largest = k.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(largest <= limit && largest > 0.99 * limit, "max |w| {largest}, Keras' limit {limit}");
+
+    let back = EinsumDense::new("abcd,cde->abe", &[0, 64]).kernel_initializer(Initializer::HeNormal);
+    back.call(&Tensor::zeros(&[2, 5, 8, 16], &Device::Cpu).unwrap(), &mut Ctx::inference()).unwrap();
+    let k = back.variables()[0].1.as_tensor().to_vec::<f32>().unwrap();
+    let std = (k.iter().map(|v| v * v).sum::<f32>() / k.len() as f32).sqrt();
+    let want = (2.0f32 / 128.0).sqrt();
+    assert!((std - want).abs() < 0.03 * want, "std {std}, Keras' {want}");
+}

@@ -105,14 +105,7 @@ impl ShardedModel {
         };
         // Build every rank's shards (one forward pass on a one-row sample of every input), then
         // check them against the plan.
-        let mut sample = Inputs::new();
-        for spec in plan.input_specs() {
-            let mut one = spec.clone();
-            if let Some(b) = one.shape.first_mut() {
-                *b = 1;
-            }
-            sample = sample.with(&spec.name, one.zeros(&weft_core::Device::Cpu)?);
-        }
+        let sample = plan.sample_inputs(&weft_core::Device::Cpu)?;
         me.run(|_, model| model.predict_outputs(&sample, 1).map(drop))?;
         me.check_shapes()?;
         Ok(me)
@@ -408,6 +401,14 @@ impl ShardedModel {
     pub fn predict_outputs(&mut self, x: impl Into<Inputs>, batch_size: usize) -> Result<Inputs> {
         let x: Inputs = x.into();
         Ok(self.run(|_, m| m.predict_outputs(&x, batch_size))?.swap_remove(0))
+    }
+
+    /// The plan, then rank 0's summary of the model run on `x` (its shapes are its shards'), as
+    /// [`Model::summary_for`] for a model of several inputs.
+    pub fn summary_for(&mut self, x: impl Into<Inputs>) -> Result<String> {
+        let x: Inputs = x.into();
+        let s = self.run(|_, m| m.summary_for(&x))?.swap_remove(0);
+        Ok(format!("{}\nRank 0 of {} ({}):\n{s}", self.plan, self.mesh.len(), self.mesh.describe()))
     }
 
     /// The plan, then rank 0's summary (its shapes are its shards').

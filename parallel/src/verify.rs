@@ -9,10 +9,11 @@ use crate::{DeviceMesh, ShardedModel, ShardingPlan};
 use std::collections::HashMap;
 use weft_core::{Error, GradStore, Result, Tensor, Var};
 use weft_nn::optim::Optimizer;
-use weft_nn::{Layer, Loss, Model};
+use weft_nn::{Inputs, Layer, Loss, Model, OutputLoss};
 
-/// Makes the batch `(x, y)` of each step (counted from 0).
-pub type BatchSource<'a> = Box<dyn FnMut(usize) -> Result<(Tensor, Tensor)> + 'a>;
+/// Makes the batch `(x, y)` of each step (counted from 0): inputs and labels, each one tensor or
+/// several by name.
+pub type BatchSource<'a> = Box<dyn FnMut(usize) -> Result<(Inputs, Inputs)> + 'a>;
 
 /// What `verify_with` trains on, and how.
 pub struct VerifyOptions<'a> {
@@ -24,6 +25,9 @@ pub struct VerifyOptions<'a> {
     /// part, by `Initializer::init_part`) instead of being handed the one-device weights, and
     /// compare them before the first step (`initial weight`): this checks initialisation too.
     pub own_init: bool,
+    /// A model of several outputs: each output's loss, weight and metrics (as
+    /// `Model::compile_outputs`), in place of the one loss `verify_with` is given.
+    pub outputs: Vec<OutputLoss>,
 }
 
 impl VerifyOptions<'static> {
@@ -31,8 +35,13 @@ impl VerifyOptions<'static> {
     /// seeded order that is shuffled afresh on every pass over the rows, so that the model
     /// cannot memorise one batch. With `batch` at least the number of rows, every step trains on
     /// all of them.
-    pub fn rows(x: &Tensor, y: &Tensor, batch: usize, steps: usize) -> Result<Self> {
-        Ok(VerifyOptions { steps, batches: batches::rows(x, y, batch)?, own_init: false })
+    pub fn rows(x: impl Into<Inputs>, y: impl Into<Inputs>, batch: usize, steps: usize) -> Result<Self> {
+        Ok(VerifyOptions {
+            steps,
+            batches: batches::rows(&x.into(), &y.into(), batch)?,
+            own_init: false,
+            outputs: Vec::new(),
+        })
     }
 }
 
@@ -158,7 +167,7 @@ pub fn verify<L: Layer + 'static>(
     plan: &ShardingPlan,
     optimizer: impl Optimizer + Clone + 'static,
     loss: Loss,
-    data: (&Tensor, &Tensor),
+    data: (impl Into<Inputs>, impl Into<Inputs>),
     steps: usize,
 ) -> Result<VerifyReport> {
     let batch = plan.input_shape.first().copied().unwrap_or(1);
@@ -180,12 +189,16 @@ pub fn verify_with<L: Layer + 'static>(
     let dev = &mesh.devices()[0];
     let mut one = Model::new(net(), dev);
     let last = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    one.compile(Recording { inner: Box::new(optimizer.clone()), last: last.clone() }, loss, &[])?;
-    let sample: Vec<usize> = plan.input_shape.iter().skip(1).copied().collect();
-    one.build(&sample)?;
-
+    let recording = Recording { inner: Box::new(optimizer.clone()), last: last.clone() };
     let mut sharded = ShardedModel::new(&net, mesh, plan)?;
-    sharded.compile(optimizer, loss, &[])?;
+    if options.outputs.is_empty() {
+        one.compile(recording, loss, &[])?;
+        sharded.compile(optimizer, loss, &[])?;
+    } else {
+        one.compile_outputs(recording, &options.outputs)?;
+        sharded.compile_outputs(optimizer, &options.outputs)?;
+    }
+    one.build_for(plan.sample_inputs(dev)?)?;
     let mut diffs = Vec::new();
     if options.own_init {
         let state: HashMap<String, Tensor> = sharded.full_state()?.into_iter().collect();
@@ -225,8 +238,12 @@ pub fn verify_with<L: Layer + 'static>(
         diffs.push(compare("gradient", p, g, other)?);
     }
     // Outputs, weights and optimizer state after the last step.
-    let n = x.dims().first().copied().unwrap_or(1);
-    diffs.push(compare("output", "predict(x)", &one.predict(&x, n)?, &sharded.predict(&x, n)?)?);
+    let n = x.rows()?;
+    let (mine, theirs) = (one.predict_outputs(&x, n)?, sharded.predict_outputs(&x, n)?);
+    for ((name, a), (_, b)) in mine.entries().iter().zip(theirs.entries()) {
+        let what = if name.is_empty() { "predict(x)".to_string() } else { format!("predict(x) {name:?}") };
+        diffs.push(compare("output", &what, a, b)?);
+    }
     let state: HashMap<String, Tensor> = sharded.full_state()?.into_iter().collect();
     for (p, v) in one.variables() {
         let other = state.get(&p).ok_or_else(|| Error::Msg(format!("verify: no sharded weight {p}")))?;

@@ -347,3 +347,31 @@ fn only_what_runs_on_the_split_heads_is_split() {
     let report = verify_with(normed, &mesh, &p, Adam::new(0.01), Loss::MeanSquaredError, options).unwrap();
     assert!(report.max_rel() < 1e-4, "{report}\n{p}");
 }
+
+/// A reshape that keeps the last axis between a column layer and its row partner stays on the
+/// split (it is told where the split is and reshapes to its part), and trains as one device,
+/// with a fixed target and with an inferred one.
+#[test]
+fn a_reshape_that_keeps_the_last_axis_runs_on_the_split() {
+    use weft_nn::layers::Reshape;
+    for target in [[2isize, 4, 16], [2, -1, 16]] {
+        let net = move || {
+            Sequential::new()
+                .named("net")
+                .add(Dense::new(16).activation(Activation::Relu).named("up"))
+                .add(Reshape::new(&target).named("reshape"))
+                .add(Dense::new(3).named("down"))
+        };
+        let p = AutoConfig::new().min_params(0).loss(Loss::MeanSquaredError).plan(&net(), &[4, 8, 5], 2, 1).unwrap();
+        assert_eq!(p.layer("net/up").unwrap().style.name(), "column", "{p}");
+        assert_eq!(p.layer("net/reshape").unwrap().style, tp::Style::Split { axis: 2, sizes: vec![8, 8] }, "{p}");
+        assert_eq!(p.layer("net/down").unwrap().style.name(), "row", "{p}");
+        let x = Tensor::rand(-1.0, 1.0, &[16, 8, 5], 3, &Device::Cpu).unwrap();
+        let y = Tensor::rand(-1.0, 1.0, &[16, 2, 4, 3], 4, &Device::Cpu).unwrap();
+        let options = VerifyOptions { own_init: true, ..VerifyOptions::rows(&x, &y, 4, 4).unwrap() };
+        let report =
+            verify_with(net, &DeviceMesh::cpus(2).unwrap(), &p, Adam::new(0.01), Loss::MeanSquaredError, options)
+                .unwrap();
+        assert!(report.max_rel() < 1e-4, "{report}\n{p}");
+    }
+}

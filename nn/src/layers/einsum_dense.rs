@@ -142,7 +142,27 @@ impl EinsumDense {
         };
         let kshape = ker.iter().map(|&c| size_of(c)).collect::<Result<Vec<_>>>()?;
         let seed = ctx.init_seed(path);
-        let kernel = tp::new_var(shard, path, "kernel", x.device(), self.kernel_init, &kshape, seed)?;
+        // Keras gives the initializer the fans of the kernel's axes: an axis whose letter the
+        // output has counts toward fan_out, one only the input has toward fan_in (not the shape's
+        // last two axes, as for a convolution).
+        let (mut fan_in, mut fan_out) = (1usize, 1usize);
+        for (c, n) in ker.iter().zip(&kshape) {
+            if out.contains(c) {
+                fan_out *= n;
+            } else {
+                fan_in *= n;
+            }
+        }
+        let kernel = tp::new_var_fans(
+            shard,
+            path,
+            "kernel",
+            x.device(),
+            self.kernel_init,
+            &kshape,
+            Some((fan_in, fan_out)),
+            seed,
+        )?;
         let bias = if self.bias_axes.is_empty() {
             None
         } else {

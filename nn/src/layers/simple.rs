@@ -142,16 +142,26 @@ impl Reshape {
     pub fn new(target: &[isize]) -> Self {
         Reshape { name: String::new(), target: target.to_vec() }
     }
-    fn forward(&self, x: &Tensor, _ctx: &mut Ctx) -> Result<Tensor> {
-        let batch = *x
-            .dims()
-            .first()
-            .ok_or_else(|| Error::invalid("Reshape", format!("{}: input has no batch axis", trace::current_scope())))?;
-        let shape: Vec<isize> = std::iter::once(batch as isize).chain(self.target.iter().copied()).collect();
-        x.reshape_infer(&shape).map_err(|e| Error::invalid("Reshape", format!("{}: {e}", trace::current_scope())))
+    fn forward(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let path = trace::current_scope();
+        let batch =
+            *x.dims().first().ok_or_else(|| Error::invalid("Reshape", format!("{path}: input has no batch axis")))?;
+        let mut target = self.target.clone();
+        // On a tensor split along its last axis (a reshape between a column-split layer and its
+        // row partner that keeps that axis), this rank holds only its part of it.
+        if let Some((crate::tp::LayerShard { style: crate::tp::Style::Split { axis, sizes }, .. }, comm)) =
+            crate::tp::shard_of(&ctx.tp, &path)
+            && *axis + 1 == x.rank()
+            && let Some(last) = target.last_mut()
+            && *last == sizes.iter().sum::<usize>() as isize
+        {
+            *last = sizes.get(comm.rank()).copied().unwrap_or(0) as isize;
+        }
+        let shape: Vec<isize> = std::iter::once(batch as isize).chain(target).collect();
+        x.reshape_infer(&shape).map_err(|e| Error::invalid("Reshape", format!("{path}: {e}")))
     }
 }
-stateless!(Reshape, "Reshape");
+stateless!(Reshape, "Reshape", crate::SplitRule::Pointwise);
 
 /// Crops a sequence: drops `begin` steps at the start and `end` at the end of axis 1
 /// (`[batch, time, ..] -> [batch, time - begin - end, ..]`), as Keras' Cropping1D.

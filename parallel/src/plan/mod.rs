@@ -175,6 +175,19 @@ impl ShardingPlan {
         }
     }
 
+    /// One row of zeros of every input (what a model is built from before it trains).
+    pub fn sample_inputs(&self, device: &weft_core::Device) -> Result<weft_nn::Inputs> {
+        let mut sample = weft_nn::Inputs::new();
+        for spec in self.input_specs() {
+            let mut one = spec.clone();
+            if let Some(b) = one.shape.first_mut() {
+                *b = 1;
+            }
+            sample = sample.with(&spec.name, one.zeros(device)?);
+        }
+        Ok(sample)
+    }
+
     /// The plan as JSON.
     pub fn to_json(&self) -> Result<String> {
         serde_json::to_string_pretty(self).map_err(|e| Error::Msg(format!("ShardingPlan::to_json: {e}")))

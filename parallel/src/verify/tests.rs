@@ -13,14 +13,15 @@ fn batches_from_rows_cycle_through_every_row_in_a_fresh_order_each_pass() {
     let x = Tensor::from_vec((0..10).map(|i| i as f32).collect(), &[10, 1], &Device::Cpu).unwrap();
     let y = Tensor::from_vec((0..10u32).collect(), &[10], &Device::Cpu).unwrap();
     let mut opts = VerifyOptions::rows(&x, &y, 4, 5).unwrap();
-    let rows: Vec<Vec<u32>> = (0..5).map(|s| (opts.batches)(s).unwrap().1.to_vec::<u32>().unwrap()).collect();
+    let rows: Vec<Vec<u32>> =
+        (0..5).map(|s| (opts.batches)(s).unwrap().1.entries()[0].1.to_vec::<u32>().unwrap()).collect();
     let first: Vec<u32> = rows.concat()[..10].to_vec();
     let mut sorted = first.clone();
     sorted.sort();
     assert_eq!(sorted, (0..10).collect::<Vec<u32>>(), "one pass holds every row once: {rows:?}");
     assert_ne!(rows.concat()[10..20], first[..], "the second pass has its own order");
     // The same step gives the same batch (both sides of verify read it).
-    assert_eq!((opts.batches)(3).unwrap().1.to_vec::<u32>().unwrap(), rows[3]);
+    assert_eq!((opts.batches)(3).unwrap().1.entries()[0].1.to_vec::<u32>().unwrap(), rows[3]);
 }
 
 #[test]
