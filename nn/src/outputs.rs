@@ -105,6 +105,14 @@ impl Heads {
         }
         let names: Vec<&str> = self.list.iter().map(|(_, o)| o.output.as_str()).collect();
         if let Some((n, _)) = y.entries().iter().find(|(n, _)| !names.contains(&n.as_str())) {
+            if n.is_empty() {
+                return Err(Error::invalid(
+                    op,
+                    format!(
+                        "the model's outputs with a loss are {names:?}: give the labels by output name (Inputs::from([(name, labels), ..]))"
+                    ),
+                ));
+            }
             return Err(Error::invalid(op, format!("labels {n:?} name no output with a loss; those are {names:?}")));
         }
         names

@@ -139,6 +139,8 @@ fn mistakes_are_named() {
     ]);
     let e = err(m.evaluate(&x, &extra, 4));
     assert!(e.contains("\"colour\""), "{e}");
+    let e = err(m.train_on_batch(&x, y.get("price").unwrap()));
+    assert!(e.contains("by output name") && e.contains("\"kind\""), "{e}");
     let e = err(m.predict(&x, 4));
     assert!(e.contains("predict_outputs"), "{e}");
     let e = err(Model::new(two_heads(), &Device::Cpu).compile_outputs(Adam::new(0.1), &[OutputLoss::new("size", CE)]));
