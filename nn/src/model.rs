@@ -103,7 +103,8 @@ pub struct Model {
     net: Box<dyn Layer>,
     device: Device,
     optimizer: Option<Box<dyn Optimizer>>,
-    heads: Option<Heads>,
+    /// Shared, so a step reads it without copying it.
+    heads: Option<Arc<Heads>>,
     ctx: Ctx,
     tp: Option<Arc<TpCtx>>,
 }
@@ -247,7 +248,7 @@ impl Model {
             return Err(Error::invalid("compile", "a model of several outputs cannot leave one split"));
         }
         self.optimizer = Some(optimizer);
-        self.heads = Some(heads);
+        self.heads = Some(Arc::new(heads));
         Ok(())
     }
 
@@ -293,7 +294,7 @@ impl Model {
         }
     }
 
-    fn parts(&mut self) -> Result<(&mut Box<dyn Optimizer>, Heads)> {
+    fn parts(&mut self) -> Result<(&mut Box<dyn Optimizer>, Arc<Heads>)> {
         match (self.optimizer.as_mut(), self.heads.clone()) {
             (Some(o), Some(h)) => Ok((o, h)),
             _ => Err(Error::invalid("fit", "call compile(optimizer, loss, metrics) first")),
@@ -378,7 +379,7 @@ impl Model {
                 figs.push(l.detach().reshape(&[1])?);
             }
         }
-        let mut losses = Tensor::concat(&figs, 0)?;
+        let mut losses = if figs.len() == 1 { figs[0].clone() } else { Tensor::concat(&figs, 0)? };
         if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
             losses = tp.data.all_reduce(&losses, ReduceKind::Sum)?;
         }

@@ -146,21 +146,20 @@ pub fn enter(layer: &dyn Layer) -> LayerScope {
     if FRAMES.with(|f| f.borrow().is_empty()) {
         return root(layer);
     }
-    let (at, size, kind) = (address(layer), std::mem::size_of_val(layer), layer.kind());
-    let name = layer.name().to_string();
+    let (at, size, kind, name) = (address(layer), std::mem::size_of_val(layer), layer.kind(), layer.name());
     let (known, again, depth) = FRAMES.with(|f| {
         let mut f = f.borrow_mut();
         let top = f.last_mut().expect("a frame");
         let again = top.entered.last() == Some(&(at, kind));
         let depth = top.entered.len();
         top.entered.push((at, kind));
-        (top.path(at, size, kind, &name), again, depth)
+        (top.path(at, size, kind, name), again, depth)
     });
     let path = match (known, again) {
         (Some(p), _) => p,
         // Entered again from inside itself: it stays where it is.
         (None, true) => trace::current_scope(),
-        (None, false) => join(&trace::current_scope(), &name),
+        (None, false) => join(&trace::current_scope(), name),
     };
     LayerScope { _path: trace::scope_at(&path), restore: Restore::Entered(depth) }
 }

@@ -169,22 +169,10 @@ pub(crate) fn shard_of<'a>(
 }
 
 /// A variable for `name` of the layer at `path`, of whole shape `shape`, drawn by `init` from
-/// `seed`: on a split, this rank draws only its part (the values one device would have there).
-pub(crate) fn new_var(
-    shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
-    path: &str,
-    name: &str,
-    device: &Device,
-    init: crate::Initializer,
-    shape: &[usize],
-    seed: u64,
-) -> Result<Var> {
-    new_var_fans(shard, path, name, device, init, shape, None, seed)
-}
-
-/// [`new_var`] with the fans the initializer scales by given (EinsumDense's, from its axes).
+/// `seed` and scaled by `fans` when given (EinsumDense's, from its axes; `None`: from the shape):
+/// on a split, this rank draws only its part (the values one device would have there).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn new_var_fans(
+pub(crate) fn new_var(
     shard: Option<(&LayerShard, &Arc<dyn Collectives>)>,
     path: &str,
     name: &str,
@@ -309,7 +297,7 @@ pub fn variable(
 ) -> Result<Var> {
     let _scope = crate::scope::enter(layer);
     let path = weft_core::trace::current_scope();
-    new_var(shard_of(&ctx.tp, &path), &path, name, device, init, shape, seed)
+    new_var(shard_of(&ctx.tp, &path), &path, name, device, init, shape, None, seed)
 }
 
 /// Mean cross-entropy of logits split over the vocabulary (`[.., sizes[rank]]` on each rank)

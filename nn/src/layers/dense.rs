@@ -79,11 +79,27 @@ impl Layer for Dense {
             None => {
                 let in_dim = tp::full_input(shard.map(|s| &s.0.style), local_in);
                 let seed = ctx.init_seed(&path);
-                let k = tp::new_var(shard, &path, "kernel", x.device(), self.kernel_init, &[in_dim, self.units], seed)?;
+                let k = tp::new_var(
+                    shard,
+                    &path,
+                    "kernel",
+                    x.device(),
+                    self.kernel_init,
+                    &[in_dim, self.units],
+                    None,
+                    seed,
+                )?;
                 let b = match self.use_bias {
-                    true => {
-                        Some(tp::new_var(shard, &path, "bias", x.device(), self.bias_init, &[self.units], seed ^ 1)?)
-                    }
+                    true => Some(tp::new_var(
+                        shard,
+                        &path,
+                        "bias",
+                        x.device(),
+                        self.bias_init,
+                        &[self.units],
+                        None,
+                        seed ^ 1,
+                    )?),
                     false => None,
                 };
                 let _ = self.vars.set((k, b));

@@ -153,16 +153,8 @@ impl EinsumDense {
                 fan_in *= n;
             }
         }
-        let kernel = tp::new_var_fans(
-            shard,
-            path,
-            "kernel",
-            x.device(),
-            self.kernel_init,
-            &kshape,
-            Some((fan_in, fan_out)),
-            seed,
-        )?;
+        let kernel =
+            tp::new_var(shard, path, "kernel", x.device(), self.kernel_init, &kshape, Some((fan_in, fan_out)), seed)?;
         let bias = if self.bias_axes.is_empty() {
             None
         } else {
@@ -195,7 +187,7 @@ impl EinsumDense {
                     _ => 1,
                 })
                 .collect();
-            Some(tp::new_var(shard, path, "bias", x.device(), Initializer::Zeros, &bshape, 0)?)
+            Some(tp::new_var(shard, path, "bias", x.device(), Initializer::Zeros, &bshape, None, 0)?)
         };
         Ok((kernel, bias))
     }

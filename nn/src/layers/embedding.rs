@@ -67,7 +67,7 @@ impl Layer for Embedding {
             Some(t) => t,
             None => {
                 let (shape, seed) = ([self.input_dim, self.output_dim], ctx.init_seed(&path));
-                let t = tp::new_var(shard, &path, "embeddings", ids.device(), self.init, &shape, seed)?;
+                let t = tp::new_var(shard, &path, "embeddings", ids.device(), self.init, &shape, None, seed)?;
                 let _ = self.table.set(t);
                 self.table.get().expect("just set")
             }
