@@ -2,8 +2,9 @@
 """Golden values from Keras 3 (pinned: keras 3.15.1 on CPU JAX 0.10.2) for weft's conformance
 test (nn/tests/keras_conformance.rs): losses and their gradients, optimizers after 3 steps,
 learning-rate schedules, layers (Dense, LayerNormalization, EinsumDense, MultiHeadAttention with a
-mask), truncated initializer statistics, `validation_split` row counts and what "accuracy"
-resolves to.
+mask), truncated initializer statistics, `validation_split` row counts, what "accuracy"
+resolves to, metric values with ties, and `fit`'s History and final weights, alone and under
+EarlyStopping.
 
     pip install keras==3.15.1 jax==0.10.2 jaxlib==0.10.2 numpy
     KERAS_BACKEND=jax python3 scripts/keras_golden.py data/keras/golden.json
@@ -146,6 +147,66 @@ for yt, yp in [((8,), (8, 3)), ((8, 1), (8, 3)), ((8, 3), (8, 3)), ((8, 1), (8, 
     m = compile_utils.get_metric("accuracy", np.zeros(yt), np.zeros(yp))
     acc.append({"y_true": list(yt), "y_pred": list(yp), "metric": type(m).__name__})
 out["accuracy"] = acc
+
+
+# Metric values, ties included: a prediction of exactly 0.5 is not positive (Keras: `> 0.5`), and
+# an arg-max tie goes to the first index.
+yt_bin = np.array([[1, 0], [0, 1], [1, 1], [0, 0]], np.float32)
+yp_bin = np.array([[0.5, 0.2], [0.7, 0.51], [0.9, 0.5], [0.49, 0.0]], np.float32)
+yp_cat = np.array([[0.2, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.3], [0.0, 0.1, 0.9]], np.float32)
+lab = np.array([1, 1, 0, 2], np.int32)
+metric_values = []
+for name, m, yt, yp in [
+    ("binary_accuracy", keras.metrics.BinaryAccuracy(), yt_bin, yp_bin),
+    ("categorical_accuracy", keras.metrics.CategoricalAccuracy(), np.eye(3, dtype=np.float32)[lab], yp_cat),
+    ("sparse_categorical_accuracy", keras.metrics.SparseCategoricalAccuracy(), lab, yp_cat),
+]:
+    m.update_state(yt, yp)
+    metric_values.append({"name": name, "y_true": tolist(yt), "y_pred": tolist(yp), "value": float(m.result())})
+out["metric_values"] = metric_values
+
+# fit: a small model from given weights, no shuffle, validation_split 0.2 of 11 rows (8 train in
+# batches of 3, 3, 2), Adam, sparse cross-entropy from logits and "accuracy"; then the same run
+# under EarlyStopping in several configurations. Each case keeps Keras' History (flat keys), the
+# epochs it ran and the final weights.
+xf = arr(11, 5, lo=-2.0, hi=2.0)
+yf = np.array([0, 1, 2, 1, 0, 2, 2, 1, 0, 1, 2], np.int32)
+w_init = [arr(5, 4), arr(4), arr(4, 3), arr(3)]
+
+
+def fit_case(name, epochs, callback=None, **es):
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(3)])
+    model.set_weights(w_init)
+    model.compile(
+        keras.optimizers.Adam(0.05),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    callbacks = [keras.callbacks.EarlyStopping(**es)] if es else []
+    h = model.fit(xf, yf, batch_size=3, epochs=epochs, validation_split=0.2, shuffle=False, verbose=0, callbacks=callbacks)
+    return {
+        "name": name,
+        "epochs": epochs,
+        "early_stopping": {k: v for k, v in es.items()},
+        "history": {k: [float(v) for v in vs] for k, vs in h.history.items()},
+        "weights": [tolist(w) for w in model.get_weights()],
+    }
+
+
+out["fit"] = {
+    "x": tolist(xf),
+    "y": tolist(yf),
+    "weights": [tolist(w) for w in w_init],
+    "cases": [
+        fit_case("plain", 3),
+        fit_case("min_delta_restore", 6, monitor="val_loss", patience=1, min_delta=0.5, restore_best_weights=True),
+        fit_case("accuracy_from_epoch_2", 8, monitor="accuracy", patience=1, start_from_epoch=2),
+        fit_case("val_accuracy_restore", 8, monitor="val_accuracy", patience=0, start_from_epoch=3, restore_best_weights=True),
+        fit_case("baseline", 8, monitor="val_accuracy", patience=2, baseline=0.5),
+        fit_case("no_baseline", 8, monitor="val_accuracy", patience=2),
+        fit_case("mode_max_loss", 6, monitor="val_loss", patience=1, mode="max"),
+    ],
+}
 
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:

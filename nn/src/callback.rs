@@ -17,6 +17,10 @@ pub enum Control {
 /// A sharded model runs a copy of each callback on every rank (each sees the same history, and
 /// its own rank's model): a callback that can be copied says so in `clone_box`.
 pub trait Callback: Send {
+    /// Before the first epoch (a callback reused for a second `fit` starts afresh here).
+    fn on_train_begin(&mut self, _model: &Model) -> Result<()> {
+        Ok(())
+    }
     /// After epoch `epoch` (from 0); `history` already holds its figures.
     fn on_epoch_end(&mut self, epoch: usize, history: &History, model: &Model) -> Result<Control>;
     /// When training ends (normally or stopped).
@@ -44,21 +48,71 @@ fn monitored(history: &History, monitor: &str, epoch: usize) -> Result<f32> {
     })
 }
 
-/// Losses improve downwards, accuracies upwards.
-fn higher_is_better(monitor: &str) -> bool {
-    monitor.contains("acc")
+/// Which way a monitored figure improves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// From the name, as Keras does: a loss (`loss`, `val_loss`, `{output}_loss`) goes down, an
+    /// accuracy goes up; any other name is an `Err` asking for `Min` or `Max`.
+    #[default]
+    Auto,
+    /// Lower is better.
+    Min,
+    /// Higher is better.
+    Max,
+}
+
+impl Mode {
+    /// `true` when higher values of `monitor` are better.
+    fn higher_is_better(self, monitor: &str) -> Result<bool> {
+        match self {
+            Mode::Min => Ok(false),
+            Mode::Max => Ok(true),
+            Mode::Auto => {
+                let name = monitor.strip_prefix("val_").unwrap_or(monitor);
+                if name == "loss" || name.ends_with("_loss") {
+                    Ok(false)
+                } else if name.ends_with("accuracy") {
+                    Ok(true)
+                } else {
+                    Err(Error::invalid(
+                        "callback",
+                        format!(
+                            "cannot tell whether {monitor:?} should go up or down: set the mode to Mode::Min or Mode::Max"
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Keras' test: `value` improves on `best` by more than `min_delta` (any value improves on none).
+    fn improves(self, monitor: &str, value: f32, best: Option<f32>, min_delta: f32) -> Result<bool> {
+        let Some(b) = best else { return Ok(true) };
+        Ok(if self.higher_is_better(monitor)? { value - min_delta > b } else { value + min_delta < b })
+    }
 }
 
 /// Stop when `monitor` has not improved by `min_delta` for `patience` epochs; optionally put back
-/// the weights of the best epoch.
+/// the weights of the best epoch. The rules are Keras' `EarlyStopping`: epochs before
+/// `start_from_epoch` are ignored, an improvement that does not also beat `baseline` does not
+/// reset the count, and training never stops after its first epoch.
+///
+/// ```
+/// use weft_nn::callback::{EarlyStopping, Mode};
+/// let stop = EarlyStopping::new("val_accuracy", 3).mode(Mode::Max).baseline(0.5).restore_best_weights(true);
+/// # let _ = stop;
+/// ```
 #[derive(Clone)]
 pub struct EarlyStopping {
     monitor: String,
     patience: usize,
     min_delta: f32,
+    mode: Mode,
+    baseline: Option<f32>,
+    start_from_epoch: usize,
     restore_best_weights: bool,
     best: Option<f32>,
-    best_weights: Vec<Tensor>,
+    best_weights: Option<Vec<Tensor>>,
     waited: usize,
     /// The epoch training stopped after, if it stopped early.
     pub stopped_epoch: Option<usize>,
@@ -71,16 +125,34 @@ impl EarlyStopping {
             monitor: monitor.to_string(),
             patience,
             min_delta: 0.0,
+            mode: Mode::Auto,
+            baseline: None,
+            start_from_epoch: 0,
             restore_best_weights: false,
             best: None,
-            best_weights: Vec::new(),
+            best_weights: None,
             waited: 0,
             stopped_epoch: None,
         }
     }
-    /// Smallest change that counts as an improvement.
+    /// Smallest change that counts as an improvement (its sign is ignored, as in Keras).
     pub fn min_delta(mut self, d: f32) -> Self {
-        self.min_delta = d;
+        self.min_delta = d.abs();
+        self
+    }
+    /// Which way `monitor` improves (default: from its name).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+    /// A value to beat: until `monitor` beats it, improvements do not reset the patience.
+    pub fn baseline(mut self, value: f32) -> Self {
+        self.baseline = Some(value);
+        self
+    }
+    /// Ignore the epochs before this one (a warm-up).
+    pub fn start_from_epoch(mut self, epoch: usize) -> Self {
+        self.start_from_epoch = epoch;
         self
     }
     /// At the end, put back the weights of the best epoch.
@@ -90,24 +162,42 @@ impl EarlyStopping {
     }
 }
 
+fn snapshot(model: &Model) -> Vec<Tensor> {
+    model.variables().iter().map(|(_, var)| var.as_tensor().snapshot()).collect()
+}
+
 impl Callback for EarlyStopping {
+    fn on_train_begin(&mut self, _model: &Model) -> Result<()> {
+        // Check the mode now, not after the first epoch's work.
+        self.mode.higher_is_better(&self.monitor)?;
+        (self.best, self.best_weights, self.waited, self.stopped_epoch) = (None, None, 0, None);
+        Ok(())
+    }
+
     fn on_epoch_end(&mut self, epoch: usize, history: &History, model: &Model) -> Result<Control> {
         let v = monitored(history, &self.monitor, epoch)?;
-        let better = match self.best {
-            None => true,
-            Some(b) if higher_is_better(&self.monitor) => v > b + self.min_delta,
-            Some(b) => v < b - self.min_delta,
-        };
-        if better {
+        if epoch < self.start_from_epoch {
+            return Ok(Control::Continue);
+        }
+        if self.restore_best_weights && self.best_weights.is_none() {
+            self.best_weights = Some(snapshot(model));
+        }
+        self.waited += 1;
+        if self.mode.improves(&self.monitor, v, self.best, self.min_delta)? {
             self.best = Some(v);
-            self.waited = 0;
             if self.restore_best_weights {
-                self.best_weights = model.variables().iter().map(|(_, var)| var.as_tensor().snapshot()).collect();
+                self.best_weights = Some(snapshot(model));
+            }
+            let beats_baseline = match self.baseline {
+                None => true,
+                b => self.mode.improves(&self.monitor, v, b, self.min_delta)?,
+            };
+            if beats_baseline {
+                self.waited = 0;
             }
             return Ok(Control::Continue);
         }
-        self.waited += 1;
-        if self.waited >= self.patience {
+        if self.waited >= self.patience && epoch > 0 {
             self.stopped_epoch = Some(epoch);
             return Ok(Control::Stop);
         }
@@ -119,8 +209,8 @@ impl Callback for EarlyStopping {
     }
 
     fn on_train_end(&mut self, _history: &History, model: &Model) -> Result<()> {
-        if self.restore_best_weights && !self.best_weights.is_empty() {
-            for ((_, var), best) in model.variables().iter().zip(&self.best_weights) {
+        if let Some(best) = self.best_weights.as_ref().filter(|_| self.restore_best_weights) {
+            for ((_, var), best) in model.variables().iter().zip(best) {
                 var.set(best)?;
             }
         }
@@ -135,13 +225,20 @@ pub struct ModelCheckpoint {
     path: std::path::PathBuf,
     monitor: String,
     save_best_only: bool,
+    mode: Mode,
     best: Option<f32>,
 }
 
 impl ModelCheckpoint {
     /// Save after every epoch.
     pub fn new(path: impl Into<std::path::PathBuf>) -> Self {
-        ModelCheckpoint { path: path.into(), monitor: "val_loss".into(), save_best_only: false, best: None }
+        ModelCheckpoint {
+            path: path.into(),
+            monitor: "val_loss".into(),
+            save_best_only: false,
+            mode: Mode::Auto,
+            best: None,
+        }
     }
     /// Save only when `monitor` is the best seen so far.
     pub fn save_best_only(mut self, monitor: &str) -> Self {
@@ -149,18 +246,24 @@ impl ModelCheckpoint {
         self.save_best_only = true;
         self
     }
+    /// Which way the monitored figure improves (default: from its name).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
 }
 
 impl Callback for ModelCheckpoint {
+    fn on_train_begin(&mut self, _model: &Model) -> Result<()> {
+        if self.save_best_only {
+            self.mode.higher_is_better(&self.monitor)?;
+        }
+        Ok(())
+    }
     fn on_epoch_end(&mut self, epoch: usize, history: &History, model: &Model) -> Result<Control> {
         if self.save_best_only {
             let v = monitored(history, &self.monitor, epoch)?;
-            let better = match self.best {
-                None => true,
-                Some(b) if higher_is_better(&self.monitor) => v > b,
-                Some(b) => v < b,
-            };
-            if !better {
+            if !self.mode.improves(&self.monitor, v, self.best, 0.0)? {
                 return Ok(Control::Continue);
             }
             self.best = Some(v);

@@ -474,6 +474,9 @@ impl Model {
             }
             _ => (all, None),
         };
+        for cb in opts.callbacks.iter_mut() {
+            cb.on_train_begin(self)?;
+        }
         // Only now, with every argument checked, does the model's seed change.
         self.ctx.seed = opts.seed;
         let train_n = train.len();

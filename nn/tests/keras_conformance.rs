@@ -1,13 +1,16 @@
 //! weft against Keras 3 (golden values in `data/keras/golden.json`, from `scripts/keras_golden.py`
 //! with keras 3.15.1 on CPU JAX): losses and gradients (1e-5 forward, 1e-4 gradients), optimizers
-//! after 3 steps (1e-5), schedules, layers, truncated initializers, `validation_split` and what
-//! "accuracy" resolves to.
+//! after 3 steps (1e-5), schedules, layers, truncated initializers, `validation_split`, what
+//! "accuracy" resolves to, metric values with ties, and `fit`: its History (Keras' flat keys and
+//! values) and final weights, alone and under `EarlyStopping` (min_delta, patience, mode,
+//! baseline, start_from_epoch, restored weights).
 
 use serde_json::Value;
 use weft_core::{Device, GradStore, Tensor, Var};
+use weft_nn::callback::{Callback, EarlyStopping, Mode};
 use weft_nn::layers::{AttentionMasks, Dense, EinsumDense, LayerNormalization, MultiHeadAttention};
 use weft_nn::optim::{Adam, AdamW, LearningRate, Optimizer, RMSprop, Sgd};
-use weft_nn::{Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Sequential};
+use weft_nn::{Activation, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Sequential};
 
 fn golden() -> Value {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/keras/golden.json");
@@ -221,4 +224,104 @@ fn accuracy_resolves_as_keras_does() {
         };
         assert_eq!(Metric::Accuracy.resolve(&p, &t), want, "y_true {:?}, y_pred {:?}", t.dims(), p.dims());
     }
+}
+
+#[test]
+fn metric_values_match_keras_ties_included() {
+    let g = golden();
+    for case in g["metric_values"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let metric = match name {
+            "binary_accuracy" => Metric::BinaryAccuracy,
+            "categorical_accuracy" => Metric::CategoricalAccuracy,
+            "sparse_categorical_accuracy" => Metric::SparseCategoricalAccuracy,
+            other => panic!("unknown metric {other}"),
+        };
+        let (right, all) = metric.count(&tensor(&case["y_pred"]), &tensor(&case["y_true"])).unwrap();
+        close(&[(right / all) as f32], &[case["value"].as_f64().unwrap() as f32], 1e-6, name);
+    }
+}
+
+/// The EarlyStopping a golden case was run with, built from its Keras arguments.
+fn early_stopping(es: &serde_json::Map<String, Value>) -> EarlyStopping {
+    let num = |k: &str| es.get(k).and_then(Value::as_f64);
+    let mut cb = EarlyStopping::new(es["monitor"].as_str().unwrap(), num("patience").unwrap_or(0.0) as usize);
+    if let Some(d) = num("min_delta") {
+        cb = cb.min_delta(d as f32);
+    }
+    if let Some(b) = num("baseline") {
+        cb = cb.baseline(b as f32);
+    }
+    if let Some(e) = num("start_from_epoch") {
+        cb = cb.start_from_epoch(e as usize);
+    }
+    if let Some(m) = es.get("mode").and_then(Value::as_str) {
+        cb = cb.mode(if m == "max" { Mode::Max } else { Mode::Min });
+    }
+    cb.restore_best_weights(es.get("restore_best_weights").and_then(Value::as_bool).unwrap_or(false))
+}
+
+#[test]
+fn fit_history_and_early_stopping_match_keras() {
+    let g = &golden()["fit"];
+    let (x, y) = (tensor(&g["x"]), tensor(&g["y"]));
+    let init: Vec<Tensor> = g["weights"].as_array().unwrap().iter().map(tensor).collect();
+    for case in g["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let net = Sequential::new().add(Dense::new(4).activation(Activation::Relu)).add(Dense::new(3));
+        let mut m = Model::new(net, &Device::Cpu);
+        m.compile(Adam::new(0.05), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[Metric::Accuracy])
+            .unwrap();
+        m.build(&[1, 5]).unwrap();
+        for ((p, v), w) in m.variables().iter().zip(&init) {
+            assert_eq!(v.dims(), w.dims(), "{p}");
+            v.set(w).unwrap();
+        }
+        let es = case["early_stopping"].as_object().unwrap();
+        let callbacks: Vec<Box<dyn Callback>> =
+            if es.is_empty() { Vec::new() } else { vec![Box::new(early_stopping(es))] };
+        let opts = FitOptions {
+            epochs: case["epochs"].as_u64().unwrap() as usize,
+            batch_size: 3,
+            validation_split: 0.2,
+            shuffle: false,
+            verbose: false,
+            callbacks,
+            ..Default::default()
+        };
+        let h = m.fit(&x, &y, opts).unwrap().flat();
+        let want = case["history"].as_object().unwrap();
+        let keys = |it: Vec<&String>| it.into_iter().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(h.keys().collect()), keys(want.keys().collect()), "{name}: history keys");
+        for (k, series) in want {
+            let series: Vec<f32> = series.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+            close(&h[k], &series, 1e-5, &format!("{name}: {k}"));
+        }
+        for ((p, v), w) in m.variables().iter().zip(case["weights"].as_array().unwrap()) {
+            close(&vals(v.as_tensor()), &vals(&tensor(w)), 1e-5, &format!("{name}: final {p}"));
+        }
+    }
+}
+
+#[test]
+fn a_monitor_of_unknown_direction_is_an_err_before_training() {
+    let mut m = Model::new(Sequential::new().add(Dense::new(1)), &Device::Cpu);
+    m.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+    let x = Tensor::ones(&[4, 2], &Device::Cpu).unwrap();
+    let y = Tensor::zeros(&[4, 1], &Device::Cpu).unwrap();
+    m.build(&[1, 2]).unwrap();
+    let before = vals(m.variables()[0].1.as_tensor());
+    let opts =
+        FitOptions { verbose: false, callbacks: vec![Box::new(EarlyStopping::new("auc", 1))], ..Default::default() };
+    let err = m.fit(&x, &y, opts).unwrap_err().to_string();
+    assert!(err.contains("\"auc\"") && err.contains("Mode::Max"), "{err}");
+    assert_eq!(vals(m.variables()[0].1.as_tensor()), before, "nothing trained");
+    // Told the direction, the same monitor is accepted (and then missing from the history: an Err naming it).
+    let opts = FitOptions {
+        verbose: false,
+        callbacks: vec![Box::new(EarlyStopping::new("auc", 1).mode(Mode::Max))],
+        ..Default::default()
+    };
+    let err = m.fit(&x, &y, opts).unwrap_err().to_string();
+    assert!(err.contains("nothing called \"auc\""), "{err}");
 }
