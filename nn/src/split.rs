@@ -68,8 +68,9 @@ pub enum SplitRule {
     /// A linear map: column- or row-split candidates.
     Linear(LinearSplit),
     /// An embedding table split by vocabulary rows (axis 0): masked lookups, one all-reduce.
-    /// The layer runs its part itself under `Style::Vocab` (as `Embedding` does: look up the ids
-    /// it holds, zero the rest, all-reduce); a layer of one's own that declares it must too.
+    /// The layer builds its table with [`tp::variable`](crate::tp::variable) and looks ids up
+    /// with [`tp::lookup`](crate::tp::lookup), which runs its part under `Style::Vocab` (look up
+    /// the ids this rank holds, zero the rest, all-reduce), as `Embedding` does.
     Vocab {
         /// The table variable's name.
         table: String,
@@ -81,8 +82,9 @@ pub enum SplitRule {
     Heads(HeadSplit),
     /// No variables, and runs on a tensor split along its last axis as it comes when told
     /// where the split is (`Style::Split`): dropout draws its mask for the whole tensor and keeps
-    /// its part, a reshape that keeps the last axis reshapes to its part of it. The layer must
-    /// do so itself under `Style::Split`; a layer with variables that declares it is kept whole.
+    /// its part, a reshape that keeps the last axis reshapes to its part of it. The layer reads
+    /// where its part lies with [`tp::part`](crate::tp::part); a layer with variables that
+    /// declares it is kept whole.
     Pointwise,
 }
 

@@ -208,6 +208,105 @@ pub fn input_size(layer: &dyn crate::Layer, ctx: &crate::Ctx, local: usize) -> u
     full_input(shard_of(&ctx.tp, &weft_core::trace::current_scope()).map(|s| &s.0.style), local)
 }
 
+/// Where this rank's part of a tensor split along one axis lies: what a layer that declares
+/// [`SplitRule::Pointwise`](crate::SplitRule) reads to act on its part exactly as it would on
+/// the whole (a mask drawn for the whole and cut, a per-feature constant cut to its features).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// The split axis.
+    pub axis: usize,
+    /// This rank's first entry along it.
+    pub start: usize,
+    /// How many entries this rank holds.
+    pub len: usize,
+    /// The whole axis' size.
+    pub whole: usize,
+}
+
+/// This rank's part of `layer`'s input, when the plan runs the layer on a tensor split along one
+/// axis (`Style::Split`); `None` when it runs on the whole tensor.
+///
+/// ```
+/// use weft_nn::{layers::Dropout, tp, Ctx};
+/// // Outside a sharded model nothing is split.
+/// assert_eq!(tp::part(&Dropout::new(0.5), &Ctx::inference()), None);
+/// ```
+pub fn part(layer: &dyn crate::Layer, ctx: &crate::Ctx) -> Option<Part> {
+    let _scope = crate::scope::enter(layer);
+    part_at(&ctx.tp, &weft_core::trace::current_scope())
+}
+
+/// [`part`] for the layer at `path`.
+pub(crate) fn part_at(tp: &Option<Arc<TpCtx>>, path: &str) -> Option<Part> {
+    match shard_of(tp, path) {
+        Some((LayerShard { style: Style::Split { axis, sizes }, .. }, comm)) => {
+            let r = comm.rank();
+            Some(Part {
+                axis: *axis,
+                start: split_start(sizes, r.min(sizes.len())),
+                len: sizes.get(r).copied().unwrap_or(0),
+                whole: sizes.iter().sum(),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Rows `ids` of `table` (an embedding lookup: `[..ids] -> [..ids, width]`) under the split the
+/// plan gives `layer`: split by vocabulary ([`SplitRule::Vocab`](crate::SplitRule)), this rank
+/// holds rows `start..start + len` of the table, looks up the ids in that range, zeroes the rows
+/// of the others, and an all-reduce sums the ranks' parts. Ids may be u32, i32 or f32 holding
+/// whole numbers; one outside the whole vocabulary is an `Err` naming the layer, on one device
+/// or several.
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::{layers::Embedding, tp, Ctx};
+/// let table = Tensor::from_vec(vec![0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2], &Device::Cpu)?;
+/// let ids = Tensor::from_vec(vec![2u32, 0], &[2], &Device::Cpu)?;
+/// let rows = tp::lookup(&Embedding::new(3, 2), &Ctx::inference(), &table, &ids)?;
+/// assert_eq!(rows.to_vec::<f32>()?, vec![4.0, 5.0, 0.0, 1.0]);
+/// assert!(tp::lookup(&Embedding::new(3, 2), &Ctx::inference(), &table, &Tensor::from_vec(vec![3u32], &[1], &Device::Cpu)?).is_err());
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub fn lookup(layer: &dyn crate::Layer, ctx: &crate::Ctx, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    use weft_core::DType;
+    use weft_core::ops::BinaryOp;
+    let _scope = crate::scope::enter(layer);
+    let path = weft_core::trace::current_scope();
+    let shard = shard_of(&ctx.tp, &path);
+    let rows = table.dims().first().copied().unwrap_or(0);
+    let whole = match shard {
+        Some((LayerShard { style: Style::Vocab { sizes }, .. }, _)) => sizes.iter().sum(),
+        _ => rows,
+    };
+    // Every id must be a whole number in 0..whole: -1 or 2.5 is an error naming the layer,
+    // never row 0 or row 2.
+    let ids = ids.to_index(&format!("{path}: ids"), Some(whole))?;
+    match shard {
+        Some((LayerShard { style: Style::Vocab { sizes }, .. }, comm)) => {
+            let r = comm.rank();
+            if sizes.get(r) != Some(&rows) {
+                return Err(Error::invalid(
+                    "tensor parallel",
+                    format!("{path}: this rank holds {rows} rows of the table, the plan gives it {sizes:?} (rank {r})"),
+                ));
+            }
+            // The last rank also takes ids past the end, so a bad id faults as on one device.
+            let start = split_start(sizes, r);
+            let f = ids.to_dtype(DType::F32)?;
+            let mut mask = f.cmp_scalar(BinaryOp::Ge, start as f32)?;
+            if r + 1 < sizes.len() {
+                mask = mask.mul(&f.cmp_scalar(BinaryOp::Lt, (start + rows) as f32)?)?;
+            }
+            let local = f.affine(1.0, -(start as f32))?.mul(&mask)?.to_dtype(DType::U32)?;
+            let found = table.embedding(&local)?.mul(&mask.unsqueeze(-1)?)?;
+            reduce_from_parallel(&found, comm.clone())
+        }
+        _ => table.embedding(&ids),
+    }
+}
+
 /// The full size of an axis whose local size is `local`, under a style that may split it.
 pub(crate) fn full_input(style: Option<&Style>, local: usize) -> usize {
     match style {

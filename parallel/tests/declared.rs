@@ -375,3 +375,154 @@ fn a_reshape_that_keeps_the_last_axis_runs_on_the_split() {
         assert!(report.max_rel() < 1e-4, "{report}\n{p}");
     }
 }
+
+/// An embedding of one's own: a table built with `tp::variable` and read with `tp::lookup`, and,
+/// when `extra`, a scale of its own besides the table.
+struct MyTable {
+    name: String,
+    vocab: usize,
+    width: usize,
+    extra: bool,
+    table: OnceLock<Var>,
+    scale: OnceLock<Var>,
+}
+
+impl MyTable {
+    fn new(name: &str, vocab: usize, width: usize) -> Self {
+        MyTable { name: name.into(), vocab, width, extra: false, table: OnceLock::new(), scale: OnceLock::new() }
+    }
+}
+
+impl Layer for MyTable {
+    fn call(&self, ids: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let table = match self.table.get() {
+            Some(t) => t,
+            None => {
+                let shape = [self.vocab, self.width];
+                let t = tp::variable(self, ctx, "table", ids.device(), Initializer::Uniform(0.5), &shape, 11)?;
+                self.table.get_or_init(|| t)
+            }
+        };
+        let rows = tp::lookup(self, ctx, table, ids)?;
+        if !self.extra {
+            return Ok(rows);
+        }
+        let scale = match self.scale.get() {
+            Some(s) => s,
+            None => {
+                let s = tp::variable(self, ctx, "scale", ids.device(), Initializer::Ones, &[self.width], 0)?;
+                self.scale.get_or_init(|| s)
+            }
+        };
+        rows.mul(scale)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "MyTable"
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        let mut v: Vec<(String, Var)> =
+            self.table.get().map(|t| ("table".to_string(), t.clone())).into_iter().collect();
+        v.extend(self.scale.get().map(|s| ("scale".to_string(), s.clone())));
+        v
+    }
+    fn split_rule(&self) -> SplitRule {
+        SplitRule::Vocab { table: "table".into() }
+    }
+}
+
+/// Scales feature i of the last axis by 1 + i/10: pointwise, but which features a rank holds
+/// matters, so it reads its part with `tp::part` (ignoring it would scale every part as the first).
+struct MyRamp {
+    name: String,
+}
+
+impl Layer for MyRamp {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let last = x.dims()[x.rank() - 1];
+        let (start, whole) = match tp::part(self, ctx) {
+            Some(p) => {
+                assert_eq!((p.axis, p.len), (x.rank() - 1, last), "the part is this rank's slice of the last axis");
+                (p.start, p.whole)
+            }
+            None => (0, last),
+        };
+        let ramp: Vec<f32> = (0..whole).map(|i| 1.0 + i as f32 / 10.0).collect();
+        let ramp = Tensor::from_vec(ramp, &[whole], x.device())?.narrow(0, start, last)?;
+        x.mul(&ramp)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "MyRamp"
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        Vec::new()
+    }
+    fn split_rule(&self) -> SplitRule {
+        SplitRule::Pointwise
+    }
+}
+
+/// Layers of one's own that declare `Vocab` and `Pointwise` run their part through the public
+/// helpers (`tp::lookup`, `tp::part`) and train sharded as on one device (7 rows over 2 and 3
+/// devices, 12 features: uneven parts); a vocabulary layer with weights besides its table stays
+/// whole, with the reason, and a forced vocabulary split of it is refused by name.
+#[test]
+fn vocab_and_pointwise_layers_of_ones_own_run_their_part_through_the_helpers() {
+    let net = |extra: bool| {
+        move || {
+            let mut t = MyTable::new("embed", 7, 6);
+            t.extra = extra;
+            Sequential::new()
+                .named("net")
+                .add(t)
+                .add(Dense::new(12).activation(Activation::Relu).named("up"))
+                .add(MyRamp { name: "ramp".into() })
+                .add(Dense::new(3).named("down"))
+        }
+    };
+    let ids =
+        Tensor::from_vec((0..16 * 5).map(|i| ((i * 5 + i / 7) % 7) as f32).collect(), &[16, 5], &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[16, 5, 3], 4, &Device::Cpu).unwrap();
+    for n in [2, 3] {
+        let p =
+            AutoConfig::new().min_params(0).loss(Loss::MeanSquaredError).plan(&net(false)(), &[4, 5], n, 1).unwrap();
+        assert_eq!(p.layer("net/embed").unwrap().style, tp::Style::Vocab { sizes: tp::split_sizes(7, n) }, "{p}");
+        assert_eq!(p.layer("net/up").unwrap().style.name(), "column", "{p}");
+        assert_eq!(
+            p.layer("net/ramp").unwrap().style,
+            tp::Style::Split { axis: 2, sizes: tp::split_sizes(12, n) },
+            "{p}"
+        );
+        assert_eq!(p.layer("net/down").unwrap().style.name(), "row", "{p}");
+        let options = VerifyOptions { own_init: true, ..VerifyOptions::rows(&ids, &y, 4, 6).unwrap() };
+        let report = verify_with(
+            net(false),
+            &DeviceMesh::cpus(n).unwrap(),
+            &p,
+            Adam::new(0.01),
+            Loss::MeanSquaredError,
+            options,
+        )
+        .unwrap();
+        assert!(report.max_rel() < 1e-4, "{n} devices:\n{report}\n{p}");
+    }
+
+    let p = AutoConfig::new().min_params(0).loss(Loss::MeanSquaredError).plan(&net(true)(), &[4, 5], 2, 1).unwrap();
+    let e = p.layer("net/embed").unwrap();
+    assert_eq!(e.style, tp::Style::Replicated, "{p}");
+    assert!(e.reason.contains("net/embed has variables besides its table \"table\""), "{}", e.reason);
+    let forced = AutoConfig::new().min_params(0).override_layer("net/embed", Split::Vocab);
+    let err = forced.plan(&net(true)(), &[4, 5], 2, 1).unwrap_err().to_string();
+    assert!(err.contains("net/embed") && err.contains("variables besides its table"), "{err}");
+}

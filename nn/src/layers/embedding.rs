@@ -1,10 +1,9 @@
 //! Embedding: integer ids to rows of a trainable table.
 
 use crate::split::SplitRule;
-use crate::tp::{self, Style};
+use crate::tp;
 use crate::{Ctx, Initializer, Layer};
 use std::sync::{Arc, OnceLock};
-use weft_core::collectives::reduce_from_parallel;
 use weft_core::ops::BinaryOp;
 use weft_core::{DType, Error, Result, Tensor, Var, trace};
 
@@ -72,27 +71,7 @@ impl Layer for Embedding {
                 self.table.get().expect("just set")
             }
         };
-        // Every id must be a whole number in 0..input_dim: -1 or 2.5 is an error naming the
-        // layer, never row 0 or row 2.
-        let ids = ids.to_index(&format!("{path}: ids"), Some(self.input_dim))?;
-        match shard {
-            Some((tp::LayerShard { style: Style::Vocab { sizes }, .. }, comm)) => {
-                // Rank r holds rows [start, start + len): look up the ids in that range (the last
-                // rank also takes ids past the end, so a bad id faults as on one device), zero the
-                // rows of the others, and sum the ranks' parts.
-                let r = comm.rank();
-                let (start, len) = (tp::split_start(sizes, r), sizes[r]);
-                let f = ids.to_dtype(DType::F32)?;
-                let mut mask = f.cmp_scalar(BinaryOp::Ge, start as f32)?;
-                if r + 1 < sizes.len() {
-                    mask = mask.mul(&f.cmp_scalar(BinaryOp::Lt, (start + len) as f32)?)?;
-                }
-                let local = f.affine(1.0, -(start as f32))?.mul(&mask)?.to_dtype(DType::U32)?;
-                let rows = table.embedding(&local)?.mul(&mask.unsqueeze(-1)?)?;
-                reduce_from_parallel(&rows, comm.clone())
-            }
-            _ => table.embedding(&ids),
-        }
+        tp::lookup(self, ctx, table.as_tensor(), ids)
     }
     fn name(&self) -> &str {
         &self.name

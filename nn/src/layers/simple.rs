@@ -76,24 +76,19 @@ impl Dropout {
         // On a split tensor (a model axis splits `axis`, a data axis splits the batch): draw the
         // mask of the whole tensor and keep this rank's part, so every element is dropped
         // exactly as on one device.
-        let split = match crate::tp::shard_of(&ctx.tp, &path) {
-            Some((crate::tp::LayerShard { style: crate::tp::Style::Split { axis, sizes }, .. }, comm)) => {
-                Some((*axis, sizes, comm.rank()))
-            }
-            _ => None,
-        };
+        let split = crate::tp::part_at(&ctx.tp, &path);
         if split.is_none() && ctx.batch_part.is_none() {
             return x.dropout(self.rate, seed, true);
         }
         let mut full = x.dims().to_vec();
-        if let Some((axis, sizes, _)) = split {
-            if axis >= full.len() {
+        if let Some(part) = &split {
+            if part.axis >= full.len() {
                 return Err(Error::invalid(
                     "Dropout",
-                    format!("{path}: the plan splits axis {axis} of an input of shape {:?}", x.dims()),
+                    format!("{path}: the plan splits axis {} of an input of shape {:?}", part.axis, x.dims()),
                 ));
             }
-            full[axis] = sizes.iter().sum();
+            full[part.axis] = part.whole;
         }
         if let Some((_, total)) = ctx.batch_part {
             full[0] = total;
@@ -102,8 +97,8 @@ impl Dropout {
         if let Some((start, _)) = ctx.batch_part {
             mask = mask.narrow(0, start, x.dims()[0])?;
         }
-        if let Some((axis, sizes, rank)) = split {
-            mask = mask.narrow(axis as isize, crate::tp::split_start(sizes, rank), sizes[rank])?;
+        if let Some(part) = split {
+            mask = mask.narrow(part.axis as isize, part.start, part.len)?;
         }
         x.mul(&mask)
     }
@@ -149,13 +144,12 @@ impl Reshape {
         let mut target = self.target.clone();
         // On a tensor split along its last axis (a reshape between a column-split layer and its
         // row partner that keeps that axis), this rank holds only its part of it.
-        if let Some((crate::tp::LayerShard { style: crate::tp::Style::Split { axis, sizes }, .. }, comm)) =
-            crate::tp::shard_of(&ctx.tp, &path)
-            && *axis + 1 == x.rank()
+        if let Some(part) = crate::tp::part_at(&ctx.tp, &path)
+            && part.axis + 1 == x.rank()
             && let Some(last) = target.last_mut()
-            && *last == sizes.iter().sum::<usize>() as isize
+            && *last == part.whole as isize
         {
-            *last = sizes.get(comm.rank()).copied().unwrap_or(0) as isize;
+            *last = part.len as isize;
         }
         let shape: Vec<isize> = std::iter::once(batch as isize).chain(target).collect();
         x.reshape_infer(&shape).map_err(|e| Error::invalid("Reshape", format!("{path}: {e}")))

@@ -510,6 +510,24 @@ impl<'a> Planner<'a> {
         let layers: &'a [LayerNode] = self.layers;
         for e in layers {
             let SplitRule::Vocab { table } = &e.split else { continue };
+            let forced = self.forced(&e.path);
+            // A table the layer does not have, or weights besides it (which would train on part
+            // of their gradient): the layer stays whole, with the reason, or a forced split is refused.
+            let fault = match e.var(table) {
+                None => Some(format!("{} declares a vocabulary table {table:?} it does not have", e.path)),
+                Some(_) if e.vars.len() > 1 => Some(format!(
+                    "{} has variables besides its table {table:?}: a vocabulary split would train them on part of their gradient",
+                    e.path
+                )),
+                Some(_) => None,
+            };
+            if let Some(why) = fault {
+                if matches!(forced, Some(Split::Vocab)) {
+                    return Err(self.bad_split(&e.path, &format!("split it by vocabulary: {why}")));
+                }
+                self.replicate(&e.path, why);
+                continue;
+            }
             let Some((table_path, shape, Some(table_id))) = e.var(table).cloned() else { continue };
             let heads: Vec<&LayerNode> = layers
                 .iter()
@@ -518,7 +536,6 @@ impl<'a> Planner<'a> {
                         && self.graph.region(&l.path).iter().any(|&i| self.graph.nodes[i].inputs.contains(&table_id))
                 })
                 .collect();
-            let forced = self.forced(&e.path);
             let vocab = shape[0];
             let params = e.params();
             let why_not = if forced == Some(Split::Replicate) {
