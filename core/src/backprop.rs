@@ -265,7 +265,10 @@ impl Tensor {
                 if !node.is_var() && node.id() != self.id() {
                     store.remove(&node);
                 }
-                let grads = input_grads(op, &node, &g)?;
+                // Only inputs that take part in the gradient get one: the data fed to a model's
+                // first layer does not, and its matmul gradient is the largest of the step.
+                let need: Vec<bool> = op.inputs().iter().map(|i| i.tracks_grad()).collect();
+                let grads = input_grads(op, &node, &g, &need)?;
                 for (input, gi) in op.inputs().into_iter().zip(grads) {
                     if let Some(gi) = gi
                         && input.tracks_grad()
@@ -294,9 +297,13 @@ pub(crate) fn reduce_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
     g.sum(&axes, true)?.reshape(shape)
 }
 
-/// Gradients of an op's inputs given the gradient `g` of its output `out`.
-fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+/// Gradients of an op's inputs given the gradient `g` of its output `out`. An input whose
+/// `need` is false may get `None` (the ops with two costly gradients skip it).
+fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<Option<Tensor>>> {
     use UnaryOp as U;
+    let when = |i: usize, f: &dyn Fn() -> Result<Tensor>| -> Result<Option<Tensor>> {
+        if need.get(i).copied().unwrap_or(true) { f().map(Some) } else { Ok(None) }
+    };
     Ok(match op {
         Op::Unary(x, u) => {
             let d = match *u {
@@ -351,8 +358,8 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
         Op::Binary(a, b, op) => match op {
             BinaryOp::Add => vec![Some(g.clone()), Some(g.clone())],
             BinaryOp::Sub => vec![Some(g.clone()), Some(g.neg()?)],
-            BinaryOp::Mul => vec![Some(g.mul(b)?), Some(g.mul(a)?)],
-            BinaryOp::Div => vec![Some(g.div(b)?), Some(g.mul(out)?.div(b)?.neg()?)],
+            BinaryOp::Mul => vec![when(0, &|| g.mul(b))?, when(1, &|| g.mul(a))?],
+            BinaryOp::Div => vec![when(0, &|| g.div(b))?, when(1, &|| g.mul(out)?.div(b)?.neg())?],
             BinaryOp::Pow => {
                 let ga = g.mul(b)?.mul(&a.pow(&b.add_scalar(-1.0)?)?)?;
                 let gb = g.mul(out)?.mul(&a.log()?)?;
@@ -379,7 +386,7 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor) -> Result<Vec<Option<Tensor>>>
             };
             vec![Some(d)]
         }
-        Op::Matmul(a, b) => vec![Some(g.matmul(&b.t()?)?), Some(a.t()?.matmul(g)?)],
+        Op::Matmul(a, b) => vec![when(0, &|| g.matmul(&b.t()?))?, when(1, &|| a.t()?.matmul(g))?],
         Op::Reshape(x) | Op::Copy(x) => vec![Some(g.reshape(x.dims())?)],
         Op::Permute(_, dims) => {
             let mut inv = vec![0; dims.len()];

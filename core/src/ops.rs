@@ -105,6 +105,7 @@ impl UnaryOp {
 
     /// The op on one value: the Cpu reference. NaN propagates through every op (Rust's `max`,
     /// `min` and comparisons would drop it, so those ops test for it first).
+    #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
         use UnaryOp::*;
         match self {
@@ -231,6 +232,7 @@ impl BinaryOp {
     }
 
     /// The op on one pair: the Cpu reference.
+    #[inline(always)]
     pub fn apply(self, a: f32, b: f32) -> f32 {
         use BinaryOp::*;
         let c = |p: bool| if p { 1.0 } else { 0.0 };

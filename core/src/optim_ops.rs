@@ -57,22 +57,36 @@ impl Tensor {
             (Storage::Cpu(w), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
                 let (w, g, m, v) =
                     (w.f32s("adam_step")?, g.f32s("adam_step")?, m.f32s("adam_step")?, v.f32s("adam_step")?);
-                let (mut wo, mut mo, mut vo) = (cpu::try_zeros(n)?, cpu::try_zeros(n)?, cpu::try_zeros(n)?);
+                let (mut wo, mut mo, mut vo) = (cpu::try_take(n)?, cpu::try_take(n)?, cpu::try_take(n)?);
                 const CHUNK: usize = 1 << 14;
-                wo.par_chunks_mut(CHUNK)
-                    .zip(mo.par_chunks_mut(CHUNK))
-                    .zip(vo.par_chunks_mut(CHUNK))
-                    .enumerate()
-                    .for_each(|(c, ((wo, mo), vo))| {
-                        for j in 0..wo.len() {
-                            let i = c * CHUNK + j;
-                            let mi = m[i] + (g[i] - m[i]) * (1.0 - p.beta1);
-                            let vi = v[i] + (g[i] * g[i] - v[i]) * (1.0 - p.beta2);
-                            mo[j] = mi;
-                            vo[j] = vi;
-                            wo[j] = w[i] * p.decay - p.lr_t * mi / (vi.sqrt() + p.eps);
-                        }
-                    });
+                // Zipped slices of one chunk each (no index, no bounds check: the loop vectorises),
+                // written straight into the outputs' spare capacity (no zero fill first).
+                let ins =
+                    w.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)).zip(m.par_chunks(CHUNK)).zip(v.par_chunks(CHUNK));
+                let outs = wo.spare_capacity_mut()[..n]
+                    .par_chunks_mut(CHUNK)
+                    .zip(mo.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
+                    .zip(vo.spare_capacity_mut()[..n].par_chunks_mut(CHUNK));
+                let (b1, b2) = (1.0 - p.beta1, 1.0 - p.beta2);
+                outs.zip(ins).for_each(|(((wo, mo), vo), (((w, g), m), v))| {
+                    for (((wo, mo), vo), (((&w, &g), &m), &v)) in
+                        wo.iter_mut().zip(mo.iter_mut()).zip(vo.iter_mut()).zip(w.iter().zip(g).zip(m).zip(v))
+                    {
+                        let mi = m + (g - m) * b1;
+                        let vi = v + (g * g - v) * b2;
+                        mo.write(mi);
+                        vo.write(vi);
+                        wo.write(w * p.decay - p.lr_t * mi / (vi.sqrt() + p.eps));
+                    }
+                });
+                // SAFETY: the inputs are contiguous from offset 0 with at least n elements each
+                // (checked shapes, made contiguous above), so the zipped chunks cover 0..n of
+                // every output once, and every element was written.
+                unsafe {
+                    wo.set_len(n);
+                    mo.set_len(n);
+                    vo.set_len(n);
+                }
                 [wo, mo, vo].map(|o| Storage::Cpu(cpu::f32_storage(o)))
             }
             (Storage::Gpu(w), Storage::Gpu(g), Storage::Gpu(m), Storage::Gpu(v)) => {

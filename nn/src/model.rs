@@ -388,7 +388,7 @@ impl Model {
         // one device it is refused rather than written into every weight (a sharded model's
         // coordinated optimizer skips such a step on every rank instead). The losses and each
         // gradient's largest magnitude come back in one read.
-        let checked = if self.tp.is_none() { largest_gradients(&vars, &grads)? } else { Vec::new() };
+        let checked = if self.tp.is_none() { gradient_ends(&vars, &grads)? } else { Vec::new() };
         let mut parts = vec![losses];
         parts.extend(checked.iter().map(|(_, t)| t.clone()));
         let figures = Tensor::concat(&parts, 0)?.to_vec::<f32>()?;
@@ -398,7 +398,11 @@ impl Model {
         if let Some(v) = figures[..k].iter().find(|v| !v.is_finite()) {
             return Err(Error::invalid("fit", format!("the loss of this batch is {v}; {not_applied}")));
         }
-        if let Some(((p, _), v)) = checked.iter().zip(&figures[k..]).find(|(_, v)| !v.is_finite()) {
+        if let Some(((p, _), v)) = checked
+            .iter()
+            .zip(figures[k..].chunks(2))
+            .find_map(|(c, e)| e.iter().find(|v| !v.is_finite()).map(|v| (c, v)))
+        {
             return Err(Error::invalid("fit", format!("the gradient of {p} holds {v}; {not_applied}")));
         }
         let mut batch_counts = Vec::with_capacity(counts.len());
@@ -932,15 +936,20 @@ impl Model {
     }
 }
 
-/// Each gradient's largest magnitude, as a `[1]` tensor on the device (NaN propagates through
-/// max, so a NaN or an infinity anywhere in a gradient shows in its figure), by variable path.
-fn largest_gradients<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore) -> Result<Vec<(&'a String, Tensor)>> {
+/// Each gradient's largest and smallest value, as a `[2]` tensor on the device (NaN propagates
+/// through max and min, so a NaN or an infinity anywhere in a gradient shows in its figures), by
+/// variable path.
+fn gradient_ends<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore) -> Result<Vec<(&'a String, Tensor)>> {
     no_grad(|| {
         vars.iter()
             .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
             .map(|(p, g)| {
+                // The largest and the smallest: any NaN shows in both, +inf in the first, -inf in
+                // the second. Two reads of the gradient, no temporary.
                 let axes: Vec<isize> = (0..g.rank() as isize).collect();
-                Ok((p, g.abs()?.max(&axes, false)?.reshape(&[1])?))
+                let ends =
+                    Tensor::concat(&[g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?], 0)?;
+                Ok((p, ends))
             })
             .collect()
     })

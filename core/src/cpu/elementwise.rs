@@ -44,32 +44,41 @@ fn run<const N: usize>(
     data: [&[f32]; N],
     f: impl Fn([f32; N]) -> f32 + Sync,
 ) {
-    out.resize(numel, 0.0);
+    out.clear();
     let n = rows.len;
     if n == 0 || numel == 0 {
         return;
     }
-    let row = |(i, o): (usize, &mut [f32])| {
+    out.reserve_exact(numel);
+    // Every element is written once, straight into the spare capacity: no zero fill first.
+    let dst = &mut out.spare_capacity_mut()[..numel];
+    let row = |(i, o): (usize, &mut [std::mem::MaybeUninit<f32>])| {
         let base: [usize; N] = std::array::from_fn(|k| rows.starts[k][i]);
         if rows.steps.iter().all(|&s| s == 1) {
+            // Each operand's row as a slice of exactly the row's length: no bounds check inside
+            // the loop, so it vectorises.
+            let ins: [&[f32]; N] = std::array::from_fn(|k| &data[k][base[k]..base[k] + o.len()]);
             for (j, o) in o.iter_mut().enumerate() {
-                *o = f(std::array::from_fn(|k| data[k][base[k] + j]));
+                o.write(f(std::array::from_fn(|k| ins[k][j])));
             }
         } else {
             for (j, o) in o.iter_mut().enumerate() {
-                *o = f(std::array::from_fn(|k| data[k][base[k] + j * rows.steps[k]]));
+                o.write(f(std::array::from_fn(|k| data[k][base[k] + j * rows.steps[k]])));
             }
         }
     };
     if numel >= 2 * PAR_CHUNK {
         let per_task = (PAR_CHUNK / n).max(1) * n;
-        out.par_chunks_mut(per_task).enumerate().for_each(|(t, chunk)| {
+        dst.par_chunks_mut(per_task).enumerate().for_each(|(t, chunk)| {
             let first = t * per_task / n;
             chunk.chunks_mut(n).enumerate().for_each(|(i, o)| row((first + i, o)));
         });
     } else {
-        out.chunks_mut(n).enumerate().for_each(row);
+        dst.chunks_mut(n).enumerate().for_each(row);
     }
+    // SAFETY: the rows above cover 0..numel (numel is a whole number of rows of n) and each
+    // wrote every element of its row.
+    unsafe { out.set_len(numel) };
 }
 
 /// `op(x)` for every element.

@@ -1,0 +1,110 @@
+//! The Cpu kernels' fast paths against plain f64 loops, on awkward shapes: matmul cut into
+//! column blocks per core (transposed operands, batches, sizes that are no multiple of the block),
+//! elementwise ops on contiguous rows and on strided views, max and min (NaN and infinities
+//! included), and the Adam step.
+
+mod common;
+
+use common::{assert_close, vals};
+use proptest::prelude::*;
+use weft_core::optim_ops::AdamStep;
+use weft_core::{Device, Result, Tensor};
+
+/// `a @ b` in f64 from the tensors' values (`a`: [m, k], `b`: [k, n], any layout).
+fn reference_matmul(a: &Tensor, b: &Tensor) -> Vec<f32> {
+    let (m, k, n) = (a.dims()[0], a.dims()[1], b.dims()[1]);
+    let (x, y) = (vals(&a.contiguous().unwrap()), vals(&b.contiguous().unwrap()));
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|p| x[i * k + p] as f64 * y[p * n + j] as f64).sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Large enough that the column-block path runs (n of 97 and more splits over two cores).
+    #[test]
+    fn matmul_in_column_blocks_matches_f64(m in prop::sample::select(vec![1usize, 5, 64, 131]),
+                                           k in prop::sample::select(vec![1usize, 17, 300]),
+                                           n in prop::sample::select(vec![97usize, 200, 517, 1025]),
+                                           ta in any::<bool>(), tb in any::<bool>(), seed in 0u64..1000) {
+        let d = Device::Cpu;
+        let a = if ta { Tensor::rand(-1.0, 1.0, &[k, m], seed, &d).unwrap().t().unwrap() } else { Tensor::rand(-1.0, 1.0, &[m, k], seed, &d).unwrap() };
+        let b = if tb { Tensor::rand(-1.0, 1.0, &[n, k], seed + 1, &d).unwrap().t().unwrap() } else { Tensor::rand(-1.0, 1.0, &[k, n], seed + 1, &d).unwrap() };
+        let got = a.matmul(&b).unwrap();
+        prop_assert_eq!(got.dims(), &[m, n][..]);
+        assert_close(&vals(&got), &reference_matmul(&a, &b), 1e-4 * (k as f32).sqrt(), &format!("m{m} k{k} n{n} ta{ta} tb{tb}"));
+        // A batch of three, each entry its own product.
+        let ab = Tensor::stack(&[a.clone(), a.affine(0.5, 0.0).unwrap(), a.neg().unwrap()], 0).unwrap();
+        let batched = vals(&ab.matmul(&b).unwrap());
+        for (i, scale) in [1.0f32, 0.5, -1.0].into_iter().enumerate() {
+            let want: Vec<f32> = reference_matmul(&a, &b).into_iter().map(|v| v * scale).collect();
+            assert_close(&batched[i * m * n..(i + 1) * m * n], &want, 1e-4 * (k as f32).sqrt(), &format!("batch entry {i}"));
+        }
+    }
+
+    /// Contiguous rows and strided views (a transpose, a broadcast row) give the same values.
+    #[test]
+    fn elementwise_on_rows_and_views_matches_f64(r in 1usize..70, c in 1usize..600, seed in 0u64..1000) {
+        let d = Device::Cpu;
+        let x = Tensor::rand(-3.0, 3.0, &[r, c], seed, &d).unwrap();
+        let row = Tensor::rand(-1.0, 1.0, &[c], seed + 1, &d).unwrap();
+        let xv = vals(&x);
+        let rv = vals(&row);
+        let relu: Vec<f32> = xv.iter().map(|v| v.max(0.0)).collect();
+        assert_close(&vals(&x.relu().unwrap()), &relu, 0.0, "relu");
+        let tanh: Vec<f32> = xv.iter().map(|&v| (v as f64).tanh() as f32).collect();
+        assert_close(&vals(&x.tanh().unwrap()), &tanh, 1e-6, "tanh");
+        let sum: Vec<f32> = xv.iter().enumerate().map(|(i, v)| v + rv[i % c]).collect();
+        assert_close(&vals(&x.add(&row).unwrap()), &sum, 1e-6, "add a broadcast row");
+        let xt = x.t().unwrap();
+        let t: Vec<f32> = (0..c).flat_map(|j| (0..r).map(move |i| (i, j))).map(|(i, j)| xv[i * c + j] * 2.0).collect();
+        assert_close(&vals(&xt.mul_scalar(2.0).unwrap()), &t, 1e-6, "a transposed view");
+    }
+
+    #[test]
+    fn max_and_min_match_f64_with_nan_and_infinities(n in 1usize..200_000, at in 0usize..200_000, special in 0usize..4, seed in 0u64..1000) {
+        let d = Device::Cpu;
+        let mut v = vals(&Tensor::rand(-5.0, 5.0, &[n], seed, &d).unwrap());
+        let s = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 7.5][special];
+        v[at % n] = s;
+        let t = Tensor::from_vec(v.clone(), &[n], &d).unwrap();
+        let (max, min) = (t.max(&[0], false).unwrap().to_vec::<f32>().unwrap()[0], t.min(&[0], false).unwrap().to_vec::<f32>().unwrap()[0]);
+        if s.is_nan() {
+            prop_assert!(max.is_nan() && min.is_nan(), "NaN must propagate: max {max}, min {min}");
+        } else {
+            prop_assert_eq!(max, v.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+            prop_assert_eq!(min, v.iter().copied().fold(f32::INFINITY, f32::min));
+        }
+    }
+}
+
+#[test]
+fn the_adam_step_matches_its_formula_in_f64() -> Result<()> {
+    let d = Device::Cpu;
+    // Longer than one parallel chunk and no multiple of it.
+    let n = 40_003;
+    let [w, g, m, v] = [1u64, 2, 3, 4].map(|s| Tensor::rand(-1.0, 1.0, &[n], s, &d));
+    let (w, g, m) = (w?, g?, m?);
+    let v = v?.abs()?;
+    let p = AdamStep { lr_t: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-7, decay: 0.99 };
+    let (w2, m2, v2) = w.adam_step(&g, &m, &v, p)?;
+    let [w, g, m, v] = [&w, &g, &m, &v].map(vals);
+    let (mut ww, mut mw, mut vw) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    for i in 0..n {
+        let (wi, gi, mi, vi) = (w[i] as f64, g[i] as f64, m[i] as f64, v[i] as f64);
+        let m1 = mi + (gi - mi) * (1.0 - 0.9);
+        let v1 = vi + (gi * gi - vi) * (1.0 - 0.999);
+        mw[i] = m1 as f32;
+        vw[i] = v1 as f32;
+        ww[i] = (wi * 0.99 - 0.01 * m1 / (v1.sqrt() + 1e-7)) as f32;
+    }
+    assert_close(&vals(&m2), &mw, 1e-6, "m");
+    assert_close(&vals(&v2), &vw, 1e-6, "v");
+    assert_close(&vals(&w2), &ww, 1e-5, "w");
+    Ok(())
+}
