@@ -179,6 +179,30 @@ impl Model {
         loss_fn.compute(&self.whole(pred)?, y)
     }
 
+    /// Every label of a sparse loss must name a class of its output: checked over all of them
+    /// before anything trains, so that a bad label in the last batch (or in the validation data,
+    /// read after the first epoch) cannot fail `fit` after steps were applied. One row goes
+    /// through the model to learn how many classes each output has.
+    fn check_label_values(&self, op: &'static str, heads: &Heads, x: &Inputs, y: &Inputs) -> Result<()> {
+        let sparse = |l: &Loss| matches!(l, Loss::SparseCategoricalCrossentropy { .. });
+        if !heads.list.iter().any(|(_, o)| sparse(&o.loss)) {
+            return Ok(());
+        }
+        let labels = heads.labels(op, y)?;
+        let one = x.narrow(0, 1)?.to_device(&self.device)?;
+        let preds = no_grad(|| self.forward(&one, &mut self.inference_ctx()))?;
+        for ((at, o), y) in heads.list.iter().zip(&labels) {
+            let Some(pred) = preds.get(*at).filter(|_| sparse(&o.loss)) else { continue };
+            let classes = match self.tp.as_ref().and_then(|tp| tp.output.as_ref()) {
+                // Logits left split over the vocabulary: their whole width.
+                Some(sizes) => sizes.iter().sum(),
+                None => pred.dims().last().copied().unwrap_or(0),
+            };
+            y.to_index(&format!("{op}: labels"), Some(classes))?;
+        }
+        Ok(())
+    }
+
     /// This rank's rows of a batch on a data axis, with their fraction of the batch.
     fn data_part(&mut self, x: &Inputs, y: &Inputs) -> Result<(Inputs, Inputs, f32)> {
         let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) else {
@@ -437,9 +461,9 @@ impl Model {
     /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples): one input and one
     /// label tensor, or several of each by name (labels by output name, on a model of several
     /// outputs). Integer labels are accepted for sparse losses. Arguments are checked before
-    /// anything changes; a batch that fails part way through (a bad label, a non-finite loss)
-    /// returns `Err` with that batch's step not applied, and the steps before it kept, as Keras
-    /// keeps them.
+    /// anything changes, the values of sparse labels (training and validation) included; a batch
+    /// that fails part way through (a non-finite loss or gradient) returns `Err` with that
+    /// batch's step not applied, and the steps before it kept, as Keras keeps them.
     pub fn fit(&mut self, x: impl Into<Inputs>, y: impl Into<Inputs>, mut opts: FitOptions) -> Result<History> {
         let (x, y): (Inputs, Inputs) = (x.into(), y.into());
         let heads = self.parts()?.1;
@@ -456,7 +480,9 @@ impl Model {
         if let Some((vx, vy)) = &opts.validation_data {
             check_rows("fit (validation_data)", vx, vy)?;
             heads.labels("fit (validation_data)", vy)?;
+            self.check_label_values("fit (validation_data)", &heads, vx, vy)?;
         }
+        self.check_label_values("fit", &heads, &x, &y)?;
         // Data moves to the device once; each batch is then one gather there.
         let all = Dataset::new(x.to_device(&self.device)?, &y)?;
         let n = all.len();

@@ -147,6 +147,9 @@ impl Tensor {
     pub fn stack(tensors: &[Tensor], axis: isize) -> Result<Tensor> {
         let first = tensors.first().ok_or_else(|| Error::invalid("stack", "no tensors given"))?;
         let axis = resolve_axis("stack", axis, first.rank() + 1)? as isize;
+        if let Some(other) = tensors.iter().find(|t| t.dims() != first.dims()) {
+            return Err(Error::ShapeMismatch { op: "stack", lhs: first.dims().to_vec(), rhs: other.dims().to_vec() });
+        }
         let parts = tensors.iter().map(|t| t.unsqueeze(axis)).collect::<Result<Vec<_>>>()?;
         Tensor::concat(&parts, axis)
     }

@@ -79,7 +79,11 @@ impl Tensor {
         let known = crate::layout::checked_numel("reshape", &given)
             .map_err(|_| Error::invalid("reshape", format!("cannot reshape {:?} to {shape:?}", self.dims())))?;
         let holes = shape.iter().filter(|&&d| d < 0).count();
-        if holes > 1 || (holes == 1 && (known == 0 || !self.numel().is_multiple_of(known))) {
+        // Only -1 means "infer": -2 is a mistake, not a second spelling.
+        if shape.iter().any(|&d| d < -1)
+            || holes > 1
+            || (holes == 1 && (known == 0 || !self.numel().is_multiple_of(known)))
+        {
             return Err(Error::invalid("reshape", format!("cannot reshape {:?} to {shape:?}", self.dims())));
         }
         let dims: Vec<usize> =

@@ -73,7 +73,13 @@ impl EinsumDense {
     /// (input, kernel, output) letters.
     fn spec(&self) -> Result<(Vec<char>, Vec<char>, Vec<char>)> {
         let bad = || {
-            Error::invalid("EinsumDense", format!("equation {:?} is not of the form `in,kernel->out`", self.equation))
+            // The layer's path inside a call, its name outside one.
+            let scope = weft_core::trace::current_scope();
+            let at = if scope.is_empty() { self.name.clone() } else { scope };
+            Error::invalid(
+                "EinsumDense",
+                format!("{at}: equation {:?} is not of the form `in,kernel->out`", self.equation),
+            )
         };
         let (lhs, out) = self.equation.split_once("->").ok_or_else(bad)?;
         let (inp, ker) = lhs.split_once(',').ok_or_else(bad)?;

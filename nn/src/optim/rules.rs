@@ -40,6 +40,9 @@ pub(crate) fn check_range(what: &str, v: f32, lo: f32, hi: f32, hi_open: bool) -
     if ok {
         return Ok(());
     }
+    if hi == f32::MAX {
+        return Err(Error::invalid("optimizer", format!("{what} must be a finite number of at least {lo}, got {v}")));
+    }
     let close = if hi_open { ")" } else { "]" };
     Err(Error::invalid("optimizer", format!("{what} must be in [{lo}, {hi}{close}, got {v}")))
 }

@@ -126,7 +126,10 @@ impl AutoConfig {
         data: usize,
     ) -> Result<ShardingPlan> {
         if model == 0 || data == 0 {
-            return Err(Error::invalid("autoconfig", format!("a mesh of {model} x {data} ranks")));
+            return Err(Error::invalid(
+                "autoconfig",
+                format!("a plan needs at least one device on each axis, got {model} model x {data} data devices"),
+            ));
         }
         let input_shape = inputs.first().map(|i| i.shape.clone()).unwrap_or_default();
         let Traced { root, graph, layers } = Traced::with_inputs(net, inputs)?;
