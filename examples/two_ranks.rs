@@ -50,7 +50,7 @@ fn max_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
     Ok(a.sub(b)?.abs()?.to_vec::<f32>()?.into_iter().fold(0.0, f32::max))
 }
 
-fn main() -> Result<()> {
+pub fn main() -> Result<()> {
     let dev = Device::Cpu;
     let x = Tensor::rand(-1.0, 1.0, &[4, 6], 1, &dev)?;
     let w1 = Tensor::rand(-0.5, 0.5, &[6, 8], 2, &dev)?;

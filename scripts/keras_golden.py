@@ -3,7 +3,7 @@
 test (nn/tests/keras_conformance.rs): losses and their gradients, optimizers after 3 steps,
 learning-rate schedules, layers (Dense, LayerNormalization, EinsumDense, MultiHeadAttention with a
 mask), truncated initializer statistics, `validation_split` row counts, what "accuracy"
-resolves to, metric values with ties, and `fit`'s History and final weights, alone and under
+resolves to, activations and their gradients, metric values with ties, and `fit`'s History and final weights, alone and under
 EarlyStopping.
 
     pip install keras==3.15.1 jax==0.10.2 jaxlib==0.10.2 numpy
@@ -23,6 +23,8 @@ import numpy as np
 from keras.src.trainers import compile_utils
 
 rng = np.random.default_rng(7)
+# Keras' own initializers (the attention's weights) draw from this seed: the file is reproducible.
+keras.utils.set_random_seed(7)
 
 
 def arr(*shape, lo=-1.0, hi=1.0):
@@ -148,6 +150,25 @@ for yt, yp in [((8,), (8, 3)), ((8, 1), (8, 3)), ((8, 3), (8, 3)), ((8, 1), (8, 
     acc.append({"y_true": list(yt), "y_pred": list(yp), "metric": type(m).__name__})
 out["accuracy"] = acc
 
+
+# Activations, value and gradient, on values that cover the tails.
+xa = np.concatenate([np.linspace(-6.0, 6.0, 25), [-20.0, -0.1, 0.0, 0.1, 20.0]]).astype(np.float32).reshape(5, 6)
+activations = []
+for name, fn in [
+    ("relu", keras.activations.relu),
+    ("gelu", keras.activations.gelu),
+    ("gelu_tanh", lambda v: keras.activations.gelu(v, approximate=True)),
+    ("tanh", keras.activations.tanh),
+    ("sigmoid", keras.activations.sigmoid),
+    ("silu", keras.activations.silu),
+    ("softmax", keras.activations.softmax),
+]:
+    y = fn(jnp.asarray(xa))
+    # The gradient of sum(y * w) for fixed weights w, so softmax's is not trivially zero.
+    wa = np.linspace(-1.0, 1.0, xa.size).astype(np.float32).reshape(xa.shape)
+    grad = jax.grad(lambda v: jnp.sum(fn(v) * wa))(jnp.asarray(xa))
+    activations.append({"name": name, "y": tolist(y), "grad": tolist(grad)})
+out["activations"] = {"x": tolist(xa), "w": tolist(np.linspace(-1.0, 1.0, xa.size).astype(np.float32).reshape(xa.shape)), "cases": activations}
 
 # Metric values, ties included: a prediction of exactly 0.5 is not positive (Keras: `> 0.5`), and
 # an arg-max tie goes to the first index.

@@ -331,6 +331,29 @@ fn tensor_cases(cases: &mut Vec<Case>) {
             err_with(Tensor::einsum(eq, &refs), &["einsum"])
         }));
     }
+    // WEFT_DEVICE naming no device: Device::from_env is an Err naming it (run in a child
+    // process, which alone sees the variable).
+    for name in ["gpu:99", "banana"] {
+        cases.push(case(format!("Device::from_env with WEFT_DEVICE={name}"), move || {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "from_env_child", "--nocapture", "--test-threads=1"])
+                .env("WEFT_DEVICE", name)
+                .env("WEFT_FROM_ENV_CHILD", "1")
+                .output()
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            let line = text
+                .split_once("from_env:")
+                .map(|(_, rest)| rest.lines().next().unwrap_or(""))
+                .unwrap_or("")
+                .to_string();
+            if line.contains("Err") && line.contains("WEFT_DEVICE") && line.contains(name) {
+                Ok(())
+            } else {
+                Err(format!("the child said {line:?}"))
+            }
+        }));
+    }
     // Devices that do not exist.
     for name in ["banana", "gpu:99", "gpu:x", "cuda", "cpu:1", ""] {
         let word = name.trim_start_matches("gpu:");
@@ -694,16 +717,23 @@ fn model_cases(cases: &mut Vec<Case>) {
         refused(trained(Sgd::new(0.1), &[]), |m| m.train_on_batch(t(v, &[4, 4]), y4()), &["not applied"])
     }));
     // Callbacks asked for what is not there.
-    for monitor in ["val_loss", "val_accuracy", "accuracy", "precision"] {
+    // Callbacks that cannot run are refused before the first epoch trains.
+    for monitor in ["val_loss", "val_accuracy", "accuracy", "precision", "loss_"] {
         cases.push(case(format!("EarlyStopping on {monitor} without it"), move || {
             let opts = FitOptions { callbacks: vec![Box::new(EarlyStopping::new(monitor, 1))], ..quiet() };
-            err_with(trained(Adam::new(0.01), &[]).fit(rand(&[4, 4], 2), y4(), opts), &[monitor])
+            refused(trained(Adam::new(0.01), &[]), |m| m.fit(rand(&[4, 4], 2), y4(), opts), &[monitor])
+        }));
+        cases.push(case(format!("ModelCheckpoint of the best {monitor} without it"), move || {
+            let path = std::env::temp_dir().join("weft-never-written-3d1c.safetensors");
+            let opts =
+                FitOptions { callbacks: vec![Box::new(ModelCheckpoint::new(path).save_best_only(monitor))], ..quiet() };
+            refused(trained(Adam::new(0.01), &[]), |m| m.fit(rand(&[4, 4], 2), y4(), opts), &[monitor])
         }));
     }
     cases.push(case("ModelCheckpoint into a folder that does not exist", move || {
         let path = std::env::temp_dir().join("weft-no-such-folder-7f3a").join("w.safetensors");
         let opts = FitOptions { callbacks: vec![Box::new(ModelCheckpoint::new(path))], ..quiet() };
-        err_with(trained(Adam::new(0.01), &[]).fit(rand(&[4, 4], 2), y4(), opts), &["weft-no-such-folder-7f3a"])
+        refused(trained(Adam::new(0.01), &[]), |m| m.fit(rand(&[4, 4], 2), y4(), opts), &["weft-no-such-folder-7f3a"])
     }));
     // Models used before they are ready.
     cases.push(case("fit before compile", || {
@@ -936,6 +966,20 @@ fn planning_cases(cases: &mut Vec<Case>) {
         let p = weft::nn::tp::Placement::Shard { axis: 0, sizes: vec![2, 2] };
         err_with(p.local(&rand(&[4, 3], 0), 2), &["rank 2"])
     }));
+    // The vocabulary-parallel loss with parts that do not fit its ranks or its logits.
+    for (sizes, width) in [(vec![3usize], 3usize), (vec![3, 3, 3], 3), (vec![2, 4], 3), (vec![3, 3], 4)] {
+        cases.push(case(
+            format!("vocab_parallel_cross_entropy of width {width} with parts {sizes:?} on 2 ranks"),
+            move || {
+                let labels = Tensor::from_vec(vec![1u32, 2], &[2], &cpu()).unwrap();
+                let outs = weft::parallel::InHost::run(2, |_, c| {
+                    let comm: std::sync::Arc<dyn weft::prelude::Collectives> = std::sync::Arc::new(c.clone());
+                    weft::nn::tp::vocab_parallel_cross_entropy(&rand(&[2, width], 0), &labels, &sizes, &comm)
+                });
+                outs.into_iter().try_for_each(|o| err_with(o, &["vocab"]))
+            },
+        ));
+    }
     for stars in [8usize, 24, 40] {
         cases.push(case(format!("an override of {stars} stars answers at once"), move || {
             let pattern = "*".repeat(stars) + "x";
@@ -984,4 +1028,17 @@ fn every_hostile_input_gets_its_classification() {
     let _ = std::panic::take_hook();
     assert!(failures.is_empty(), "{} of {total} cases failed:\n{}", failures.len(), failures.join("\n"));
     assert!(total >= 300, "the table has {total} cases; issue #9 asks for at least 300");
+}
+
+/// Run by the `from_env` cases in a child process with WEFT_DEVICE set: prints what
+/// `Device::from_env` gave (does nothing when run as an ordinary test).
+#[test]
+fn from_env_child() {
+    if std::env::var_os("WEFT_FROM_ENV_CHILD").is_none() {
+        return;
+    }
+    match Device::from_env() {
+        Ok(d) => println!("from_env: Ok({d:?})"),
+        Err(e) => println!("from_env: Err({e})"),
+    }
 }

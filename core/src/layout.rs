@@ -10,7 +10,14 @@ use smallvec::SmallVec;
 /// A runtime shape or stride list; most tensors have at most six dimensions, so no heap allocation.
 pub type Dims = SmallVec<[usize; 6]>;
 
-/// Shape, strides and offset of a tensor in its storage.
+/// Shape, strides and offset of a tensor in its storage. Read-only outside core: a layout is
+/// only ever made by the ops that check it against its storage, so safe code cannot build one
+/// that reads outside its buffer.
+///
+/// ```compile_fail
+/// // Not public: a layout of any strides and offset could point past its storage.
+/// let l = weft_core::Layout::new(Default::default(), Default::default(), 1 << 40);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
     shape: Dims,
@@ -112,7 +119,7 @@ impl Layout {
     }
 
     /// A layout from its parts; the caller guarantees it stays inside the storage.
-    pub fn new(shape: Dims, strides: Dims, offset: usize) -> Self {
+    pub(crate) fn new(shape: Dims, strides: Dims, offset: usize) -> Self {
         Layout { shape, strides, offset }
     }
 

@@ -17,8 +17,10 @@ pub enum Control {
 /// A sharded model runs a copy of each callback on every rank (each sees the same history, and
 /// its own rank's model): a callback that can be copied says so in `clone_box`.
 pub trait Callback: Send {
-    /// Before the first epoch (a callback reused for a second `fit` starts afresh here).
-    fn on_train_begin(&mut self, _model: &Model) -> Result<()> {
+    /// Before the first epoch, with the keys `fit` will record in the History (`loss`,
+    /// `accuracy`, `val_loss`, ...): a callback that cannot run checks so here, before anything
+    /// trains, and one reused for a second `fit` starts afresh here.
+    fn on_train_begin(&mut self, _keys: &[String], _model: &Model) -> Result<()> {
         Ok(())
     }
     /// After epoch `epoch` (from 0); `history` already holds its figures.
@@ -46,6 +48,15 @@ fn monitored(history: &History, monitor: &str, epoch: usize) -> Result<f32> {
     series.and_then(|s| s.get(epoch)).copied().ok_or_else(|| {
         Error::invalid("callback", format!("nothing called {monitor:?} is recorded (is there validation data?)"))
     })
+}
+
+/// `Err` unless `fit` will record `monitor`.
+fn will_record(monitor: &str, keys: &[String]) -> Result<()> {
+    if keys.iter().any(|k| k == monitor) {
+        return Ok(());
+    }
+    let hint = if monitor.starts_with("val_") { " (is there validation data?)" } else { "" };
+    Err(Error::invalid("callback", format!("nothing called {monitor:?} will be recorded{hint}: fit records {keys:?}")))
 }
 
 /// Which way a monitored figure improves.
@@ -167,9 +178,10 @@ fn snapshot(model: &Model) -> Vec<Tensor> {
 }
 
 impl Callback for EarlyStopping {
-    fn on_train_begin(&mut self, _model: &Model) -> Result<()> {
-        // Check the mode now, not after the first epoch's work.
+    fn on_train_begin(&mut self, keys: &[String], _model: &Model) -> Result<()> {
+        // Check the monitor and its direction now, not after the first epoch's work.
         self.mode.higher_is_better(&self.monitor)?;
+        will_record(&self.monitor, keys)?;
         (self.best, self.best_weights, self.waited, self.stopped_epoch) = (None, None, 0, None);
         Ok(())
     }
@@ -254,9 +266,18 @@ impl ModelCheckpoint {
 }
 
 impl Callback for ModelCheckpoint {
-    fn on_train_begin(&mut self, _model: &Model) -> Result<()> {
+    fn on_train_begin(&mut self, keys: &[String], _model: &Model) -> Result<()> {
         if self.save_best_only {
             self.mode.higher_is_better(&self.monitor)?;
+            will_record(&self.monitor, keys)?;
+        }
+        // A folder that is not there fails now, not after the first epoch has trained.
+        let dir = self.path.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(d) = dir.filter(|d| !d.is_dir()) {
+            return Err(Error::invalid(
+                "ModelCheckpoint",
+                format!("cannot save to {}: the folder {} does not exist", self.path.display(), d.display()),
+            ));
         }
         Ok(())
     }

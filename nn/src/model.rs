@@ -504,8 +504,17 @@ impl Model {
             }
             _ => (all, None),
         };
+        // The History's keys, as Keras names them, for the callbacks to check against.
+        let mut keys = vec!["loss".to_string()];
+        if heads.list.len() > 1 {
+            keys.extend(heads.list.iter().map(|(_, o)| heads.figure(o, "loss")));
+        }
+        keys.extend(heads.metric_names());
+        if val.is_some() {
+            keys.extend(keys.clone().iter().map(|k| format!("val_{k}")));
+        }
         for cb in opts.callbacks.iter_mut() {
-            cb.on_train_begin(self)?;
+            cb.on_train_begin(&keys, self)?;
         }
         // Only now, with every argument checked, does the model's seed change.
         self.ctx.seed = opts.seed;

@@ -325,3 +325,28 @@ fn a_monitor_of_unknown_direction_is_an_err_before_training() {
     let err = m.fit(&x, &y, opts).unwrap_err().to_string();
     assert!(err.contains("nothing called \"auc\""), "{err}");
 }
+
+#[test]
+fn activations_and_their_gradients_match_keras() {
+    let g = &golden()["activations"];
+    let (x, w) = (tensor(&g["x"]), tensor(&g["w"]));
+    for case in g["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let act = match name {
+            "relu" => Activation::Relu,
+            // Keras' "gelu" is the exact form: weft's Gelu must be too.
+            "gelu" => Activation::Gelu,
+            "gelu_tanh" => Activation::GeluTanh,
+            "tanh" => Activation::Tanh,
+            "sigmoid" => Activation::Sigmoid,
+            "silu" => Activation::Silu,
+            "softmax" => Activation::Softmax,
+            other => panic!("unknown activation {other}"),
+        };
+        let v = Var::new(x.clone()).unwrap();
+        let y = act.apply(v.as_tensor()).unwrap();
+        close(&vals(&y), &vals(&tensor(&case["y"])), 1e-5, name);
+        let grad = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap().get(&v).unwrap().clone();
+        close(&vals(&grad), &vals(&tensor(&case["grad"])), 1e-4, &format!("{name} gradient"));
+    }
+}

@@ -103,7 +103,8 @@ fn rmsprop_formula() {
         .iter()
         .map(|g| {
             v = rho * v + (1.0 - rho) * g * g;
-            w -= lr * g / (v.sqrt() + eps);
+            // Keras: epsilon inside the square root.
+            w -= lr * g / (v + eps).sqrt();
             w
         })
         .collect();

@@ -322,7 +322,22 @@ pub(crate) fn on_threads<I: Send, T: Send>(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into())))).collect()
+        let outs: Vec<Result<T>> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into()))))
+            .collect();
+        // The ranks compute one thing together: when one failed, a rank that finished (one that
+        // returned without joining a collective the others waited in, say) has no result either.
+        let Some(first) = outs.iter().enumerate().find_map(|(r, o)| o.as_ref().err().map(|e| format!("rank {r}: {e}")))
+        else {
+            return outs;
+        };
+        outs.into_iter()
+            .enumerate()
+            .map(|(r, o)| {
+                o.and_then(|_| Err(Error::Collective(format!("rank {r} finished, but the group failed: {first}"))))
+            })
+            .collect()
     })
 }
 

@@ -124,3 +124,64 @@ fn a_checkpoint_of_another_model_is_refused_and_changes_nothing() {
         assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap(), "{k} changed");
     }
 }
+
+/// With dropout, a resumed sharded model draws the masks of the steps it resumes at (the step
+/// counter is in the checkpoint): stopping after 3 steps and resuming on another device count
+/// trains as going on without a stop. Were the counter lost, steps 4..6 would redraw the masks
+/// of steps 1..3 and the weights would differ.
+#[test]
+fn a_resumed_sharded_model_draws_the_dropout_masks_of_its_steps() {
+    let net = || {
+        let tokens = Embedding::new(11, 12).named("tokens");
+        let head = tokens.tied_head().named("head");
+        Sequential::new()
+            .named("lm")
+            .add(tokens)
+            .add(PositionEmbedding::new(5).named("positions"))
+            .add(TransformerBlock::new(3, 4, 14).causal(true).dropout(0.3).named("block_0"))
+            .add(LayerNormalization::new().named("ln_f"))
+            .add(head)
+    };
+    let sharded = |n: usize| {
+        let plan = AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&net(), &[6, 5], n, 1).unwrap();
+        let mut m = ShardedModel::new(net, &DeviceMesh::cpus(n).unwrap(), &plan).unwrap();
+        m.compile(adam(), LOSS, &[]).unwrap();
+        m
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("step3.safetensors");
+    let mut on = sharded(2);
+    for s in 0..3 {
+        let (x, y) = batch(s);
+        on.train_on_batch(&x, &y).unwrap();
+    }
+    on.save_checkpoint(&file).unwrap();
+    // The control: the same state with the step counter written as 0.
+    use weft_nn::checkpoint::{ITERATIONS_META, STEP_META, save_with_metadata};
+    let reset = dir.path().join("step3_counter0.safetensors");
+    save_with_metadata(&reset, &on.full_state().unwrap(), &[(STEP_META, "0".into()), (ITERATIONS_META, "3".into())])
+        .unwrap();
+    let mut resumed = sharded(3);
+    resumed.load_checkpoint(&file).unwrap();
+    let mut fresh = sharded(3);
+    for s in 3..6 {
+        let (x, y) = batch(s);
+        on.train_on_batch(&x, &y).unwrap();
+        resumed.train_on_batch(&x, &y).unwrap();
+    }
+    let (a, b): (HashMap<_, _>, HashMap<_, _>) =
+        (resumed.full_state().unwrap().into_iter().collect(), on.full_state().unwrap().into_iter().collect());
+    assert_same(&a, &b, 1e-4);
+    // The control, resumed with the counter at 0, draws other masks and trains differently.
+    fresh.load_checkpoint(&reset).unwrap();
+    for s in 3..6 {
+        let (x, y) = batch(s);
+        fresh.train_on_batch(&x, &y).unwrap();
+    }
+    let c: HashMap<_, _> = fresh.full_state().unwrap().into_iter().collect();
+    let differs = c.iter().any(|(k, x)| {
+        let (x, y) = (x.to_vec::<f32>().unwrap(), b[k].to_vec::<f32>().unwrap());
+        x.iter().zip(&y).any(|(p, q)| (p - q).abs() > 1e-3 * p.abs().max(1e-2))
+    });
+    assert!(differs, "masks redrawn from step 0 should train differently: the test would not notice a lost counter");
+}

@@ -131,8 +131,8 @@ fn a_rank_that_returns_without_joining_a_collective_fails_the_others_in_bounded_
         Ok(())
     });
     assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
-    assert!(out[1].is_ok());
-    for r in [0, 2] {
+    // Every rank gets an Err: the one that left early finished a computation that failed.
+    for r in [0, 1, 2] {
         let e = out[r].as_ref().unwrap_err().to_string();
         assert!(e.contains("returned without joining"), "rank {r}: {e}");
     }
