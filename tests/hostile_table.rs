@@ -735,6 +735,33 @@ fn model_cases(cases: &mut Vec<Case>) {
         let opts = FitOptions { callbacks: vec![Box::new(ModelCheckpoint::new(path))], ..quiet() };
         refused(trained(Adam::new(0.01), &[]), |m| m.fit(rand(&[4, 4], 2), y4(), opts), &["weft-no-such-folder-7f3a"])
     }));
+    // A fresh model whose validation rows have another width: refused, and still trainable
+    // (the check builds it from a training row, never a validation one).
+    cases.push(case("a fresh model's fit with validation rows of another width", move || {
+        let net = Sequential::new().add(Dense::new(6).activation(Activation::Relu)).add(Dense::new(3));
+        let mut m = Model::new(net, &cpu());
+        m.compile(Adam::new(0.01), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[]).unwrap();
+        let opts = FitOptions {
+            validation_data: Some((rand(&[3, 5], 1).into(), t(vec![0.0, 1.0, 2.0], &[3]).into())),
+            ..quiet()
+        };
+        err_with(m.fit(rand(&[4, 4], 2), y4(), opts), &["does not fit"])?;
+        m.fit(rand(&[4, 4], 2), y4(), quiet()).map(drop).map_err(|e| format!("the model no longer trains: {e}"))
+    }));
+    // fit's seed draws a fresh model's initial weights, whatever its loss.
+    cases.push(case("fit's seed draws the initial weights of a fresh model", move || {
+        let first = |seed: u64| {
+            let net = Sequential::new().add(Dense::new(6).activation(Activation::Relu)).add(Dense::new(3));
+            let mut m = Model::new(net, &cpu());
+            m.compile(Sgd::new(0.0), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[]).unwrap();
+            m.fit(rand(&[4, 4], 2), y4(), FitOptions { seed, ..quiet() }).unwrap();
+            m.variables()[0].1.to_vec::<f32>().unwrap()
+        };
+        if first(1) != first(1) || first(1) == first(2) {
+            return Err("the same seed should give the same weights, another seed others".into());
+        }
+        Ok(())
+    }));
     // Models used before they are ready.
     cases.push(case("fit before compile", || {
         let mut m = Model::new(Sequential::new().add(Dense::new(1)), &cpu());

@@ -183,14 +183,17 @@ impl Model {
     /// before anything trains, so that a bad label in the last batch (or in the validation data,
     /// read after the first epoch) cannot fail `fit` after steps were applied. One row goes
     /// through the model to learn how many classes each output has.
-    fn check_label_values(&self, op: &'static str, heads: &Heads, x: &Inputs, y: &Inputs) -> Result<()> {
+    fn check_label_values(&self, op: &'static str, heads: &Heads, x: &Inputs, y: &Inputs, seed: u64) -> Result<()> {
         let sparse = |l: &Loss| matches!(l, Loss::SparseCategoricalCrossentropy { .. });
         if !heads.list.iter().any(|(_, o)| sparse(&o.loss)) {
             return Ok(());
         }
         let labels = heads.labels(op, y)?;
         let one = x.narrow(0, 1)?.to_device(&self.device)?;
-        let preds = no_grad(|| self.forward(&one, &mut self.inference_ctx()))?;
+        // Initial weights are drawn from the context's seed: the one this fit trains with.
+        let mut ctx = self.inference_ctx();
+        ctx.seed = seed;
+        let preds = no_grad(|| self.forward(&one, &mut ctx))?;
         for ((at, o), y) in heads.list.iter().zip(&labels) {
             let Some(pred) = preds.get(*at).filter(|_| sparse(&o.loss)) else { continue };
             let classes = match self.tp.as_ref().and_then(|tp| tp.output.as_ref()) {
@@ -477,12 +480,14 @@ impl Model {
         if !(0.0..1.0).contains(&s) {
             return Err(Error::invalid("fit", format!("validation_split must be in [0, 1), got {s}")));
         }
+        // The training data first: on a model not yet built, its row builds the layers (with
+        // the seed of this fit, as its first step would), never a validation row of another width.
+        self.check_label_values("fit", &heads, &x, &y, opts.seed)?;
         if let Some((vx, vy)) = &opts.validation_data {
             check_rows("fit (validation_data)", vx, vy)?;
             heads.labels("fit (validation_data)", vy)?;
-            self.check_label_values("fit (validation_data)", &heads, vx, vy)?;
+            self.check_label_values("fit (validation_data)", &heads, vx, vy, opts.seed)?;
         }
-        self.check_label_values("fit", &heads, &x, &y)?;
         // Data moves to the device once; each batch is then one gather there.
         let all = Dataset::new(x.to_device(&self.device)?, &y)?;
         let n = all.len();

@@ -256,7 +256,11 @@ fn early_stopping(es: &serde_json::Map<String, Value>) -> EarlyStopping {
         cb = cb.start_from_epoch(e as usize);
     }
     if let Some(m) = es.get("mode").and_then(Value::as_str) {
-        cb = cb.mode(if m == "max" { Mode::Max } else { Mode::Min });
+        cb = cb.mode(match m {
+            "max" => Mode::Max,
+            "min" => Mode::Min,
+            _ => Mode::Auto,
+        });
     }
     cb.restore_best_weights(es.get("restore_best_weights").and_then(Value::as_bool).unwrap_or(false))
 }

@@ -174,11 +174,22 @@ impl InHost {
 
     /// Run `f(rank, comm)` on `n` threads, one per rank of a new group, and return each rank's
     /// result. A rank that returns an error or panics fails the group, so the others return
-    /// `Err` from their next collective instead of waiting.
+    /// `Err` from their next collective instead of waiting, and a rank that finished gets an
+    /// `Err` naming the rank that failed.
     pub fn run<T: Send>(n: usize, f: impl Fn(usize, &InHost) -> Result<T> + Sync) -> Vec<Result<T>> {
         let world = World::new();
         let comms = InHost::group(n, &world);
-        on_threads(comms.iter().collect(), &world, f)
+        let outs = on_threads(comms.iter().collect(), &world, f);
+        // The ranks compute one thing together: when one failed, a rank that finished (one that
+        // returned without joining a collective the others waited in, say) has no result either.
+        // Its Err names the rank that failed, not that rank's words, which stay that rank's own.
+        let Some(failed) = outs.iter().position(|o| o.is_err()) else { return outs };
+        outs.into_iter()
+            .enumerate()
+            .map(|(r, o)| {
+                o.and_then(|_| Err(Error::Collective(format!("rank {r} finished, but rank {failed} failed"))))
+            })
+            .collect()
     }
 
     /// Clear a failure once every rank has left (all threads joined): empty the group's slot
@@ -322,22 +333,7 @@ pub(crate) fn on_threads<I: Send, T: Send>(
                 })
             })
             .collect();
-        let outs: Vec<Result<T>> = handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into()))))
-            .collect();
-        // The ranks compute one thing together: when one failed, a rank that finished (one that
-        // returned without joining a collective the others waited in, say) has no result either.
-        let Some(first) = outs.iter().enumerate().find_map(|(r, o)| o.as_ref().err().map(|e| format!("rank {r}: {e}")))
-        else {
-            return outs;
-        };
-        outs.into_iter()
-            .enumerate()
-            .map(|(r, o)| {
-                o.and_then(|_| Err(Error::Collective(format!("rank {r} finished, but the group failed: {first}"))))
-            })
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank thread died".into())))).collect()
     })
 }
 

@@ -34,7 +34,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let work = m * n * k;
     // One gemm call on rows `0..m` and columns `c0..c0 + cn` of batch entry `i`, written to `dst`
     // (the entry's m*n row-major output).
-    let block = |i: usize, dst: Dst, c0: usize, cn: usize| {
+    let block = |i: usize, dst: Dst, c0: usize, cn: usize, par: gemm::Parallelism| {
         // SAFETY: every pointer plus its strides stays inside its slice (the reach check above:
         // strides are non-negative, so the farthest element is the last row and column of the
         // matrix at the largest offset; columns c0..c0+cn lie inside 0..n), and dst points at an
@@ -60,7 +60,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
                 false,
                 false,
                 false,
-                gemm::Parallelism::None,
+                par,
             )
         }
     };
@@ -68,7 +68,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let base = Dst(out.as_mut_ptr());
     if nb >= threads && threads > 1 && work >= 1 << 15 {
         // Enough matrices to keep every core busy: one single-threaded gemm per batch entry.
-        (0..nb).into_par_iter().for_each(|i| block(i, base.at(i * m * n), 0, n));
+        (0..nb).into_par_iter().for_each(|i| block(i, base.at(i * m * n), 0, n, gemm::Parallelism::None));
     } else if work >= 1 << 18 && threads > 1 && n >= 2 * COLS {
         // One matrix at a time, its columns cut into one block per core, each a single-threaded
         // gemm: gemm's own threading scales to about 1.4x on two cores, this to about 2x (each
@@ -81,13 +81,19 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
                 let c0 = (p * per).min(n);
                 let cn = per.min(n - c0);
                 if cn > 0 {
-                    block(i, dst, c0, cn);
+                    block(i, dst, c0, cn, gemm::Parallelism::None);
                 }
             });
         }
     } else {
         for i in 0..nb {
-            block(i, base.at(i * m * n), 0, n);
+            // Too few columns to cut: gemm's own threads, for a large product.
+            let par = if work >= 1 << 18 && threads > 1 {
+                gemm::Parallelism::Rayon(threads)
+            } else {
+                gemm::Parallelism::None
+            };
+            block(i, base.at(i * m * n), 0, n, par);
         }
     }
     Ok(f32_storage(out))
