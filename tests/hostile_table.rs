@@ -416,7 +416,7 @@ fn loss_cases(cases: &mut Vec<Case>) {
 fn optimizer_cases(cases: &mut Vec<Case>) {
     let compile = |opt: Box<dyn Optimizer>, words: &'static [&'static str]| -> Check {
         let mut m = Model::new(Sequential::new().add(Dense::new(1)), &cpu());
-        err_with(m.compile(Boxed(opt), Loss::MeanSquaredError, &[]), words)?;
+        err_with(m.compile(opt, Loss::MeanSquaredError, &[]), words)?;
         if m.optimizer().is_some() {
             return Err("a refused compile installed its optimizer".into());
         }
@@ -552,41 +552,6 @@ fn optimizer_cases(cases: &mut Vec<Case>) {
 type MakeOpt = Box<dyn Fn() -> Box<dyn Optimizer> + Send>;
 /// Damages a saved file's bytes.
 type Hurt = Box<dyn Fn(&mut Vec<u8>) + Send>;
-
-/// A boxed optimizer as an optimizer.
-struct Boxed(Box<dyn Optimizer>);
-impl Optimizer for Boxed {
-    fn apply(&mut self, p: &[(String, Var)], g: &GradStore) -> Result<()> {
-        self.0.apply(p, g)
-    }
-    fn iterations(&self) -> u64 {
-        self.0.iterations()
-    }
-    fn learning_rate(&self) -> f32 {
-        self.0.learning_rate()
-    }
-    fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
-        self.0.slot(path, name)
-    }
-    fn slots(&self) -> Vec<(String, String, Tensor)> {
-        self.0.slots()
-    }
-    fn set_slot(&mut self, path: &str, name: &str, value: Tensor) {
-        self.0.set_slot(path, name, value)
-    }
-    fn set_iterations(&mut self, n: u64) {
-        self.0.set_iterations(n)
-    }
-    fn global_clipnorm(&self) -> Option<f32> {
-        self.0.global_clipnorm()
-    }
-    fn set_global_clipnorm(&mut self, max_norm: Option<f32>) {
-        self.0.set_global_clipnorm(max_norm)
-    }
-    fn validate(&self) -> Result<()> {
-        self.0.validate()
-    }
-}
 
 fn model_cases(cases: &mut Vec<Case>) {
     let labels = |v: Vec<f32>| t(v, &[4]);

@@ -9,13 +9,17 @@ use weft_nn::{Loss, Model, Sequential};
 use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel};
 
 fn lm() -> Sequential {
+    lm_with_dropout(0.0)
+}
+
+fn lm_with_dropout(rate: f32) -> Sequential {
     let tokens = Embedding::new(11, 12).named("tokens");
     let head = tokens.tied_head().named("head");
     Sequential::new()
         .named("lm")
         .add(tokens)
         .add(PositionEmbedding::new(5).named("positions"))
-        .add(TransformerBlock::new(3, 4, 14).causal(true).named("block_0"))
+        .add(TransformerBlock::new(3, 4, 14).causal(true).dropout(rate).named("block_0"))
         .add(LayerNormalization::new().named("ln_f"))
         .add(head)
 }
@@ -34,8 +38,12 @@ fn batch(step: u64) -> (Tensor, Tensor) {
 }
 
 fn sharded(n: usize) -> ShardedModel {
-    let plan = AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&lm(), &[6, 5], n, 1).unwrap();
-    let mut m = ShardedModel::new(lm, &DeviceMesh::cpus(n).unwrap(), &plan).unwrap();
+    sharded_of(lm, n)
+}
+
+fn sharded_of(net: fn() -> Sequential, n: usize) -> ShardedModel {
+    let plan = AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&net(), &[6, 5], n, 1).unwrap();
+    let mut m = ShardedModel::new(net, &DeviceMesh::cpus(n).unwrap(), &plan).unwrap();
     m.compile(adam(), LOSS, &[]).unwrap();
     m
 }
@@ -131,23 +139,7 @@ fn a_checkpoint_of_another_model_is_refused_and_changes_nothing() {
 /// of steps 1..3 and the weights would differ.
 #[test]
 fn a_resumed_sharded_model_draws_the_dropout_masks_of_its_steps() {
-    let net = || {
-        let tokens = Embedding::new(11, 12).named("tokens");
-        let head = tokens.tied_head().named("head");
-        Sequential::new()
-            .named("lm")
-            .add(tokens)
-            .add(PositionEmbedding::new(5).named("positions"))
-            .add(TransformerBlock::new(3, 4, 14).causal(true).dropout(0.3).named("block_0"))
-            .add(LayerNormalization::new().named("ln_f"))
-            .add(head)
-    };
-    let sharded = |n: usize| {
-        let plan = AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&net(), &[6, 5], n, 1).unwrap();
-        let mut m = ShardedModel::new(net, &DeviceMesh::cpus(n).unwrap(), &plan).unwrap();
-        m.compile(adam(), LOSS, &[]).unwrap();
-        m
-    };
+    let sharded = |n: usize| sharded_of(|| lm_with_dropout(0.3), n);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("step3.safetensors");
     let mut on = sharded(2);

@@ -340,3 +340,46 @@ impl RMSprop {
 }
 optimizer_common!(RMSprop);
 optimizer_trait!(RMSprop);
+
+/// A boxed optimizer is an optimizer: one chosen at run time (from a list, a config file)
+/// compiles like any other.
+///
+/// ```
+/// use weft_nn::optim::{Adam, Optimizer, Sgd};
+/// let pick = |adam: bool| -> Box<dyn Optimizer> { if adam { Box::new(Adam::new(1e-3)) } else { Box::new(Sgd::new(0.1)) } };
+/// let mut m = weft_nn::Model::new(weft_nn::Sequential::new().add(weft_nn::layers::Dense::new(1)), &weft_core::Device::Cpu);
+/// m.compile(pick(true), weft_nn::Loss::MeanSquaredError, &[])?;
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+impl Optimizer for Box<dyn Optimizer> {
+    fn apply(&mut self, params: &[(String, Var)], grads: &GradStore) -> Result<()> {
+        (**self).apply(params, grads)
+    }
+    fn iterations(&self) -> u64 {
+        (**self).iterations()
+    }
+    fn learning_rate(&self) -> f32 {
+        (**self).learning_rate()
+    }
+    fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
+        (**self).slot(path, name)
+    }
+    fn slots(&self) -> Vec<(String, String, Tensor)> {
+        (**self).slots()
+    }
+    fn set_slot(&mut self, path: &str, name: &str, value: Tensor) {
+        (**self).set_slot(path, name, value)
+    }
+    fn set_iterations(&mut self, n: u64) {
+        (**self).set_iterations(n)
+    }
+    fn global_clipnorm(&self) -> Option<f32> {
+        (**self).global_clipnorm()
+    }
+    fn set_global_clipnorm(&mut self, max_norm: Option<f32>) {
+        (**self).set_global_clipnorm(max_norm)
+    }
+    fn validate(&self) -> Result<()> {
+        (**self).validate()
+    }
+}
