@@ -75,14 +75,9 @@ fn trained(opt: impl Optimizer + 'static, metrics: &[Metric]) -> Model {
     m
 }
 
-type State = (Vec<(String, Vec<f32>)>, Vec<(String, String, Vec<f32>)>, u64, u64);
-
-fn state(m: &Model) -> State {
-    let w = m.variables().into_iter().map(|(p, v)| (p, v.to_vec::<f32>().unwrap())).collect();
-    let opt = m.optimizer().unwrap();
-    let s = opt.slots().into_iter().map(|(p, n, t)| (p, n, t.to_vec::<f32>().unwrap())).collect();
-    (w, s, opt.iterations(), m.step_counter())
-}
+#[path = "../nn/tests/common/state.rs"]
+mod state;
+use state::state;
 
 /// `call` on a trained classifier must be an `Err` naming `words` and change nothing.
 fn refused<T: std::fmt::Debug>(mut m: Model, call: impl FnOnce(&mut Model) -> Result<T>, words: &[&str]) -> Check {
@@ -250,19 +245,32 @@ fn tensor_cases(cases: &mut Vec<Case>) {
         cases.push(case(format!("to_index of {what} below 5"), move || {
             err_with(t(vec![0.0, v, 1.0], &[3]).to_index("ids", Some(5)), &["ids"])
         }));
-        cases.push(case(format!("index_select of id {what} from 5 rows"), move || {
-            err_with(rand(&[5, 2], 0).index_select(&t(vec![0.0, v], &[2]), 0), &["index"])
-        }));
-        cases.push(case(format!("embedding of id {what} from 5 rows"), move || {
-            err_with(rand(&[5, 2], 0).embedding(&t(vec![v], &[1])), &[])
-        }));
         cases.push(case(format!("one_hot of {what} for 3 classes"), move || {
             err_with(Tensor::one_hot(&t(vec![0.0, v], &[2]), 3), &["3 classes"])
         }));
-        cases.push(case(format!("gather of id {what} on an axis of 3"), move || {
-            err_with(rand(&[2, 3], 0).gather(1, &t(vec![0.0, v, 1.0, 1.0], &[2, 2])), &["gather"])
+    }
+    // Index ops take integer ids: a bad one is named; float ids are refused by dtype.
+    let ids = |v: Vec<i32>, shape: &[usize]| Tensor::from_vec(v, shape, &cpu()).unwrap();
+    for id in [-1i32, 5, i32::MIN, i32::MAX] {
+        cases.push(case(format!("index_select of i32 id {id} from 5 rows"), move || {
+            err_with(rand(&[5, 2], 0).index_select(&ids(vec![0, id], &[2]), 0), &[&id.to_string()])
+        }));
+        cases.push(case(format!("embedding of i32 id {id} from 5 rows"), move || {
+            err_with(rand(&[5, 2], 0).embedding(&ids(vec![id], &[1])), &[&id.to_string()])
+        }));
+        cases.push(case(format!("gather of i32 id {id} on an axis of 3"), move || {
+            err_with(rand(&[2, 3], 0).gather(1, &ids(vec![0, id, 1, 1], &[2, 2])), &[&id.to_string()])
         }));
     }
+    cases.push(case("index_select of f32 ids", || {
+        err_with(rand(&[5, 2], 0).index_select(&t(vec![0.0, 1.0], &[2]), 0), &["u32 or i32", "F32"])
+    }));
+    cases.push(case("embedding of f32 ids", || {
+        err_with(rand(&[5, 2], 0).embedding(&t(vec![1.0], &[1])), &["u32 or i32", "F32"])
+    }));
+    cases.push(case("gather of f32 ids", || {
+        err_with(rand(&[2, 3], 0).gather(1, &t(vec![0.0, 1.0, 1.0, 1.0], &[2, 2])), &["u32 or i32", "F32"])
+    }));
     for (id, bound) in [(-1i32, 4usize), (4, 4), (i32::MIN, 4), (i32::MAX, 4)] {
         cases.push(case(format!("to_index of i32 {id} below {bound}"), move || {
             err_with(
@@ -336,9 +344,8 @@ fn tensor_cases(cases: &mut Vec<Case>) {
     for name in ["gpu:99", "banana"] {
         cases.push(case(format!("Device::from_env with WEFT_DEVICE={name}"), move || {
             let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "from_env_child", "--nocapture", "--test-threads=1"])
+                .args(["--exact", "from_env_child", "--ignored", "--nocapture", "--test-threads=1"])
                 .env("WEFT_DEVICE", name)
-                .env("WEFT_FROM_ENV_CHILD", "1")
                 .output()
                 .map_err(|e| e.to_string())?;
             let text = String::from_utf8_lossy(&out.stdout).to_string();
@@ -758,9 +765,13 @@ fn checkpoint_cases(cases: &mut Vec<Case>) {
         path
     }
     let damage: Vec<(&str, Hurt, &'static [&'static str])> = vec![
-        ("truncated to half", Box::new(|b: &mut Vec<u8>| b.truncate(b.len() / 2)), &[]),
-        ("truncated to 4 bytes", Box::new(|b: &mut Vec<u8>| b.truncate(4)), &[]),
-        ("emptied", Box::new(|b: &mut Vec<u8>| b.clear()), &[]),
+        (
+            "truncated to half",
+            Box::new(|b: &mut Vec<u8>| b.truncate(b.len() / 2)),
+            &["not a complete safetensors file"],
+        ),
+        ("truncated to 4 bytes", Box::new(|b: &mut Vec<u8>| b.truncate(4)), &["not a complete safetensors file"]),
+        ("emptied", Box::new(|b: &mut Vec<u8>| b.clear()), &["not a complete safetensors file"]),
         (
             "with a flipped bit in the data",
             Box::new(|b: &mut Vec<u8>| {
@@ -780,7 +791,7 @@ fn checkpoint_cases(cases: &mut Vec<Case>) {
         (
             "with a header length past the end",
             Box::new(|b: &mut Vec<u8>| b[..8].copy_from_slice(&(1u64 << 40).to_le_bytes())),
-            &[],
+            &["not a complete safetensors file"],
         ),
         (
             "with its header replaced by junk",
@@ -790,9 +801,13 @@ fn checkpoint_cases(cases: &mut Vec<Case>) {
                     *x = b'#';
                 }
             }),
-            &[],
+            &["not a complete safetensors file"],
         ),
-        ("with bytes appended", Box::new(|b: &mut Vec<u8>| b.extend_from_slice(&[0u8; 12])), &[]),
+        (
+            "with bytes appended",
+            Box::new(|b: &mut Vec<u8>| b.extend_from_slice(&[0u8; 12])),
+            &["not a complete safetensors file"],
+        ),
     ];
     for (what, hurt, words) in damage {
         cases.push(case(format!("load_weights of a file {what}"), move || {
@@ -811,7 +826,7 @@ fn checkpoint_cases(cases: &mut Vec<Case>) {
     cases.push(case("load_weights of a folder", || {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().to_path_buf();
-        refused(trained(Adam::new(0.01), &[]), |m| m.load_weights(&p), &[])
+        refused(trained(Adam::new(0.01), &[]), |m| m.load_weights(&p), &["directory"])
     }));
     cases.push(case("load_weights of another model's file", || {
         let dir = tempfile::tempdir().unwrap();
@@ -921,9 +936,8 @@ fn planning_cases(cases: &mut Vec<Case>) {
             err_with(AutoConfig::new().plan(&net(), &[2, 4], model, data), &["device"])
         }));
     }
-    cases.push(case("a plan for inputs the model cannot take", move || {
-        err_with(AutoConfig::new().min_params(0).plan(&net(), &[2, 4, 9, 9, 9], 2, 1).map(|p| p.to_string()), &[])
-            .or_else(|_| err_with(AutoConfig::new().min_params(0).plan(&net(), &[], 2, 1), &[]))
+    cases.push(case("a plan for a scalar input", move || {
+        err_with(AutoConfig::new().min_params(0).plan(&net(), &[], 2, 1), &["net/a", "no axes"])
     }));
     cases.push(case("a row split forced on a layer of 3 outputs over 4 devices", move || {
         let n = || Sequential::new().named("net").add(Dense::new(3).named("a")).add(Dense::new(4).named("b"));
@@ -1022,13 +1036,11 @@ fn every_hostile_input_gets_its_classification() {
     assert!(total >= 300, "the table has {total} cases; issue #9 asks for at least 300");
 }
 
-/// Run by the `from_env` cases in a child process with WEFT_DEVICE set: prints what
-/// `Device::from_env` gave (does nothing when run as an ordinary test).
+/// Run by the `from_env` cases in a child process with WEFT_DEVICE set (ignored otherwise: it
+/// asserts nothing itself): prints what `Device::from_env` gave.
 #[test]
+#[ignore = "run by the Device::from_env cases of the table, in a child process"]
 fn from_env_child() {
-    if std::env::var_os("WEFT_FROM_ENV_CHILD").is_none() {
-        return;
-    }
     match Device::from_env() {
         Ok(d) => println!("from_env: Ok({d:?})"),
         Err(e) => println!("from_env: Err({e})"),

@@ -267,12 +267,11 @@ impl Tensor {
                 }
                 // Only inputs that take part in the gradient get one: the data fed to a model's
                 // first layer does not, and its matmul gradient is the largest of the step.
-                let need: Vec<bool> = op.inputs().iter().map(|i| i.tracks_grad()).collect();
+                let inputs = op.inputs();
+                let need: smallvec::SmallVec<[bool; 4]> = inputs.iter().map(|i| i.tracks_grad()).collect();
                 let grads = input_grads(op, &node, &g, &need)?;
-                for (input, gi) in op.inputs().into_iter().zip(grads) {
-                    if let Some(gi) = gi
-                        && input.tracks_grad()
-                    {
+                for ((input, gi), need) in inputs.into_iter().zip(grads).zip(need) {
+                    if let Some(gi) = gi.filter(|_| need) {
                         store.accumulate(input, gi)?;
                     }
                 }

@@ -35,17 +35,10 @@ pub trait Callback: Send {
     }
 }
 
-/// The value of `monitor` (`loss`, `val_loss`, a metric name or `val_` + a metric name) at `epoch`.
+/// The value of `monitor` (a History key: `loss`, `val_loss`, a metric name or `val_` + a metric
+/// name) at `epoch`.
 fn monitored(history: &History, monitor: &str, epoch: usize) -> Result<f32> {
-    let series = match monitor {
-        "loss" => Some(&history.loss),
-        "val_loss" => Some(&history.val_loss),
-        m => match m.strip_prefix("val_") {
-            Some(name) => history.val_metrics.get(name),
-            None => history.metrics.get(m),
-        },
-    };
-    series.and_then(|s| s.get(epoch)).copied().ok_or_else(|| {
+    history.get(monitor).and_then(|s| s.get(epoch).copied()).ok_or_else(|| {
         Error::invalid("callback", format!("nothing called {monitor:?} is recorded (is there validation data?)"))
     })
 }

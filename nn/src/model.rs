@@ -417,7 +417,7 @@ impl Model {
         // gradient's largest magnitude come back in one read.
         let checked = if self.tp.is_none() { gradient_ends(&vars, &grads)? } else { Vec::new() };
         let mut parts = vec![losses];
-        parts.extend(checked.iter().map(|(_, t)| t.clone()));
+        parts.extend(checked.iter().flat_map(|(_, ends)| ends.iter().cloned()));
         let figures = Tensor::concat(&parts, 0)?.to_vec::<f32>()?;
         let k = figs.len();
         let value = figures[0];
@@ -976,10 +976,13 @@ impl Model {
     }
 }
 
-/// Each gradient's largest and smallest value, as a `[2]` tensor on the device (NaN propagates
+/// Each gradient's largest and smallest value, two `[1]` tensors on the device (NaN propagates
 /// through max and min, so a NaN or an infinity anywhere in a gradient shows in its figures), by
 /// variable path.
-fn gradient_ends<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore) -> Result<Vec<(&'a String, Tensor)>> {
+fn gradient_ends<'a>(
+    vars: &'a [(String, Var)],
+    grads: &weft_core::GradStore,
+) -> Result<Vec<(&'a String, [Tensor; 2])>> {
     no_grad(|| {
         vars.iter()
             .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
@@ -987,9 +990,7 @@ fn gradient_ends<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore) ->
                 // The largest and the smallest: any NaN shows in both, +inf in the first, -inf in
                 // the second. Two reads of the gradient, no temporary.
                 let axes: Vec<isize> = (0..g.rank() as isize).collect();
-                let ends =
-                    Tensor::concat(&[g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?], 0)?;
-                Ok((p, ends))
+                Ok((p, [g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?]))
             })
             .collect()
     })

@@ -292,7 +292,8 @@ pub fn lookup(layer: &dyn crate::Layer, ctx: &crate::Ctx, table: &Tensor, ids: &
                     format!("{path}: this rank holds {rows} rows of the table, the plan gives it {sizes:?} (rank {r})"),
                 ));
             }
-            // The last rank also takes ids past the end, so a bad id faults as on one device.
+            // The ids were checked against the whole vocabulary above, so the last rank needs no
+            // upper bound.
             let start = split_start(sizes, r);
             let f = ids.to_dtype(DType::F32)?;
             let mut mask = f.cmp_scalar(BinaryOp::Ge, start as f32)?;

@@ -22,16 +22,9 @@ fn x(n: usize, seed: u64) -> Tensor {
     Tensor::rand(-1.0, 1.0, &[n, 4], seed, &Device::Cpu).unwrap()
 }
 
-/// Weights, slots, the optimizer's step count and the model's step counter.
-type State = (Vec<(String, Vec<f32>)>, Vec<(String, String, Vec<f32>)>, u64, u64);
-
-/// Everything a failed call must leave alone.
-fn state(m: &Model) -> State {
-    let w = m.variables().into_iter().map(|(p, v)| (p, v.to_vec::<f32>().unwrap())).collect();
-    let opt = m.optimizer().unwrap();
-    let s = opt.slots().into_iter().map(|(p, n, t)| (p, n, t.to_vec::<f32>().unwrap())).collect();
-    (w, s, opt.iterations(), m.step_counter())
-}
+#[path = "common/state.rs"]
+mod state;
+use state::state;
 
 fn err_text<T: std::fmt::Debug>(r: Result<T, Error>) -> String {
     match r {

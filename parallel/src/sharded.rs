@@ -413,8 +413,8 @@ impl ShardedModel {
 
     /// The plan, then rank 0's summary (its shapes are its shards').
     pub fn summary(&mut self, input_shape: &[usize]) -> Result<String> {
-        let s = self.run(|_, m| m.summary(input_shape))?.swap_remove(0);
-        Ok(format!("{}\nRank 0 of {} ({}):\n{s}", self.plan, self.mesh.len(), self.mesh.describe()))
+        let shape: Vec<usize> = std::iter::once(1).chain(input_shape.iter().copied()).collect();
+        self.summary_for(weft_core::Tensor::zeros(&shape, &weft_core::Device::Cpu)?)
     }
 
     /// Keep each step's gradients (synchronized, before clipping) for [`gradients`](Self::gradients).

@@ -86,13 +86,10 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
             });
         }
     } else {
+        // Too few columns to cut: gemm's own threads, for a large product.
+        let par =
+            if work >= 1 << 18 && threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
         for i in 0..nb {
-            // Too few columns to cut: gemm's own threads, for a large product.
-            let par = if work >= 1 << 18 && threads > 1 {
-                gemm::Parallelism::Rayon(threads)
-            } else {
-                gemm::Parallelism::None
-            };
             block(i, base.at(i * m * n), 0, n, par);
         }
     }

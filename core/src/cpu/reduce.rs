@@ -190,11 +190,10 @@ fn pairwise(v: &[f32]) -> f32 {
     }
 }
 
-/// The best (value, index) of elements `lo..hi` for max, min or argmax; indices count from the
-/// run's start. Stops at the first NaN.
-fn extreme_range(op: ReduceOp, run: &Run, base: usize, lo: usize, hi: usize) -> (f32, u32) {
-    let better = |v: f32, best: f32| if op == ReduceOp::Min { v < best } else { v > best };
-    let (mut best, mut at) = (if op == ReduceOp::Min { f32::INFINITY } else { f32::NEG_INFINITY }, lo);
+/// The largest value of elements `lo..hi` and its index (counted from the run's start), for
+/// argmax: the first on ties; stops at the first NaN.
+fn argmax_range(run: &Run, base: usize, lo: usize, hi: usize) -> (f32, u32) {
+    let (mut best, mut at) = (f32::NEG_INFINITY, lo);
     let (mut i, step) = (lo, run.step());
     run.segments(base, lo, hi, |off, count| {
         for j in 0..count {
@@ -204,7 +203,7 @@ fn extreme_range(op: ReduceOp, run: &Run, base: usize, lo: usize, hi: usize) -> 
                 return ControlFlow::Break(());
             }
             // The first element always counts, so a run of infinities finds its first one.
-            if better(v, best) || i + j == lo {
+            if v > best || i + j == lo {
                 (best, at) = (v, i + j);
             }
         }
@@ -259,60 +258,46 @@ fn extreme_value(op: ReduceOp, run: &Run, base: usize, lo: usize, hi: usize) -> 
     lanes.into_iter().fold(init, |a, v| if max { a.max(v) } else { a.min(v) })
 }
 
-/// Combine the results of two consecutive pieces, `a` first: NaN wins, then the better value,
+/// Combine the argmax of two consecutive pieces, `a` first: NaN wins, then the larger value,
 /// then (on ties) the earlier one.
-fn combine_extremes(op: ReduceOp, a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
-    if a.0.is_nan() {
-        return a;
-    }
-    if b.0.is_nan() {
-        return b;
-    }
-    let b_better = if op == ReduceOp::Min { b.0 < a.0 } else { b.0 > a.0 };
-    if b_better { b } else { a }
+fn combine_argmax(a: (f32, u32), b: (f32, u32)) -> (f32, u32) {
+    if a.0.is_nan() || (!b.0.is_nan() && b.0 <= a.0) { a } else { b }
 }
 
-/// Reduce one output's run: split into parallel pieces when it is long and `split` allows.
+/// `f(lo, hi)` over the pieces of a run of `n` elements, in order: one piece on this thread, or
+/// several of PIECE elements in parallel (inline storage: one output's run allocates nothing).
+fn over_pieces<T: Send>(n: usize, pieces: usize, f: impl Fn(usize, usize) -> T + Sync) -> SmallVec<[T; 1]> {
+    if pieces == 1 {
+        return smallvec::smallvec![f(0, n)];
+    }
+    let parts: Vec<T> = (0..pieces).into_par_iter().map(|p| f(p * PIECE, ((p + 1) * PIECE).min(n))).collect();
+    parts.into_iter().collect()
+}
+
+/// Reduce one output's run: split into parallel pieces when it is long and `split` allows. The
+/// pieces meet in order (pairwise for sums), so the result does not depend on the threads.
 fn reduce_run(op: ReduceOp, run: &Run, base: usize, split: bool) -> (f32, u32) {
     let n = run.len();
     let pieces = if split && n >= 2 * PIECE { n.div_ceil(PIECE) } else { 1 };
-    let range = |p: usize| (p * PIECE, ((p + 1) * PIECE).min(n));
     match op {
-        ReduceOp::Sum if pieces == 1 => (sum_range(run, base, 0, n), 0),
-        ReduceOp::Sum => {
-            let sums: Vec<f32> = (0..pieces)
-                .into_par_iter()
-                .map(|p| {
-                    let (lo, hi) = range(p);
-                    sum_range(run, base, lo, hi)
-                })
-                .collect();
-            (pairwise(&sums), 0)
-        }
-        ReduceOp::Max | ReduceOp::Min if pieces == 1 => (extreme_value(op, run, base, 0, n), 0),
+        ReduceOp::Sum => (pairwise(&over_pieces(n, pieces, |lo, hi| sum_range(run, base, lo, hi))), 0),
         ReduceOp::Max | ReduceOp::Min => {
-            let parts: Vec<f32> = (0..pieces)
-                .into_par_iter()
-                .map(|p| {
-                    let (lo, hi) = range(p);
-                    extreme_value(op, run, base, lo, hi)
-                })
-                .collect();
-            let nan = parts.iter().any(|v| v.is_nan());
-            let best = parts.into_iter().reduce(|a, b| if op == ReduceOp::Max { a.max(b) } else { a.min(b) });
-            (if nan { f32::NAN } else { best.unwrap_or(0.0) }, 0)
+            let parts = over_pieces(n, pieces, |lo, hi| extreme_value(op, run, base, lo, hi));
+            let pick = |a: f32, b: f32| {
+                if a.is_nan() || b.is_nan() {
+                    f32::NAN
+                } else if op == ReduceOp::Max {
+                    a.max(b)
+                } else {
+                    a.min(b)
+                }
+            };
+            (parts.into_iter().reduce(pick).unwrap_or(0.0), 0)
         }
-        _ if pieces == 1 => extreme_range(op, run, base, 0, n),
-        _ => {
-            let parts: Vec<(f32, u32)> = (0..pieces)
-                .into_par_iter()
-                .map(|p| {
-                    let (lo, hi) = range(p);
-                    extreme_range(op, run, base, lo, hi)
-                })
-                .collect();
-            parts.into_iter().reduce(|a, b| combine_extremes(op, a, b)).unwrap_or((0.0, 0))
-        }
+        ReduceOp::ArgMax => over_pieces(n, pieces, |lo, hi| argmax_range(run, base, lo, hi))
+            .into_iter()
+            .reduce(combine_argmax)
+            .unwrap_or((0.0, 0)),
     }
 }
 

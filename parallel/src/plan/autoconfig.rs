@@ -516,7 +516,8 @@ impl<'a> Planner<'a> {
             let forced = self.forced(&e.path);
             // A table the layer does not have, or weights besides it (which would train on part
             // of their gradient): the layer stays whole, with the reason, or a forced split is refused.
-            let fault = match e.var(table) {
+            let found = e.var(table).cloned();
+            let fault = match &found {
                 None => Some(format!("{} declares a vocabulary table {table:?} it does not have", e.path)),
                 Some(_) if e.vars.len() > 1 => Some(format!(
                     "{} has variables besides its table {table:?}: a vocabulary split would train them on part of their gradient",
@@ -531,7 +532,7 @@ impl<'a> Planner<'a> {
                 self.replicate(&e.path, why);
                 continue;
             }
-            let Some((table_path, shape, Some(table_id))) = e.var(table).cloned() else { continue };
+            let Some((table_path, shape, Some(table_id))) = found else { continue };
             let heads: Vec<&LayerNode> = layers
                 .iter()
                 .filter(|l| {
