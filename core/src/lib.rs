@@ -22,6 +22,7 @@ mod device;
 mod dtype;
 mod einsum;
 mod error;
+mod fast_exp;
 pub mod gpu;
 pub mod layout;
 pub mod ops;

@@ -1,6 +1,7 @@
-//! Batched matmul on the Cpu through the `gemm` crate (packed, SIMD, multithreaded), which takes
-//! arbitrary row and column strides, so transposed views are read in place.
+//! Batched matmul on the Cpu: cuts the work over the cores and hands each piece to the engine
+//! (`gemm_engine`), which takes arbitrary row and column strides, so transposed views are read in place.
 
+use super::gemm_engine::{Engine, Product, engine};
 use super::{CpuStorage, f32_storage, try_zeros};
 use crate::{Layout, Result};
 use rayon::prelude::*;
@@ -32,44 +33,37 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
         return Err(crate::Error::invalid("matmul", format!("layouts {la:?} and {lb:?} reach outside their buffers")));
     }
     let work = m * n * k;
-    // One gemm call on rows `0..m` and columns `c0..c0 + cn` of batch entry `i`, written to `dst`
+    let engine = engine();
+    // One product on rows `0..m` and columns `c0..c0 + cn` of batch entry `i`, written to `dst`
     // (the entry's m*n row-major output).
-    let block = |i: usize, dst: Dst, c0: usize, cn: usize, par: gemm::Parallelism| {
+    let block = |i: usize, dst: Dst, c0: usize, cn: usize, threads: usize| {
+        let p = Product {
+            m,
+            n: cn,
+            k,
+            // SAFETY (of the offsets): columns c0..c0+cn lie inside 0..n.
+            dst: unsafe { dst.0.add(c0) },
+            dst_rs: n as isize,
+            lhs: unsafe { x.as_ptr().add(aoffs[i]) },
+            lhs_rs: ars,
+            lhs_cs: acs,
+            rhs: unsafe { y.as_ptr().add(boffs[i] + c0 * bcs as usize) },
+            rhs_rs: brs,
+            rhs_cs: bcs,
+        };
         // SAFETY: every pointer plus its strides stays inside its slice (the reach check above:
         // strides are non-negative, so the farthest element is the last row and column of the
-        // matrix at the largest offset; columns c0..c0+cn lie inside 0..n), and dst points at an
-        // m*n row-major block of `out` of which this call writes only columns c0..c0+cn, which no
-        // other call writes.
-        unsafe {
-            gemm::gemm(
-                m,
-                cn,
-                k,
-                dst.0.add(c0),
-                1,
-                n as isize,
-                false,
-                x.as_ptr().add(aoffs[i]),
-                acs,
-                ars,
-                y.as_ptr().add(boffs[i] + c0 * bcs as usize),
-                bcs,
-                brs,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                par,
-            )
-        }
+        // matrix at the largest offset), and dst points at an m*n row-major block of `out` of
+        // which this call writes only columns c0..c0+cn, which no other call writes.
+        unsafe { p.run(engine, threads) }
     };
     let threads = rayon::current_num_threads();
+    let big = work >= 1 << 18 && threads > 1;
     let base = Dst(out.as_mut_ptr());
     if nb >= threads && threads > 1 && work >= 1 << 15 {
-        // Enough matrices to keep every core busy: one single-threaded gemm per batch entry.
-        (0..nb).into_par_iter().for_each(|i| block(i, base.at(i * m * n), 0, n, gemm::Parallelism::None));
-    } else if work >= 1 << 18 && threads > 1 && n >= 2 * COLS {
+        // Enough matrices to keep every core busy: one single-threaded product per batch entry.
+        (0..nb).into_par_iter().for_each(|i| block(i, base.at(i * m * n), 0, n, 1));
+    } else if big && engine == Engine::Portable && n >= 2 * COLS {
         // One matrix at a time, its columns cut into one block per core, each a single-threaded
         // gemm: gemm's own threading scales to about 1.4x on two cores, this to about 2x (each
         // block packs the left matrix again, which costs m*k against m*k*n/threads of work).
@@ -81,16 +75,15 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
                 let c0 = (p * per).min(n);
                 let cn = per.min(n - c0);
                 if cn > 0 {
-                    block(i, dst, c0, cn, gemm::Parallelism::None);
+                    block(i, dst, c0, cn, 1);
                 }
             });
         }
     } else {
-        // Too few columns to cut: gemm's own threads, for a large product.
-        let par =
-            if work >= 1 << 18 && threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+        // The engine's own threads for a large product (faer's kernels scale to about 2x on two
+        // cores), one thread for a small one.
         for i in 0..nb {
-            block(i, base.at(i * m * n), 0, n, par);
+            block(i, base.at(i * m * n), 0, n, if big { threads } else { 1 });
         }
     }
     Ok(f32_storage(out))

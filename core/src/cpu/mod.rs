@@ -2,6 +2,7 @@
 //! It is the oracle the GPU kernels are tested against, and the fallback device.
 
 mod elementwise;
+mod gemm_engine;
 mod index;
 mod matmul;
 mod norm;

@@ -3,6 +3,7 @@
 
 use super::reduce::pairwise_sum;
 use super::{CpuStorage, f32_storage, strided, try_zeros};
+use crate::fast_exp::exp;
 use crate::{Layout, Result};
 use rayon::prelude::*;
 
@@ -18,9 +19,20 @@ pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
     let nan_max = |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) };
     out.par_chunks_mut(n).zip(x.par_chunks(n)).for_each(|(o, r)| {
         let max = r.iter().copied().fold(f32::NEG_INFINITY, nan_max);
-        let sum = pairwise_sum(r.iter().map(|&v| (v - max).exp()));
+        // The exponentials go to the output first: one vectorised pass, then a pairwise sum of them.
         for (o, &v) in o.iter_mut().zip(r) {
-            *o = if log { v - max - sum.ln() } else { (v - max).exp() / sum };
+            *o = exp(v - max);
+        }
+        let sum = pairwise_sum(o.iter().copied());
+        if log {
+            let ls = sum.ln();
+            for (o, &v) in o.iter_mut().zip(r) {
+                *o = v - max - ls;
+            }
+        } else {
+            for o in o.iter_mut() {
+                *o /= sum;
+            }
         }
     });
     Ok(f32_storage(out))
