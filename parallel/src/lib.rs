@@ -10,12 +10,15 @@
 //! - [`CoordinatedOptimizer`]: any optimizer, made to agree across ranks (shared norm, shared
 //!   skip on a non-finite gradient, gradients averaged where the plan replicates).
 //! - [`verify`]: trains sharded and on one device, and reports the largest differences.
+//! - `mpi` (feature `mpi`): the collectives across processes and hosts, over MPI.
 
 #![warn(missing_docs)]
 
 mod comm;
 mod coordinated;
 mod mesh;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod plan;
 mod sharded;
 mod verify;
