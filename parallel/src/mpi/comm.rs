@@ -115,6 +115,14 @@ impl MpiComm {
         Ok(calls)
     }
 
+    /// A reduction's values made final: a mean is MPI's sum over the ranks, divided here.
+    fn finish(&self, kind: ReduceKind, values: &mut [f32]) {
+        if kind == ReduceKind::Mean {
+            let s = 1.0 / self.size as f32;
+            values.iter_mut().for_each(|v| *v *= s);
+        }
+    }
+
     /// An MPI return code as a `Result` (Open MPI's default handler aborts the job before
     /// returning an error, so this is for libraries set to return them).
     fn ok(&self, what: &str, code: i32) -> Result<()> {
@@ -193,10 +201,7 @@ impl Collectives for MpiComm {
                 self.comm.0,
             )
         })?;
-        if kind == ReduceKind::Mean {
-            let s = 1.0 / self.size as f32;
-            recv.iter_mut().for_each(|v| *v *= s);
-        }
+        self.finish(kind, &mut recv);
         Tensor::from_host_vec(recv, x.dims(), x.device())
     }
 
@@ -299,10 +304,7 @@ impl Collectives for MpiComm {
                 self.comm.0,
             )
         })?;
-        if kind == ReduceKind::Mean {
-            let s = 1.0 / self.size as f32;
-            recv.iter_mut().for_each(|v| *v *= s);
-        }
+        self.finish(kind, &mut recv);
         let mut shape = front.dims().to_vec();
         shape[0] = sizes[self.rank];
         let part = Tensor::from_host_vec(recv, &shape, x.device())?;
