@@ -82,24 +82,57 @@ fn mesh(args: &[String]) -> Result<(DeviceMesh, bool)> {
     }
 }
 
+/// With `--mpi` (built with `--features mpi`, run under `mpirun -np P`): one rank per process,
+/// the model axis across the processes, each on the Cpu (`--cpu`) or its best GPU. The MPI
+/// environment is returned to be kept alive until the end of `main`.
+#[cfg(feature = "mpi")]
+fn mpi_mesh(args: &[String]) -> Result<(DeviceMesh, bool, weft::parallel::mpi::Mpi)> {
+    let mpi = weft::parallel::mpi::Mpi::init()?;
+    let cpu = args.iter().any(|a| a == "--cpu") || weft::devices().is_empty();
+    let dev = if cpu { Device::Cpu } else { Device::best_gpu()? };
+    let software = !cpu && weft::devices().iter().all(|a| a.is_software);
+    let mesh = DeviceMesh::across_processes(&mpi.procs(), vec![dev], &[mpi.size()], &["model"])?;
+    Ok((mesh, software, mpi))
+}
+
 fn main() -> Result<()> {
     assert_eq!(answer_gpt::VOCAB, CHARS.len(), "the model's vocabulary is the task's alphabet");
     let args: Vec<String> = std::env::args().collect();
-    let (mesh, software) = mesh(&args)?;
+    #[cfg(feature = "mpi")]
+    let (mesh, software, _mpi) = if args.iter().any(|a| a == "--mpi") {
+        let (m, s, mpi) = mpi_mesh(&args)?;
+        (m, s, Some(mpi))
+    } else {
+        let (m, s) = mesh(&args)?;
+        (m, s, None)
+    };
+    #[cfg(not(feature = "mpi"))]
+    let (mesh, software) = if args.iter().any(|a| a == "--mpi") {
+        return Err(Error::Msg(
+            "--mpi needs the mpi feature: cargo build --release --features mpi --example tensor_parallel".into(),
+        ));
+    } else {
+        mesh(&args)?
+    };
+    // Under MPI every process runs this; only the first prints.
+    let lead = mesh.process() == 0;
+    macro_rules! say {
+        ($($t:tt)*) => { if lead { println!($($t)*); } };
+    }
     let steps: usize = match args.iter().position(|a| a == "--steps").and_then(|i| args.get(i + 1)) {
         Some(s) => s.parse().map_err(|e| Error::Msg(format!("--steps {s}: {e}")))?,
         None if software => 20,
         None => 600,
     };
     let batch = 128;
-    println!("devices: {}\n", mesh.describe());
+    say!("devices: {}\n", mesh.describe());
     if software && steps < 100 {
-        println!("(a software adapter: training {steps} steps only, too few to learn addition; `--cpu` trains 600)\n");
+        say!("(a software adapter: training {steps} steps only, too few to learn addition; `--cpu` trains 600)\n");
     }
 
     let plan =
         AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&gpt(), &[batch, 11], mesh.size("model"), 1)?;
-    println!("{plan}");
+    say!("{plan}");
 
     let mut model = ShardedModel::new(gpt, &mesh, &plan)?;
     let loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
@@ -119,19 +152,21 @@ fn main() -> Result<()> {
         &y,
         FitOptions { epochs, batch_size: batch, shuffle: false, verbose: true, ..Default::default() },
     )?;
-    println!(
+    say!(
         "trained {steps} steps of {batch} in {:.1}s: mean loss {:.4}",
         start.elapsed().as_secs_f32(),
         history.loss[epochs - 1]
     );
     let (hx, hy) = data(500, 2, true)?;
-    println!("exact match on 500 held-out sums: {:.1}%\n", 100.0 * accuracy(&mut model, &hx, &hy)?);
+    // Every process predicts (a collective); the first prints.
+    let held = accuracy(&mut model, &hx, &hy)?;
+    say!("exact match on 500 held-out sums: {:.1}%\n", 100.0 * held);
 
-    println!("verify: 3 steps on one device ({}) and sharded, from the same weights", mesh.devices()[0].describe());
+    say!("verify: 3 steps on one device ({}) and sharded, from the same weights", mesh.devices()[0].describe());
     let (vx, vy) = data(16, 3, false)?;
     let vplan =
         AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&gpt(), &[16, 11], mesh.size("model"), 1)?;
     let report = verify(gpt, &mesh, &vplan, Adam::new(schedule).clip_global_norm(1.0), loss, (&vx, &vy), 3)?;
-    println!("{report}");
+    say!("{report}");
     Ok(())
 }

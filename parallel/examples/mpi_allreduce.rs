@@ -2,7 +2,7 @@
 //! same buffers, interleaved in one run; process 0 prints one JSON line per size.
 //!
 //! ```text
-//! cargo build --release --workspace --features weft-parallel/mpi --example mpi_allreduce
+//! cargo build --release --workspace --features weft/mpi --example mpi_allreduce
 //! mpirun -np 2 target/release/examples/mpi_allreduce
 //! ```
 

@@ -9,10 +9,22 @@
 //! Modes: `collectives` (every collective, uneven sizes), `fail` (process 1 fails; the others
 //! must leave their collective with its reason), `mismatch` (processes that call different
 //! collectives or pass different shapes must all get an `Err` naming what differs), `kill`
-//! (process 1 is killed outright mid-run; mpirun must end the job).
+//! (process 1 is killed outright mid-run; mpirun must end the job), `train LAYOUT` (a tied-embedding
+//! language model sharded over the processes trains 20 steps as on one device, through `verify`:
+//! LAYOUT `model` (one device per process, model axis across them), `data` (data axis across
+//! them) or `2x2` (2 processes of 2 devices: model axis inside a process, data axis across)),
+//! `checkpoint` (a checkpoint saved by the model split over the processes' model axis loads into
+//! one device and into the data-axis layout, weights and optimizer state), `fail_train` (process
+//! 1 is given a label outside the vocabulary: every process's `train_on_batch` returns `Err`),
+//! `bad_layouts` (a mesh larger than the job, processes that disagree on the mesh or the plan: all
+//! refused on every process before any step, naming what differs).
 
-use weft_core::{Collectives, Device, Error, ReduceKind, Result, Tensor};
+use weft_core::{Collectives, DType, Device, Error, ReduceKind, Result, Tensor};
+use weft_nn::layers::{Embedding, LayerNormalization, PositionEmbedding, TransformerBlock};
+use weft_nn::optim::{Adam, LearningRate};
+use weft_nn::{Loss, Model, Sequential};
 use weft_parallel::mpi::{Mpi, MpiComm};
+use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel, ShardingPlan, verify};
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "collectives".into());
@@ -29,6 +41,10 @@ fn main() {
         "fail" => fail(&mpi),
         "mismatch" => mismatch(&mpi),
         "kill" => kill(&mpi),
+        "train" => train(&mpi, &std::env::args().nth(2).unwrap_or_else(|| "model".into())),
+        "checkpoint" => checkpoint(&mpi),
+        "fail_train" => fail_train(&mpi),
+        "bad_layouts" => bad_layouts(&mpi),
         other => Err(Error::Msg(format!("unknown mode {other:?}"))),
     };
     match result {
@@ -189,4 +205,186 @@ fn kill(mpi: &Mpi) -> Result<()> {
     loop {
         comm.all_reduce(&x, ReduceKind::Sum)?;
     }
+}
+
+/// A 2-block causal transformer language model whose output projection is its token embedding.
+fn lm() -> Sequential {
+    let tokens = Embedding::new(13, 16).named("tokens");
+    let head = tokens.tied_head().named("head");
+    Sequential::new()
+        .named("lm")
+        .add(tokens)
+        .add(PositionEmbedding::new(6).named("positions"))
+        .add(TransformerBlock::new(4, 4, 22).causal(true).named("block_0"))
+        .add(TransformerBlock::new(4, 4, 22).causal(true).named("block_1"))
+        .add(LayerNormalization::new().named("ln_f"))
+        .add(head)
+}
+
+/// The language model sharded over the processes (and their devices) trains 20 Adam steps
+/// (cosine schedule with warm-up, global-norm clipping, vocabulary-parallel loss), each on a fresh
+/// batch, as it does on one device: `verify` runs both in every process and compares losses,
+/// outputs, gradients, weights and optimizer state.
+fn train(mpi: &Mpi, layout: &str) -> Result<()> {
+    let p = mpi.size();
+    let (local, shape, names): (usize, Vec<usize>, Vec<&str>) = match layout {
+        "model" => (1, vec![p], vec!["model"]),
+        "data" => (1, vec![p], vec!["data"]),
+        "2x2" => (2, vec![p, 2], vec!["data", "model"]),
+        other => return Err(Error::Msg(format!("unknown layout {other:?}"))),
+    };
+    let mesh = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu; local], &shape, &names)?;
+    let (x, y) = tokens()?;
+    let report = verify(lm, &mesh, &lm_plan(&mesh)?, adam(), LOSS, (&x, &y), 20)?;
+    if mpi.rank() == 0 {
+        println!("{}: largest relative difference {:.2e}", mesh.describe(), report.max_rel());
+    }
+    // A NaN difference fails too (it is not below the bound).
+    let close = report.max_rel() < 1e-4;
+    if !close || report.losses.last().map(|l| l.0) >= report.losses.first().map(|l| l.0) {
+        return Err(Error::Msg(format!("{layout}: sharded training differs from one device:\n{report}")));
+    }
+    Ok(())
+}
+
+const LOSS: Loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
+
+fn tokens() -> Result<(Tensor, Tensor)> {
+    let ids: Vec<u32> = (0..32 * 6).map(|i| (i * 7 + 3) % 13).collect();
+    let x = Tensor::from_vec(ids.clone(), &[32, 6], &Device::Cpu)?;
+    let y = Tensor::from_vec(ids.iter().map(|i| (i + 1) % 13).collect(), &[32, 6], &Device::Cpu)?;
+    Ok((x, y))
+}
+
+fn lm_plan(mesh: &DeviceMesh) -> Result<ShardingPlan> {
+    AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&lm(), &[8, 6], mesh.size("model"), mesh.size("data"))
+}
+
+fn adam() -> Adam {
+    let schedule = LearningRate::CosineDecay { initial: 0.0, peak: 1e-2, warmup_steps: 5, decay_steps: 20, alpha: 0.1 };
+    Adam::new(schedule).clip_global_norm(0.5)
+}
+
+/// Largest absolute difference between two states, by name; `Err` if the names differ.
+fn state_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Result<f32> {
+    let mut worst = 0f32;
+    for (k, t) in a {
+        let (_, u) = b.iter().find(|(n, _)| n == k).ok_or_else(|| Error::Msg(format!("{k} is missing")))?;
+        let (t, u) = (t.to_vec::<f32>()?, u.to_vec::<f32>()?);
+        if t.len() != u.len() {
+            return Err(Error::Msg(format!("{k}: {} values against {}", t.len(), u.len())));
+        }
+        worst = t.iter().zip(&u).map(|(p, q)| (p - q).abs()).fold(worst, f32::max);
+    }
+    if a.len() != b.len() {
+        return Err(Error::Msg(format!("{} tensors against {}", a.len(), b.len())));
+    }
+    Ok(worst)
+}
+
+/// Train 3 steps split over the processes' model axis, save a checkpoint, and load it into one
+/// device and into the data-axis layout: weights, optimizer slots and step counts all arrive.
+fn checkpoint(mpi: &Mpi) -> Result<()> {
+    let world = mpi.world()?;
+    // One file name for every process: process 0's pid, broadcast.
+    let pid = world.broadcast(&Tensor::full(std::process::id() as f32, &[1], &Device::Cpu)?, 0)?.to_vec::<f32>()?[0];
+    let path = std::env::temp_dir().join(format!("weft-mpi-check-{pid}.safetensors"));
+    let (x, y) = tokens()?;
+    let p = mpi.size();
+    let by_model = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu], &[p], &["model"])?;
+    let mut a = ShardedModel::new(lm, &by_model, &lm_plan(&by_model)?)?;
+    a.compile(adam(), LOSS, &[])?;
+    for step in 0..3 {
+        a.train_on_batch(&x.narrow(0, step * 8, 8)?, &y.narrow(0, step * 8, 8)?)?;
+    }
+    a.save_checkpoint(&path)?;
+    let saved = a.full_state()?;
+    world.barrier()?;
+    // Into one device.
+    let mut one = Model::new(lm(), &Device::Cpu);
+    one.compile(adam(), LOSS, &[])?;
+    one.build_for(x.narrow(0, 0, 1)?)?;
+    one.load_checkpoint(&path)?;
+    let d1 = state_diff(&saved, &one.whole_state(true)?)?;
+    // Into the data-axis layout over the same processes.
+    let by_data = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu], &[p], &["data"])?;
+    let mut b = ShardedModel::new(lm, &by_data, &lm_plan(&by_data)?)?;
+    b.compile(adam(), LOSS, &[])?;
+    b.load_checkpoint(&path)?;
+    let d2 = state_diff(&saved, &b.full_state()?)?;
+    let iterations = b.ranks()[0].optimizer().map(|o| o.iterations());
+    world.barrier()?;
+    if mpi.rank() == 0 {
+        let _ = std::fs::remove_file(&path);
+    }
+    if d1 > 0.0 || d2 > 0.0 || iterations != Some(3) {
+        return Err(Error::Msg(format!(
+            "checkpoint: one device differs by {d1}, the data layout by {d2}; iterations {iterations:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Process 1's batch has a label outside the vocabulary: its rank refuses the batch before the
+/// step, and every other process, waiting for it in a collective, gets `Err` naming process 1.
+fn fail_train(mpi: &Mpi) -> Result<()> {
+    let (x, y) = tokens()?;
+    let mesh = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu], &[mpi.size()], &["model"])?;
+    let mut model = ShardedModel::new(lm, &mesh, &lm_plan(&mesh)?)?;
+    model.compile(adam(), LOSS, &[])?;
+    let mut labels = y.narrow(0, 0, 8)?.to_vec::<u32>()?;
+    if mpi.rank() == 1 {
+        labels[5] = 99;
+    }
+    let labels = Tensor::from_vec(labels, &[8, 6], &Device::Cpu)?;
+    match model.train_on_batch(&x.narrow(0, 0, 8)?, &labels) {
+        Err(e) if mpi.rank() == 1 || e.to_string().contains("process 1 failed") => {
+            println!("process {}: train_on_batch: {e}", mpi.rank());
+            Ok(())
+        }
+        other => Err(Error::Msg(format!("wanted an Err naming process 1, got {other:?}"))),
+    }
+}
+
+fn expect_refusal<T>(what: &str, r: Result<T>, words: &str) -> Result<()> {
+    match r {
+        Err(e) if e.to_string().contains(words) => Ok(()),
+        Err(e) => Err(Error::Msg(format!("{what}: the error does not say {words:?}: {e}"))),
+        Ok(_) => Err(Error::Msg(format!("{what}: accepted"))),
+    }
+}
+
+/// Layouts that cannot work are refused on every process, before any step.
+fn bad_layouts(mpi: &Mpi) -> Result<()> {
+    let (p, r) = (mpi.size(), mpi.rank());
+    let procs = mpi.procs();
+    let cpu = || vec![Device::Cpu];
+    // A mesh larger than the job.
+    expect_refusal("too large", DeviceMesh::across_processes(&procs, cpu(), &[2 * p], &["model"]), "do not fill")?;
+    // Processes that disagree on the mesh's shape, or on how many devices they bring.
+    let shape: &[usize] = if r == 0 { &[p, 1] } else { &[1, p] };
+    expect_refusal("shapes", DeviceMesh::across_processes(&procs, cpu(), shape, &["data", "model"]), "the mesh shape")?;
+    let local = if r == 0 { vec![Device::Cpu; 2] } else { cpu() };
+    expect_refusal("devices", DeviceMesh::across_processes(&procs, local, &[p], &["model"]), "devices per process")?;
+    // A group that would mix: 3 devices per process and a model axis of 2, so the model group
+    // of ranks 2 and 3 has them on two processes at different local indices.
+    if p == 2 {
+        expect_refusal(
+            "mixed group",
+            DeviceMesh::across_processes(&procs, vec![Device::Cpu; 3], &[3, 2], &["data", "model"]),
+            "must lie inside one process",
+        )?;
+    }
+    // Processes that disagree on the plan.
+    let mesh = DeviceMesh::across_processes(&procs, cpu(), &[p], &["model"])?;
+    let mut plan = lm_plan(&mesh)?;
+    if r == 1 {
+        plan = AutoConfig::new().min_params(1 << 30).input_dtype(DType::U32).plan(&lm(), &[8, 6], p, 1)?;
+    }
+    expect_refusal("plans", ShardedModel::new(lm, &mesh, &plan), "disagree on the sharding plan")?;
+    // After all of that, a good layout still trains.
+    let mut model = ShardedModel::new(lm, &mesh, &lm_plan(&mesh)?)?;
+    model.compile(adam(), LOSS, &[])?;
+    let (x, y) = tokens()?;
+    model.train_on_batch(&x.narrow(0, 0, 8)?, &y.narrow(0, 0, 8)?).map(drop)
 }

@@ -17,14 +17,25 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use weft_core::{Collectives, DType, Device, Error, HostF32, ReduceKind, Result, Tensor};
 
+/// Told the reason of a world's first failure.
+pub type FailureHook = Box<dyn Fn(&str) + Send + Sync>;
+
 /// The failure flag every group of one sharded run shares.
-#[derive(Default, Debug)]
+#[derive(Default)]
 pub struct World {
     failed: Mutex<Option<String>>,
     /// Nanoseconds ranks have spent inside collectives (staging, waiting, reducing), summed.
     spent_ns: AtomicU64,
     /// Rank threads of the current run that have returned (they join no further collective).
     left: Mutex<Vec<std::thread::ThreadId>>,
+    /// Told of the first failure (a mesh across processes tells the other processes).
+    on_fail: Mutex<Option<FailureHook>>,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "World(failed: {:?})", self.failure())
+    }
 }
 
 impl World {
@@ -37,7 +48,16 @@ impl World {
         let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if f.is_none() {
             *f = Some(why.to_string());
+            drop(f);
+            if let Some(tell) = &*self.on_fail.lock().unwrap_or_else(|p| p.into_inner()) {
+                tell(why);
+            }
         }
+    }
+
+    /// Have `tell` called with the reason of the first failure.
+    pub fn on_fail(&self, tell: FailureHook) {
+        *self.on_fail.lock().unwrap_or_else(|p| p.into_inner()) = Some(tell);
     }
     /// Time spent inside collectives, summed over every rank of every group (divide by the
     /// number of ranks for the time per rank).
@@ -179,7 +199,7 @@ impl InHost {
     pub fn run<T: Send>(n: usize, f: impl Fn(usize, &InHost) -> Result<T> + Sync) -> Vec<Result<T>> {
         let world = World::new();
         let comms = InHost::group(n, &world);
-        let outs = on_threads(comms.iter().collect(), &world, f);
+        let outs = on_threads(comms.iter().collect(), &world, 0, f);
         // The ranks compute one thing together: when one failed, a rank that finished (one that
         // returned without joining a collective the others waited in, say) has no result either.
         // Its Err names the rank that failed, not that rank's words, which stay that rank's own.
@@ -300,12 +320,14 @@ impl InHost {
     }
 }
 
-/// Run `f(rank, item)` on one thread per item and collect the results in rank order. A rank that
+/// Run `f(index, item)` on one thread per item and collect the results in order (messages name
+/// rank `first_rank + index`: this process's ranks of a mesh that spans processes). A rank that
 /// returns an error or panics (the panic becomes an `Err` naming it) fails `world` at once, so the
 /// other ranks leave their collectives instead of waiting for it.
 pub(crate) fn on_threads<I: Send, T: Send>(
     items: Vec<I>,
     world: &World,
+    first_rank: usize,
     f: impl Fn(usize, I) -> Result<T> + Sync,
 ) -> Vec<Result<T>> {
     world.left.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -323,10 +345,10 @@ pub(crate) fn on_threads<I: Send, T: Send>(
                                 .cloned()
                                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                                 .unwrap_or_else(|| "a panic".into());
-                            Err(Error::Msg(format!("rank {r} panicked: {msg}")))
+                            Err(Error::Msg(format!("rank {} panicked: {msg}", first_rank + r)))
                         });
                     if let Err(e) = &out {
-                        world.fail(&format!("rank {r}: {e}"));
+                        world.fail(&format!("rank {}: {e}", first_rank + r));
                     }
                     world.left.lock().unwrap_or_else(|p| p.into_inner()).push(std::thread::current().id());
                     out

@@ -16,6 +16,7 @@
 
 mod comm;
 mod coordinated;
+mod groups;
 mod mesh;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -23,7 +24,7 @@ mod plan;
 mod sharded;
 mod verify;
 
-pub use comm::{InHost, World};
+pub use comm::{FailureHook, InHost, World};
 pub use coordinated::CoordinatedOptimizer;
 pub use mesh::DeviceMesh;
 pub use plan::Split;

@@ -16,9 +16,13 @@ use weft_core::{Device, Error, Result};
 /// ```
 #[derive(Debug, Clone)]
 pub struct DeviceMesh {
+    /// This process's devices: all of them, unless the mesh spans processes.
     devices: Vec<Device>,
     shape: Vec<usize>,
     names: Vec<String>,
+    /// The processes a mesh spans (feature `mpi`): process p holds ranks p * L .. (p + 1) * L.
+    #[cfg(feature = "mpi")]
+    procs: Option<crate::mpi::Procs>,
 }
 
 impl DeviceMesh {
@@ -41,7 +45,109 @@ impl DeviceMesh {
                 format!("{} holds no data and cannot be in a mesh", d.describe()),
             ));
         }
-        Ok(DeviceMesh { devices, shape: shape.to_vec(), names: names.iter().map(|s| s.to_string()).collect() })
+        Ok(DeviceMesh {
+            devices,
+            shape: shape.to_vec(),
+            names: names.iter().map(|s| s.to_string()).collect(),
+            #[cfg(feature = "mpi")]
+            procs: None,
+        })
+    }
+
+    /// A mesh over the devices of every process of an MPI job: each process passes its own
+    /// `local` devices (the same number everywhere), and process p holds ranks p * L to
+    /// (p + 1) * L - 1 in row-major order, so on a `("data", "model")` mesh with L dividing the
+    /// model axis, the model axis stays inside a host and the data axis crosses hosts (Megatron's
+    /// layout). Every process must call this together; processes that disagree on the shape or
+    /// the device count get `Err` naming what differs.
+    ///
+    /// A group of ranks (one model or data group) must lie inside one process, or have one rank
+    /// in each of its processes at the same local index; a mesh with a group that mixes both is
+    /// refused, naming the group.
+    #[cfg(feature = "mpi")]
+    pub fn across_processes(
+        procs: &crate::mpi::Procs,
+        local: Vec<Device>,
+        shape: &[usize],
+        names: &[&str],
+    ) -> Result<Self> {
+        let l = local.len();
+        let total: usize = shape.iter().product();
+        let world = procs.split(Some(0), procs.rank())?.ok_or_else(|| Error::Collective("no world".into()))?;
+        let digest = shape.iter().fold(shape.len() as u64, |h, &d| h.wrapping_mul(1_000_003) ^ d as u64);
+        world.agree(
+            "DeviceMesh::across_processes",
+            &[("devices per process", l as u64), ("the mesh shape", digest), ("the axis names", names.len() as u64)],
+            shape,
+        )?;
+        if l == 0 || l * procs.size() != total {
+            return Err(Error::invalid(
+                "DeviceMesh::across_processes",
+                format!(
+                    "{} processes of {l} devices each do not fill a mesh of shape {shape:?} with axes {names:?}",
+                    procs.size()
+                ),
+            ));
+        }
+        let full = DeviceMesh::new(vec![local[0].clone(); total], shape, names)?;
+        let mesh = DeviceMesh { devices: local, procs: Some(procs.clone()), ..full };
+        for kind in ["model", "data"] {
+            for g in 0..total {
+                mesh.group_place(kind, g)?;
+            }
+        }
+        Ok(mesh)
+    }
+
+    /// The processes the mesh spans, if it spans several.
+    #[cfg(feature = "mpi")]
+    pub fn procs(&self) -> Option<&crate::mpi::Procs> {
+        self.procs.as_ref()
+    }
+
+    /// Where the `kind` ("model" or "data") group of rank `g` lies: `Ok(None)` inside one
+    /// process, `Ok(Some(local index))` one rank in each of its processes, at that local index.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn group_place(&self, kind: &str, g: usize) -> Result<Option<usize>> {
+        let l = self.devices.len();
+        let members = self.group(kind, g);
+        let procs: Vec<usize> = members.iter().map(|m| m / l).collect();
+        if procs.iter().all(|&p| p == procs[0]) {
+            return Ok(None);
+        }
+        let distinct = (1..procs.len()).all(|i| !procs[..i].contains(&procs[i]));
+        let same_index = members.iter().all(|m| m % l == members[0] % l);
+        if distinct && same_index {
+            return Ok(Some(members[0] % l));
+        }
+        Err(Error::invalid(
+            "DeviceMesh::across_processes",
+            format!(
+                "the {kind} group of ranks {members:?} lies on processes {procs:?} ({l} devices each): a group must lie inside one process, or have one rank in each of its processes; make the devices per process divide the model axis"
+            ),
+        ))
+    }
+
+    /// The ranks of the `kind` ("model" or "data") group that rank `g` belongs to, in group order.
+    pub(crate) fn group(&self, kind: &str, g: usize) -> Vec<usize> {
+        let (m, d) = (self.size("model"), self.size("data"));
+        let (di, mi) = self.coords(g);
+        if kind == "model" { (0..m).map(|j| di * m + j).collect() } else { (0..d).map(|i| i * m + mi).collect() }
+    }
+
+    /// This process's ranks: (rank in the mesh, device).
+    pub fn local_ranks(&self) -> Vec<(usize, Device)> {
+        let first = self.process() * self.devices.len();
+        self.devices.iter().cloned().enumerate().map(|(i, d)| (first + i, d)).collect()
+    }
+
+    /// This process's index among the processes the mesh spans (0 for a mesh in one process).
+    pub fn process(&self) -> usize {
+        #[cfg(feature = "mpi")]
+        if let Some(p) = &self.procs {
+            return p.rank();
+        }
+        0
     }
 
     /// One device per GPU adapter, on one `model` axis. wgpu lists an adapter once per backend
@@ -78,12 +184,16 @@ impl DeviceMesh {
 
     /// The same devices laid out on another shape.
     pub fn reshape(self, shape: &[usize], names: &[&str]) -> Result<Self> {
+        #[cfg(feature = "mpi")]
+        if let Some(p) = &self.procs {
+            return DeviceMesh::across_processes(p, self.devices, shape, names);
+        }
         DeviceMesh::new(self.devices, shape, names)
     }
 
-    /// Number of devices.
+    /// Number of ranks (devices), over every process the mesh spans.
     pub fn len(&self) -> usize {
-        self.devices.len()
+        self.shape.iter().product()
     }
 
     /// Whether the mesh has no devices (never: `new` refuses that).
@@ -91,7 +201,7 @@ impl DeviceMesh {
         self.devices.is_empty()
     }
 
-    /// The devices in rank order.
+    /// The devices in rank order: this process's, when the mesh spans processes.
     pub fn devices(&self) -> &[Device] {
         &self.devices
     }
@@ -121,6 +231,18 @@ impl DeviceMesh {
     pub fn describe(&self) -> String {
         let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
         let devs: Vec<String> = self.devices.iter().map(|d| d.describe()).collect();
+        #[cfg(feature = "mpi")]
+        if let Some(p) = &self.procs {
+            return format!(
+                "{} ({}) over {} processes, {} devices each; process {}: {}",
+                dims.join(" x "),
+                self.names.join(" x "),
+                p.size(),
+                self.devices.len(),
+                p.rank(),
+                devs.join(", ")
+            );
+        }
         format!("{} ({}): {}", dims.join(" x "), self.names.join(" x "), devs.join(", "))
     }
 }

@@ -39,12 +39,15 @@ type GradSlot = Arc<Mutex<Vec<(String, Tensor)>>>;
 pub struct ShardedModel {
     mesh: DeviceMesh,
     plan: ShardingPlan,
+    /// This process's ranks (all of them, unless the mesh spans processes).
     ranks: Vec<Model>,
+    /// Each local rank's rank in the mesh.
+    global: Vec<usize>,
     world: Arc<World>,
     placements: HashMap<String, Placement>,
     recording: Arc<AtomicBool>,
     recorded: Vec<GradSlot>,
-    /// One handle on each group (model groups, then data groups), to clear a failure.
+    /// One handle on each in-host group, to clear a failure.
     groups: Vec<InHost>,
 }
 
@@ -74,34 +77,40 @@ impl ShardedModel {
         // Checked against the traced model, not only its sizes: a hand-edited plan that pairs
         // layers across an op that does not keep the split is refused here.
         plan.check_model(&net())?;
+        // Processes that would train different plans are refused before anything is built.
+        #[cfg(feature = "mpi")]
+        if let Some(p) = mesh.procs() {
+            p.agree_on("the sharding plan", &plan.to_json()?)?;
+        }
         let world = World::new();
-        let model_groups: Vec<Vec<InHost>> = (0..d).map(|_| InHost::group(m, &world)).collect();
-        let data_groups: Vec<Vec<InHost>> = (0..m).map(|_| InHost::group(d, &world)).collect();
+        let comms = crate::groups::make(mesh, &world)?;
+        // A rank of this process that fails tells the other processes too.
+        #[cfg(feature = "mpi")]
+        if let Some(p) = mesh.procs() {
+            let p = p.clone();
+            world.on_fail(Box::new(move |why| p.fail(why)));
+        }
         let shards = plan.layer_shards();
-        let mut ranks = Vec::with_capacity(mesh.len());
-        for (rank, dev) in mesh.devices().iter().enumerate() {
-            let (di, mi) = mesh.coords(rank);
-            let tp = TpCtx {
-                model: Arc::new(model_groups[di][mi].clone()),
-                data: Arc::new(data_groups[mi][di].clone()),
-                layers: shards.clone(),
-                output: plan.output.clone(),
-            };
-            let mut model = Model::new(net(), dev);
+        let mut ranks = Vec::with_capacity(comms.per_rank.len());
+        let mut global = Vec::with_capacity(comms.per_rank.len());
+        for ((g, dev), (model, data)) in mesh.local_ranks().into_iter().zip(comms.per_rank) {
+            let tp = TpCtx { model, data, layers: shards.clone(), output: plan.output.clone() };
+            let mut model = Model::new(net(), &dev);
             model.set_tensor_parallel(Arc::new(tp));
             ranks.push(model);
+            global.push(g);
         }
         let recorded = (0..ranks.len()).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
-        let groups = model_groups.iter().chain(&data_groups).map(|g| g[0].clone()).collect();
         let mut me = ShardedModel {
             mesh: mesh.clone(),
             plan: plan.clone(),
             ranks,
+            global,
             world,
             placements: plan.placements(),
             recording: Arc::new(AtomicBool::new(false)),
             recorded,
-            groups,
+            groups: comms.in_host,
         };
         // Build every rank's shards (one forward pass on a one-row sample of every input), then
         // check them against the plan.
@@ -146,7 +155,7 @@ impl ShardedModel {
     }
 
     fn check_shapes(&self) -> Result<()> {
-        for (rank, model) in self.ranks.iter().enumerate() {
+        for (model, &rank) in self.ranks.iter().zip(&self.global) {
             let mi = self.mesh.coords(rank).1;
             let vars = model.variables();
             for (path, v) in &vars {
@@ -203,7 +212,8 @@ impl ShardedModel {
                 "an earlier call left the ranks out of step ({why}); load a checkpoint into a new ShardedModel"
             )));
         }
-        let results = crate::comm::on_threads(self.ranks.iter_mut().collect(), &self.world, f);
+        let first = self.global.first().copied().unwrap_or(0);
+        let results = crate::comm::on_threads(self.ranks.iter_mut().collect(), &self.world, first, f);
         let all_failed = results.iter().all(|r| r.is_err());
         let mut out = Vec::with_capacity(results.len());
         let mut first: Option<Error> = None;
@@ -227,13 +237,19 @@ impl ShardedModel {
                     .iter()
                     .map(|m| (m.optimizer().map_or(0, |o| o.iterations()), m.step_counter()))
                     .collect();
-                if all_failed && steps.iter().all(|s| *s == steps[0]) {
+                // Across processes the others cannot be asked, so a failure there is final.
+                if all_failed && steps.iter().all(|s| *s == steps[0]) && !self.spans_processes() {
                     self.groups.iter().for_each(InHost::reset);
                 }
                 Err(e)
             }
             None => Ok(out),
         }
+    }
+
+    /// Whether the mesh's ranks are in several processes.
+    fn spans_processes(&self) -> bool {
+        self.ranks.len() != self.mesh.len()
     }
 
     /// Refuse, before any rank starts, a batch the data axis cannot split.
@@ -355,6 +371,7 @@ impl ShardedModel {
         let (epochs, batch_size, shuffle, seed) = (opts.epochs, opts.batch_size, opts.shuffle, opts.seed);
         let (validation_split, verbose) = (opts.validation_split, opts.verbose);
         let validation_data = &opts.validation_data;
+        let global = self.global.clone();
         let mut h = self.run(|r, model| {
             let callbacks = std::mem::take(&mut *per_rank[r].lock().unwrap_or_else(|p| p.into_inner()));
             let o = FitOptions {
@@ -364,7 +381,7 @@ impl ShardedModel {
                 seed,
                 validation_split,
                 validation_data: validation_data.clone(),
-                verbose: verbose && r == 0,
+                verbose: verbose && global[r] == 0,
                 callbacks,
             };
             model.fit(x, y, o)
@@ -459,7 +476,8 @@ impl ShardedModel {
         &self.mesh
     }
 
-    /// Each rank's model (its variables are its shards), to inspect. Anything that communicates
+    /// Each rank's model (its variables are its shards), to inspect: this process's ranks, when
+    /// the mesh spans processes. Anything that communicates
     /// (`save_weights`, `call`, ...) must run on every rank at once, through [`run`](Self::run).
     pub fn ranks(&self) -> &[Model] {
         &self.ranks
@@ -538,8 +556,9 @@ impl ShardedModel {
         }
         let placements = self.placements.clone();
         let mesh = self.mesh.clone();
+        let global = self.global.clone();
         self.run(|rank, m| {
-            let mi = mesh.coords(rank).1;
+            let mi = mesh.coords(global[rank]).1;
             let dev = m.device().clone();
             let local = |var: &str, shape: &[usize], values: &[f32]| -> Result<Tensor> {
                 let full = Tensor::from_slice(values, shape, &weft_core::Device::Cpu)?;

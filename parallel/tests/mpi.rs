@@ -1,7 +1,7 @@
 //! The MPI communicator across real processes: `examples/mpi_check.rs` run under `mpirun` with
 //! 2 and 4 processes (oversubscribed on loopback). Needs the `mpi` feature and Open MPI's
 //! `mpirun` (Debian: openmpi-bin); `.ci/run` installs both and runs
-//! `cargo test --workspace --features weft-parallel/mpi --test mpi`.
+//! `cargo test --workspace --features weft/mpi --test mpi`.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -16,7 +16,16 @@ fn example() -> PathBuf {
         .get_or_init(|| {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = Command::new(cargo)
-                .args(["build", "--workspace", "--features", "weft-parallel/mpi", "--example", "mpi_check"])
+                .args([
+                    "build",
+                    "--workspace",
+                    "--features",
+                    "weft/mpi",
+                    "--example",
+                    "mpi_check",
+                    "--example",
+                    "tensor_parallel",
+                ])
                 .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
                 .status()
                 .expect("cargo runs");
@@ -29,10 +38,14 @@ fn example() -> PathBuf {
 
 /// Run `mpi_check MODE` on `n` processes; (exit status, stdout + stderr, elapsed). Killed after `limit`.
 fn mpirun(n: usize, mode: &str, limit: Duration) -> (Option<i32>, String, Duration) {
+    run_example(n, example(), mode, limit)
+}
+
+fn run_example(n: usize, exe: PathBuf, mode: &str, limit: Duration) -> (Option<i32>, String, Duration) {
     let mut child = Command::new("mpirun")
         .args(["--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", &n.to_string()])
-        .arg(example())
-        .arg(mode)
+        .arg(exe)
+        .args(mode.split(' '))
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -62,7 +75,8 @@ fn all_ok(n: usize, mode: &str) {
     let (status, text, _) = mpirun(n, mode, Duration::from_secs(120));
     assert_eq!(status, Some(0), "mpirun -np {n} mpi_check {mode}:\n{text}");
     for p in 0..n {
-        assert!(text.contains(&format!("process {p}: {mode} ok")), "process {p} did not finish {mode}:\n{text}");
+        let first = mode.split(' ').next().unwrap_or(mode);
+        assert!(text.contains(&format!("process {p}: {first} ok")), "process {p} did not finish {mode}:\n{text}");
     }
 }
 
@@ -76,11 +90,13 @@ fn every_collective_on_2_and_4_processes() {
 fn a_failing_process_gives_every_process_its_reason() {
     all_ok(2, "fail");
     all_ok(4, "fail");
+    all_ok(2, "fail_train");
 }
 
 #[test]
 fn mismatched_calls_and_shapes_are_refused_on_every_process() {
     all_ok(3, "mismatch");
+    all_ok(2, "bad_layouts");
 }
 
 #[test]
@@ -89,4 +105,33 @@ fn a_killed_process_ends_the_job_within_30_seconds() {
     assert!(status.is_some(), "mpirun still ran after 60 s:\n{text}");
     assert_ne!(status, Some(0), "the job reported success:\n{text}");
     assert!(elapsed < Duration::from_secs(30), "the job took {elapsed:?} to end:\n{text}");
+}
+
+#[test]
+fn a_language_model_sharded_over_processes_trains_as_on_one_device() {
+    all_ok(2, "train model");
+    all_ok(2, "train data");
+    all_ok(2, "train 2x2");
+}
+
+#[test]
+fn a_checkpoint_from_processes_loads_into_one_device_and_another_layout() {
+    all_ok(2, "checkpoint");
+}
+
+/// `mpirun -np 2 tensor_parallel --mpi`: the README's example, its model axis across two
+/// processes; its closing `verify` must find sharded and one-device training equal.
+#[test]
+fn the_tensor_parallel_example_runs_over_two_processes() {
+    let exe = example().parent().unwrap().join("tensor_parallel");
+    let (status, text, _) = run_example(2, exe, "--mpi --cpu --steps 10", Duration::from_secs(300));
+    assert_eq!(status, Some(0), "{text}");
+    assert!(text.contains("over 2 processes, 1 devices each"), "{text}");
+    let worst: f32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("largest relative difference: "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no verify report:\n{text}"));
+    assert!(worst < 1e-4, "sharded over processes differs from one device by {worst}:\n{text}");
 }

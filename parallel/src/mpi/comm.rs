@@ -11,7 +11,6 @@
 
 use super::control::{Control, RawComm};
 use ::mpi::ffi;
-use ::mpi::topology::SimpleCommunicator;
 use std::sync::{Arc, Mutex};
 use weft_core::{Collectives, DType, Error, ReduceKind, Result, Tensor};
 
@@ -42,14 +41,29 @@ fn abandon<T>(bufs: T) {
     std::mem::forget(bufs);
 }
 
+/// Room for `n` values for MPI to write into (length 0: the caller sets the length once MPI has
+/// written them all), from weft's host pool: a fresh allocation each call cost page faults on
+/// every call, and all-reduce ran at about a third of `MPI_Allreduce`.
+fn receive_buffer(n: usize) -> Vec<f32> {
+    let mut v = Tensor::host_vec(n);
+    v.clear();
+    v.reserve_exact(n);
+    v
+}
+
 fn count(n: usize, what: &str) -> Result<i32> {
     i32::try_from(n).map_err(|_| Error::Collective(format!("{what}: {n} values exceed MPI's count limit (2^31 - 1)")))
 }
 
 impl MpiComm {
-    pub(super) fn new(c: SimpleCommunicator, control: Arc<Control>) -> MpiComm {
-        let (comm, rank, size) = RawComm::keep(c);
-        MpiComm { comm, rank, size, control, calls: Mutex::new(0) }
+    pub(super) fn from_raw(comm: RawComm, control: Arc<Control>) -> MpiComm {
+        let (mut rank, mut size) = (0, 0);
+        // SAFETY: queries of a live communicator.
+        unsafe {
+            ffi::MPI_Comm_rank(comm.0, &mut rank);
+            ffi::MPI_Comm_size(comm.0, &mut size);
+        }
+        MpiComm { comm, rank: rank as usize, size: size as usize, control, calls: Mutex::new(0) }
     }
 
     /// Tell every process that this one failed (see [`Mpi::fail`](super::Mpi::fail)).
@@ -59,7 +73,7 @@ impl MpiComm {
 
     /// The ranks agree on `fields` (name, value) or every one gets `Err` naming the first field
     /// that differs; `shape` is this rank's, for the message.
-    fn agree(&self, call: &str, fields: &[(&str, u64)], shape: &[usize]) -> Result<()> {
+    pub(crate) fn agree(&self, call: &str, fields: &[(&str, u64)], shape: &[usize]) -> Result<()> {
         self.control.check(call)?;
         // Max of each value and of its complement: the max and the min in one MAX reduction.
         let n = fields.len();
@@ -189,8 +203,8 @@ impl Collectives for MpiComm {
         )?;
         let send = x.host_f32()?;
         let n = count(send.len(), "all_reduce")?;
-        let mut recv = vec![0f32; send.len()];
-        // SAFETY: send and recv hold n f32s.
+        let mut recv = receive_buffer(send.len());
+        // SAFETY: send holds n f32s and recv has room for n.
         self.ok("all_reduce", unsafe {
             ffi::MPI_Allreduce(
                 send.as_ptr().cast(),
@@ -201,6 +215,8 @@ impl Collectives for MpiComm {
                 self.comm.0,
             )
         })?;
+        // SAFETY: MPI_Allreduce wrote all n values into recv's capacity.
+        unsafe { recv.set_len(send.len()) };
         self.finish(kind, &mut recv);
         Tensor::from_host_vec(recv, x.dims(), x.device())
     }
@@ -245,8 +261,8 @@ impl Collectives for MpiComm {
             .map(|d| count(d as usize, "all_gather"))
             .collect::<Result<_>>()?;
         let total: usize = counts.iter().map(|&c| c as usize).sum();
-        let mut recv = vec![0f32; total];
-        // SAFETY: recv holds the sum of counts; counts and displs have one entry per rank.
+        let mut recv = receive_buffer(total);
+        // SAFETY: recv has room for the sum of counts; counts and displs have one entry per rank.
 
         self.ok("all_gather", unsafe {
             ffi::MPI_Allgatherv(
@@ -262,6 +278,8 @@ impl Collectives for MpiComm {
         })?;
         let mut shape: Vec<usize> = front.dims().to_vec();
         shape[0] = lens.iter().sum::<u64>() as usize;
+        // SAFETY: MPI_Allgatherv wrote every rank's count at its displacement: all of 0..total.
+        unsafe { recv.set_len(total) };
         let joined = Tensor::from_host_vec(recv, &shape, x.device())?;
         if axis == 0 { Ok(joined) } else { joined.permute(&back)?.contiguous() }
     }
@@ -292,8 +310,8 @@ impl Collectives for MpiComm {
         let send = front.host_f32()?;
         let inner = x.numel() / x.dims()[axis].max(1);
         let counts = sizes.iter().map(|&s| count(s * inner, "reduce_scatter")).collect::<Result<Vec<i32>>>()?;
-        let mut recv = vec![0f32; sizes[self.rank] * inner];
-        // SAFETY: send holds the sum of counts, recv this rank's count.
+        let mut recv = receive_buffer(sizes[self.rank] * inner);
+        // SAFETY: send holds the sum of counts, recv has room for this rank's count.
         self.ok("reduce_scatter", unsafe {
             ffi::MPI_Reduce_scatter(
                 send.as_ptr().cast(),
@@ -304,6 +322,8 @@ impl Collectives for MpiComm {
                 self.comm.0,
             )
         })?;
+        // SAFETY: MPI_Reduce_scatter wrote this rank's count of values.
+        unsafe { recv.set_len(sizes[self.rank] * inner) };
         self.finish(kind, &mut recv);
         let mut shape = front.dims().to_vec();
         shape[0] = sizes[self.rank];

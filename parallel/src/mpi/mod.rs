@@ -18,8 +18,9 @@ pub use comm::MpiComm;
 
 use ::mpi::Threading;
 use ::mpi::environment::Universe;
-use ::mpi::topology::{Color, Communicator, SimpleCommunicator};
-use control::Control;
+use ::mpi::ffi;
+use ::mpi::topology::Communicator;
+use control::{Control, RawComm};
 use std::sync::Arc;
 use weft_core::{Error, Result};
 
@@ -35,10 +36,25 @@ use weft_core::{Error, Result};
 /// # Ok::<(), weft_core::Error>(())
 /// ```
 pub struct Mpi {
-    control: Arc<Control>,
-    world: SimpleCommunicator,
+    procs: Procs,
     // Dropped last: finalises MPI.
     _universe: Universe,
+}
+
+/// The processes of the job, as a mesh that spans them keeps them: the world communicator and the
+/// failure channel. Cheap to clone; made by [`Mpi::procs`].
+#[derive(Clone)]
+pub struct Procs {
+    world: RawComm,
+    control: Arc<Control>,
+    rank: usize,
+    size: usize,
+}
+
+impl std::fmt::Debug for Procs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "process {} of {}", self.rank, self.size)
+    }
 }
 
 impl Mpi {
@@ -55,47 +71,99 @@ impl Mpi {
         }
         let world = universe.world();
         let control = Arc::new(Control::new(world.duplicate()));
-        Ok(Mpi { control, world, _universe: universe })
+        let (world, rank, size) = RawComm::keep(world.duplicate());
+        Ok(Mpi { procs: Procs { world, control, rank, size }, _universe: universe })
+    }
+
+    /// The processes of the job, for [`DeviceMesh::across_processes`](crate::DeviceMesh::across_processes).
+    pub fn procs(&self) -> Procs {
+        self.procs.clone()
     }
 
     /// This process's rank in the job.
     pub fn rank(&self) -> usize {
-        self.world.rank() as usize
+        self.procs.rank
     }
 
     /// Number of processes in the job.
     pub fn size(&self) -> usize {
-        self.world.size() as usize
+        self.procs.size
     }
 
     /// A communicator over every process of the job (its own, so its collectives never mix with
     /// another communicator's). Every process must call this, in the same order as its other
     /// communicator-making calls.
     pub fn world(&self) -> Result<MpiComm> {
-        self.control.check("MPI world")?;
-        Ok(MpiComm::new(self.world.duplicate(), self.control.clone()))
+        self.procs
+            .split(Some(0), self.procs.rank)?
+            .ok_or_else(|| Error::Collective("MPI world: no communicator".into()))
     }
 
     /// Communicators over the processes that pass the same `color`, ranked by `key` (ties by
-    /// world rank): how a mesh's model and data groups are made. Every process must call this
-    /// together.
+    /// world rank). Every process must call this together.
     pub fn split(&self, color: usize, key: usize) -> Result<MpiComm> {
-        self.control.check("MPI split")?;
-        let c = self
-            .world
-            .split_by_color_with_key(Color::with_value(color as i32), key as i32)
-            .ok_or_else(|| Error::Collective(format!("MPI split by color {color} gave no communicator")))?;
-        Ok(MpiComm::new(c, self.control.clone()))
+        self.procs
+            .split(Some(color), key)?
+            .ok_or_else(|| Error::Collective(format!("MPI split by color {color} gave no communicator")))
     }
 
     /// Tell every process that this one failed, with `why`: their collectives return `Err`
     /// naming this process from now on, and so do this process's own.
     pub fn fail(&self, why: &str) {
-        self.control.fail(why);
+        self.procs.fail(why);
     }
 
     /// Why the job failed, if a process said so (this one or another).
     pub fn failure(&self) -> Option<String> {
-        self.control.failure()
+        self.procs.control.failure()
+    }
+}
+
+impl Procs {
+    /// This process's rank in the job.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of processes in the job.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Tell every process that this one failed (see [`Mpi::fail`]).
+    pub fn fail(&self, why: &str) {
+        self.control.fail(why);
+    }
+
+    /// Every process must hold the same `text` (a plan, say): `Err` on every process, naming
+    /// `what`, when they differ. Collective over every process of the job.
+    pub fn agree_on(&self, what: &str, text: &str) -> Result<()> {
+        let world =
+            self.split(Some(0), self.rank)?.ok_or_else(|| Error::Collective("MPI world: no communicator".into()))?;
+        // FNV-1a over the text, and its length.
+        let digest = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+        world.agree(what, &[(what, digest), ("its length", text.len() as u64)], &[])
+    }
+
+    /// A communicator over the processes that pass the same `color` (none for this process when
+    /// `color` is `None`), ranked by `key`. Collective over every process of the job.
+    pub(crate) fn split(&self, color: Option<usize>, key: usize) -> Result<Option<MpiComm>> {
+        self.control.check("MPI split")?;
+        let color = match color {
+            Some(c) => i32::try_from(c).map_err(|_| Error::Collective(format!("MPI split: color {c} is too large")))?,
+            // SAFETY: reading MPI's predefined constant.
+            None => unsafe { ffi::RSMPI_UNDEFINED },
+        };
+        let mut out: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
+        // SAFETY: a split of a live communicator into a handle we own.
+        let code = unsafe { ffi::MPI_Comm_split(self.world.0, color, key as i32, &mut out) };
+        if code != 0 {
+            return Err(Error::Collective(format!("MPI split: error code {code}")));
+        }
+        // SAFETY: comparing handles.
+        if out == unsafe { ffi::RSMPI_COMM_NULL } {
+            return Ok(None);
+        }
+        Ok(Some(MpiComm::from_raw(RawComm(out), self.control.clone())))
     }
 }
