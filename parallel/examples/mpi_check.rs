@@ -19,10 +19,12 @@
 //! `bad_layouts` (a mesh larger than the job, processes that disagree on the mesh or the plan: all
 //! refused on every process before any step, naming what differs).
 
+#[path = "../tests/common/lm.rs"]
+mod lm;
+use lm::lm;
 use weft_core::{Collectives, DType, Device, Error, ReduceKind, Result, Tensor};
-use weft_nn::layers::{Embedding, LayerNormalization, PositionEmbedding, TransformerBlock};
 use weft_nn::optim::{Adam, LearningRate};
-use weft_nn::{Loss, Model, Sequential};
+use weft_nn::{Loss, Model};
 use weft_parallel::mpi::{Mpi, MpiComm};
 use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel, ShardingPlan, verify};
 
@@ -205,20 +207,6 @@ fn kill(mpi: &Mpi) -> Result<()> {
     loop {
         comm.all_reduce(&x, ReduceKind::Sum)?;
     }
-}
-
-/// A 2-block causal transformer language model whose output projection is its token embedding.
-fn lm() -> Sequential {
-    let tokens = Embedding::new(13, 16).named("tokens");
-    let head = tokens.tied_head().named("head");
-    Sequential::new()
-        .named("lm")
-        .add(tokens)
-        .add(PositionEmbedding::new(6).named("positions"))
-        .add(TransformerBlock::new(4, 4, 22).causal(true).named("block_0"))
-        .add(TransformerBlock::new(4, 4, 22).causal(true).named("block_1"))
-        .add(LayerNormalization::new().named("ln_f"))
-        .add(head)
 }
 
 /// The language model sharded over the processes (and their devices) trains 20 Adam steps

@@ -7,10 +7,11 @@
 
 mod common;
 
+#[path = "common/lm.rs"]
+mod lm;
+use lm::lm;
 use weft_core::{DType, Device, Tensor};
-use weft_nn::layers::{
-    Dense, Dropout, EinsumDense, Embedding, LayerNormalization, PositionEmbedding, TransformerBlock,
-};
+use weft_nn::layers::{Dense, Dropout, EinsumDense};
 use weft_nn::optim::{Adam, LearningRate};
 use weft_nn::{Activation, Layer, Loss, Sequential};
 use weft_parallel::{AutoConfig, DeviceMesh, ShardingPlan, verify};
@@ -65,19 +66,6 @@ fn mlp_matches_one_device() {
     let x = Tensor::rand(-1.0, 1.0, &[32, 7], 1, &Device::Cpu).unwrap();
     let y = Tensor::from_vec((0..32u32).map(|i| i % 5).collect(), &[32], &Device::Cpu).unwrap();
     check("mlp", mlp, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
-}
-
-fn lm() -> Sequential {
-    let tokens = Embedding::new(13, 16).named("tokens");
-    let head = tokens.tied_head().named("head");
-    Sequential::new()
-        .named("lm")
-        .add(tokens)
-        .add(PositionEmbedding::new(6).named("positions"))
-        .add(TransformerBlock::new(4, 4, 22).causal(true).named("block_0"))
-        .add(TransformerBlock::new(4, 4, 22).causal(true).named("block_1"))
-        .add(LayerNormalization::new().named("ln_f"))
-        .add(head)
 }
 
 #[test]
