@@ -23,7 +23,7 @@
 mod lm;
 use lm::lm;
 use weft_core::{Collectives, DType, Device, Error, ReduceKind, Result, Tensor};
-use weft_nn::optim::{Adam, LearningRate};
+use weft_nn::optim::{Adam, AdamW, LearningRate};
 use weft_nn::{Loss, Model};
 use weft_parallel::mpi::{Mpi, MpiComm};
 use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel, ShardingPlan, verify};
@@ -209,7 +209,7 @@ fn kill(mpi: &Mpi) -> Result<()> {
     }
 }
 
-/// The language model sharded over the processes (and their devices) trains 20 Adam steps
+/// The language model sharded over the processes (and their devices) trains 20 AdamW steps
 /// (cosine schedule with warm-up, global-norm clipping, vocabulary-parallel loss), each on a fresh
 /// batch, as it does on one device: `verify` runs both in every process and compares losses,
 /// outputs, gradients, weights and optimizer state.
@@ -248,9 +248,10 @@ fn lm_plan(mesh: &DeviceMesh) -> Result<ShardingPlan> {
     AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&lm(), &[8, 6], mesh.size("model"), mesh.size("data"))
 }
 
+/// AdamW (decoupled weight decay) on a cosine schedule with warm-up, clipped by global norm.
 fn adam() -> Adam {
     let schedule = LearningRate::CosineDecay { initial: 0.0, peak: 1e-2, warmup_steps: 5, decay_steps: 20, alpha: 0.1 };
-    Adam::new(schedule).clip_global_norm(0.5)
+    AdamW::new(schedule).weight_decay(0.01).clip_global_norm(0.5)
 }
 
 /// Largest absolute difference between two states, by name; `Err` if the names differ.
