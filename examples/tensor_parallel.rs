@@ -124,6 +124,13 @@ fn main() -> Result<()> {
         None if software => 20,
         None => 600,
     };
+    // Every process must train the same number of steps: without `--steps`, each chose by its own
+    // adapter, so all take the smallest choice.
+    #[cfg(feature = "mpi")]
+    let steps = match &_mpi {
+        Some(mpi) => !mpi.procs().max_u64("tensor_parallel: --steps", &[!(steps as u64)])?[0] as usize,
+        None => steps,
+    };
     let batch = 128;
     say!("devices: {}\n", mesh.describe());
     if software && steps < 100 {

@@ -17,12 +17,15 @@
 //! one device and into the data-axis layout, weights and optimizer state), `fail_train` (process
 //! 1 is given a label outside the vocabulary: every process's `train_on_batch` returns `Err`),
 //! `bad_layouts` (a mesh larger than the job, processes that disagree on the mesh or the plan: all
-//! refused on every process before any step, naming what differs).
+//! refused on every process before any step, naming what differs), `local_errors` (checks that
+//! fail on process 1 alone, outside any collective: every process gets `Err`, none hangs),
+//! `early_exit` (process 1 returns while process 0 goes on: process 0 gets `Err`, no hang).
 
 #[path = "../tests/common/lm.rs"]
 mod lm;
 use lm::lm;
 use weft_core::{Collectives, DType, Device, Error, ReduceKind, Result, Tensor};
+use weft_nn::checkpoint::Index;
 use weft_nn::optim::{Adam, AdamW, LearningRate};
 use weft_nn::{Loss, Model};
 use weft_parallel::mpi::{Mpi, MpiComm};
@@ -47,6 +50,8 @@ fn main() {
         "checkpoint" => checkpoint(&mpi),
         "fail_train" => fail_train(&mpi),
         "bad_layouts" => bad_layouts(&mpi),
+        "local_errors" => local_errors(&mpi),
+        "early_exit" => early_exit(&mpi),
         other => Err(Error::Msg(format!("unknown mode {other:?}"))),
     };
     match result {
@@ -289,6 +294,12 @@ fn checkpoint(mpi: &Mpi) -> Result<()> {
     a.save_checkpoint(&path)?;
     let saved = a.full_state()?;
     world.barrier()?;
+    // An index at the path, and a part file of this process's own beside it.
+    let first = Index::read(&path)?.ok_or_else(|| Error::Msg("save_checkpoint wrote no index".into()))?;
+    let own = Index::part_file_name(&path, &first.save_id, mpi.rank(), p);
+    if !first.files().contains(&own) || !path.with_file_name(&own).exists() {
+        return Err(Error::Msg(format!("process {} wrote no part file {own}: {:?}", mpi.rank(), first.files())));
+    }
     // Into one device.
     let mut one = Model::new(lm(), &Device::Cpu);
     one.compile(adam(), LOSS, &[])?;
@@ -302,13 +313,30 @@ fn checkpoint(mpi: &Mpi) -> Result<()> {
     b.load_checkpoint(&path)?;
     let d2 = state_diff(&saved, &b.full_state()?)?;
     let iterations = b.ranks()[0].optimizer().map(|o| o.iterations());
+    // The data layout trains on and saves over the first save: its parts replace the first's,
+    // whose files are gone once the new index is in place.
+    b.train_on_batch(&x.narrow(0, 24, 8)?, &y.narrow(0, 24, 8)?)?;
+    b.save_checkpoint(&path)?;
+    let resaved = b.full_state()?;
+    world.barrier()?;
+    let second = Index::read(&path)?.ok_or_else(|| Error::Msg("the second save wrote no index".into()))?;
+    let left: Vec<String> = first.files().into_iter().filter(|f| path.with_file_name(f).exists()).collect();
+    let mut again = Model::new(lm(), &Device::Cpu);
+    again.compile(adam(), LOSS, &[])?;
+    again.build_for(x.narrow(0, 0, 1)?)?;
+    again.load_checkpoint(&path)?;
+    let d3 = state_diff(&resaved, &again.whole_state(true)?)?;
     world.barrier()?;
     if mpi.rank() == 0 {
+        for f in second.files() {
+            let _ = std::fs::remove_file(path.with_file_name(f));
+        }
         let _ = std::fs::remove_file(&path);
     }
-    if d1 > 0.0 || d2 > 0.0 || iterations != Some(3) {
+    if d1 > 0.0 || d2 > 0.0 || d3 > 0.0 || iterations != Some(3) || !left.is_empty() || second.files().len() != p {
         return Err(Error::Msg(format!(
-            "checkpoint: one device differs by {d1}, the data layout by {d2}; iterations {iterations:?}"
+            "checkpoint: one device differs by {d1}, the data layout by {d2}, its own save by {d3}; iterations {iterations:?}; files of the first save left: {left:?}; files of the second: {:?}",
+            second.files()
         )));
     }
     Ok(())
@@ -376,4 +404,85 @@ fn bad_layouts(mpi: &Mpi) -> Result<()> {
     model.compile(adam(), LOSS, &[])?;
     let (x, y) = tokens()?;
     model.train_on_batch(&x.narrow(0, 0, 8)?, &y.narrow(0, 0, 8)?).map(drop)
+}
+
+/// `r` is an `Err`: this process's own (on the process that failed) or one naming process 1.
+fn refused_by_1<T>(mpi: &Mpi, what: &str, r: Result<T>, own: &str) -> Result<()> {
+    match r {
+        Err(e) if mpi.rank() == 1 && e.to_string().contains(own) => Ok(()),
+        Err(e) if mpi.rank() != 1 && e.to_string().contains("process 1 failed") => Ok(()),
+        Err(e) => Err(Error::Msg(format!("{what}: an error that does not say why: {e}"))),
+        Ok(_) => Err(Error::Msg(format!("{what}: accepted"))),
+    }
+}
+
+/// Errors found by process 1 alone, before anything collective: each reaches every process,
+/// and (being found before any rank started) leaves the model usable.
+fn local_errors(mpi: &Mpi) -> Result<()> {
+    let (p, r) = (mpi.size(), mpi.rank());
+    let mesh = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu], &[p], &["model"])?;
+    // A plan for another mesh, on process 1 only.
+    let bad = if r == 1 {
+        AutoConfig::new().min_params(0).input_dtype(DType::U32).plan(&lm(), &[8, 6], 1, 1)?
+    } else {
+        lm_plan(&mesh)?
+    };
+    refused_by_1(mpi, "a plan for another mesh", ShardedModel::new(lm, &mesh, &bad), "the plan is for")?;
+    let mut model = ShardedModel::new(lm, &mesh, &lm_plan(&mesh)?)?;
+    model.compile(adam(), LOSS, &[])?;
+    let (x, y) = tokens()?;
+    // A checkpoint only process 1 cannot read (one name for the others: process 0's pid).
+    let pid = mpi.procs().max_u64("the file's name", &[if r == 0 { std::process::id() as u64 } else { 0 }])?[0];
+    let path = if r == 1 {
+        std::path::PathBuf::from("/nonexistent/weft.safetensors")
+    } else {
+        std::env::temp_dir().join(format!("weft-local-{pid}.safetensors"))
+    };
+    if r == 0 {
+        let one = Model::new(lm(), &Device::Cpu);
+        one.build_for(x.narrow(0, 0, 1)?)?;
+        one.save_weights(&path)?;
+    }
+    mpi.procs().agree("the file is written", &[])?;
+    refused_by_1(mpi, "an unreadable checkpoint", model.load_checkpoint(&path), "/nonexistent")?;
+    let _ = std::fs::remove_file(&path);
+    // A batch whose labels hold fewer samples than its inputs, on process 1 only.
+    let rows = if r == 1 { 7 } else { 8 };
+    refused_by_1(
+        mpi,
+        "a ragged batch",
+        model.train_on_batch(&x.narrow(0, 0, 8)?, &y.narrow(0, 0, rows)?),
+        "different numbers of samples",
+    )?;
+    // None of that changed anything: the model still trains.
+    model.train_on_batch(&x.narrow(0, 0, 8)?, &y.narrow(0, 0, 8)?)?;
+    // A communicator call refused on process 1 alone (sizes that do not split the axis).
+    let comm = mpi.world()?;
+    let t = Tensor::full(1.0, &[4, 2], &Device::Cpu)?;
+    let sizes: Vec<usize> =
+        if r == 1 { vec![1; p] } else { (0..p).map(|i| if i == 0 { 4 - (p - 1) } else { 1 }).collect() };
+    refused_by_1(
+        mpi,
+        "reduce_scatter's sizes",
+        comm.reduce_scatter(&t, 0, &sizes, ReduceKind::Sum),
+        "do not split axis",
+    )
+}
+
+/// Process 1 returns (its program ends, as after an error of its own) while process 0 calls on
+/// the model: process 0 gets `Err` saying another process has finished, and both end.
+fn early_exit(mpi: &Mpi) -> Result<()> {
+    let mesh = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu], &[mpi.size()], &["model"])?;
+    let mut model = ShardedModel::new(lm, &mesh, &lm_plan(&mesh)?)?;
+    model.compile(adam(), LOSS, &[])?;
+    let (x, y) = tokens()?;
+    model.train_on_batch(&x.narrow(0, 0, 8)?, &y.narrow(0, 0, 8)?)?;
+    if mpi.rank() == 1 {
+        return Ok(());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    match model.train_on_batch(&x.narrow(0, 8, 8)?, &y.narrow(0, 8, 8)?) {
+        Err(e) if e.to_string().contains("another process has finished") => Ok(()),
+        other => Err(Error::Msg(format!("wanted an Err saying process 1 finished, got {other:?}"))),
+    }
 }

@@ -73,12 +73,14 @@ impl DeviceMesh {
     ) -> Result<Self> {
         let l = local.len();
         let total: usize = shape.iter().product();
-        let world = procs.split(Some(0), procs.rank())?.ok_or_else(|| Error::Collective("no world".into()))?;
         let digest = shape.iter().fold(shape.len() as u64, |h, &d| h.wrapping_mul(1_000_003) ^ d as u64);
-        world.agree(
+        procs.agree(
             "DeviceMesh::across_processes",
-            &[("devices per process", l as u64), ("the mesh shape", digest), ("the axis names", names.len() as u64)],
-            shape,
+            &[
+                ("devices per process", l as u64),
+                ("the mesh shape", digest),
+                ("the axis names", crate::mpi::digest_text(&names.join("\u{0}"))),
+            ],
         )?;
         if l == 0 || l * procs.size() != total {
             return Err(Error::invalid(

@@ -99,6 +99,20 @@ fn mismatched_calls_and_shapes_are_refused_on_every_process() {
     all_ok(2, "bad_layouts");
 }
 
+/// Errors one process finds alone (a plan for another mesh, a checkpoint only it cannot read, a
+/// ragged batch, a refused communicator call) and a process that returns early: every process
+/// gets `Err` and the job ends, within the bound.
+#[test]
+fn an_error_on_one_process_alone_reaches_every_process() {
+    for (n, mode) in [(2, "local_errors"), (3, "local_errors"), (2, "early_exit")] {
+        let (status, text, elapsed) = mpirun(n, mode, Duration::from_secs(90));
+        assert_eq!(status, Some(0), "mpirun -np {n} mpi_check {mode} (after {elapsed:?}):\n{text}");
+        for p in 0..n {
+            assert!(text.contains(&format!("process {p}: {mode} ok")), "process {p} did not finish {mode}:\n{text}");
+        }
+    }
+}
+
 #[test]
 fn a_killed_process_ends_the_job_within_30_seconds() {
     let (status, text, elapsed) = mpirun(3, "kill", Duration::from_secs(60));

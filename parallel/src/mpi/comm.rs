@@ -17,6 +17,12 @@ use weft_core::{Collectives, DType, Error, ReduceKind, Result, Tensor};
 /// Fields in every call's header (the most any call has).
 const HEADER: usize = 6;
 
+/// The header's first field: which call a rank is in.
+const CALLED: &str = "the collective called (1 all_reduce, 2 all_gather, 3 reduce_scatter, 4 broadcast, 5 barrier, 6 split, 7 agreement, 8 vote, 9 exchange)";
+
+/// The call code of a process that is finishing: the largest, so the others can say so.
+const FINISH: u64 = u64::MAX >> 1;
+
 /// One rank's handle on a group of processes. Made by [`Mpi::world`](super::Mpi::world) or
 /// [`Mpi::split`](super::Mpi::split).
 pub struct MpiComm {
@@ -32,6 +38,18 @@ pub struct MpiComm {
 impl std::fmt::Debug for MpiComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "MpiComm(rank {} of {})", self.rank, self.size)
+    }
+}
+
+impl Drop for MpiComm {
+    /// Free the communicator, unless MPI is finalised or a failure may have left a request of
+    /// it pending (then it is left to the job's end).
+    fn drop(&mut self) {
+        if self.control.finalized() || self.control.failure().is_some() {
+            return;
+        }
+        // SAFETY: a communicator this value owns, with no call in progress (it is being dropped).
+        unsafe { ffi::MPI_Comm_free(&mut self.comm.0) };
     }
 }
 
@@ -71,21 +89,19 @@ impl MpiComm {
         self.control.fail(why);
     }
 
-    /// The ranks agree on `fields` (name, value) or every one gets `Err` naming the first field
-    /// that differs; `shape` is this rank's, for the message.
-    pub(crate) fn agree(&self, call: &str, fields: &[(&str, u64)], shape: &[usize]) -> Result<()> {
+    /// The element-wise max of every rank's `values`, through MPI's non-blocking all-reduce
+    /// polled with the failure channel (so a failed peer is an `Err`, never a hang).
+    fn max_polled(&self, call: &str, values: &[u64]) -> Result<Vec<u64>> {
         self.control.check(call)?;
-        // Max of each value and of its complement: the max and the min in one MAX reduction.
-        let n = fields.len();
-        let send: Vec<u64> = fields.iter().map(|f| f.1).chain(fields.iter().map(|f| !f.1)).collect();
-        let mut recv = vec![0u64; 2 * n];
+        let send = values.to_vec();
+        let mut recv = vec![0u64; send.len()];
         let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: both buffers hold 2n u64s and outlive the request (leaked if it is abandoned).
+        // SAFETY: both buffers hold len u64s and outlive the request (leaked if it is abandoned).
         unsafe {
             ffi::MPI_Iallreduce(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
-                2 * n as i32,
+                send.len() as i32,
                 ffi::RSMPI_UINT64_T,
                 ffi::RSMPI_MAX,
                 self.comm.0,
@@ -96,19 +112,13 @@ impl MpiComm {
             abandon((send, recv));
             return Err(e);
         }
-        for (i, (name, mine)) in fields.iter().enumerate() {
-            let (max, min) = (recv[i], !recv[n + i]);
-            if max != min {
-                return Err(Error::Collective(format!(
-                    "{call}: the {} ranks disagree on {name} (rank {} has {mine} and shape {shape:?}; the ranks range from {min} to {max})",
-                    self.size, self.rank
-                )));
-            }
-        }
-        Ok(())
+        Ok(recv)
     }
 
-    /// The header every call agrees on: which call, its number on this communicator, and `rest`.
+    /// The header every call agrees on: which call, its number on this communicator, and `rest`
+    /// (name, value); every rank gets `Err` naming the first field that differs (`shape` is this
+    /// rank's, for the message). The returned guard keeps other threads of this process off the
+    /// communicator until the call is done.
     fn begin(
         &self,
         call: &str,
@@ -118,15 +128,96 @@ impl MpiComm {
     ) -> Result<std::sync::MutexGuard<'_, u64>> {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         *calls += 1;
-        let mut fields = vec![
-            ("the collective called (1 all_reduce, 2 all_gather, 3 reduce_scatter, 4 broadcast, 5 barrier)", code),
-            ("the call's number on this communicator", *calls),
-        ];
+        let mut fields = vec![(CALLED, code), ("the call's number on this communicator", *calls)];
         fields.extend_from_slice(rest);
         // One length for every call, so ranks in different calls still exchange matching headers.
         fields.resize(HEADER, ("nothing", 0));
-        self.agree(call, &fields, shape)?;
+        // Max of each value and of its complement: the max and the min in one MAX reduction.
+        let send: Vec<u64> = fields.iter().map(|f| f.1).chain(fields.iter().map(|f| !f.1)).collect();
+        let recv = self.max_polled(call, &send)?;
+        for (i, (name, mine)) in fields.iter().enumerate() {
+            let (max, min) = (recv[i], !recv[HEADER + i]);
+            if max == min {
+                continue;
+            }
+            if i == 0 && max == FINISH {
+                return Err(Error::Collective(format!(
+                    "{call}: another process has finished (its program returned or failed before this call); this is rank {} of {}",
+                    self.rank, self.size
+                )));
+            }
+            return Err(Error::Collective(format!(
+                "{call}: the {} ranks disagree on {name} (rank {} has {mine} and shape {shape:?}; the ranks range from {min} to {max})",
+                self.size, self.rank
+            )));
+        }
         Ok(calls)
+    }
+
+    /// Every rank holds the same `fields`, or every one gets `Err` naming the first that differs.
+    pub(crate) fn agree(&self, call: &str, code: u64, fields: &[(&str, u64)]) -> Result<()> {
+        self.begin(call, code, fields, &[]).map(drop)
+    }
+
+    /// Every rank says whether its own part of `call` went well (`ok`); `Err` on every rank when
+    /// any rank's did not, naming it. Lets a check that one process alone can fail (a file it
+    /// cannot read, a batch it refuses) reach the others before anything collective starts.
+    pub(crate) fn vote(&self, call: &str, ok: bool) -> Result<()> {
+        let _call = self.begin(call, 8, &[], &[])?;
+        let failed = if ok { 0 } else { self.rank as u64 + 1 };
+        let worst = self.max_polled(call, &[failed])?[0];
+        if worst == 0 {
+            return Ok(());
+        }
+        Err(Error::Collective(format!(
+            "{call}: process {} failed it (its own error says why); nothing was changed",
+            worst - 1
+        )))
+    }
+
+    /// The element-wise max of every rank's `values` (a shared random id, say).
+    pub(crate) fn max_u64(&self, call: &str, values: &[u64]) -> Result<Vec<u64>> {
+        let _call = self.begin(call, 9, &[("how many values", values.len() as u64)], &[])?;
+        self.max_polled(call, values)
+    }
+
+    /// Say this process is done (its `Mpi` is dropped): succeeds once every rank says so. A rank
+    /// still in another call gets `Err` there instead of waiting for this process forever.
+    pub(crate) fn finish_job(&self) -> Result<()> {
+        self.begin("finishing", FINISH, &[], &[]).map(drop)
+    }
+
+    /// A communicator over the ranks that pass the same `color` (none for this rank when
+    /// `color` is `None`), ranked by `key`. Every rank first agrees that it is splitting (a
+    /// polled agreement: `MPI_Comm_split` itself cannot see a failed peer).
+    pub(crate) fn split(&self, color: Option<usize>, key: usize) -> Result<Option<MpiComm>> {
+        let color = match color {
+            Some(c) => i32::try_from(c).map_err(|_| self.refuse(format!("MPI split: color {c} is too large")))?,
+            // SAFETY: reading MPI's predefined constant.
+            None => unsafe { ffi::RSMPI_UNDEFINED },
+        };
+        let _call = self.begin("MPI split", 6, &[], &[])?;
+        let mut out: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
+        // SAFETY: a split of a live communicator into a handle we own.
+        let code = unsafe { ffi::MPI_Comm_split(self.comm.0, color, key as i32, &mut out) };
+        self.ok("MPI split", code)?;
+        // SAFETY: comparing handles.
+        if out == unsafe { ffi::RSMPI_COMM_NULL } {
+            return Ok(None);
+        }
+        Ok(Some(MpiComm::from_raw(RawComm(out), self.control.clone())))
+    }
+
+    /// `r`, whose error (found on this rank alone, before a call's header) also fails the job.
+    fn local<T>(&self, r: Result<T>) -> Result<T> {
+        r.map_err(|e| self.refuse(e.to_string()))
+    }
+
+    /// An argument error found before a call's header: the other ranks will wait in that call
+    /// for this one, so the failure goes to them too (as `InHost` does).
+    fn refuse(&self, why: String) -> Error {
+        self.control.fail(&why);
+        Error::Collective(why)
     }
 
     /// A reduction's values made final: a mean is MPI's sum over the ranks, divided here.
@@ -194,15 +285,19 @@ impl Collectives for MpiComm {
     }
 
     fn all_reduce(&self, x: &Tensor, kind: ReduceKind) -> Result<Tensor> {
-        expect_f32(x, "all_reduce")?;
+        // Everything that can fail on this rank alone is done before the header.
+        let (send, n) = self.local((|| {
+            expect_f32(x, "all_reduce")?;
+            let send = x.host_f32()?;
+            let n = count(send.len(), "all_reduce")?;
+            Ok((send, n))
+        })())?;
         let _call = self.begin(
             "all_reduce",
             1,
             &[("the shape", digest(x.dims(), None)), ("the reduction", kind as u64)],
             x.dims(),
         )?;
-        let send = x.host_f32()?;
-        let n = count(send.len(), "all_reduce")?;
         let mut recv = receive_buffer(send.len());
         // SAFETY: send holds n f32s and recv has room for n.
         self.ok("all_reduce", unsafe {
@@ -222,18 +317,21 @@ impl Collectives for MpiComm {
     }
 
     fn all_gather(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
-        expect_f32(x, "all_gather")?;
-        if axis >= x.rank() {
-            return Err(Error::Collective(format!("all_gather: axis {axis} of a tensor of shape {:?}", x.dims())));
-        }
+        let (front, back, send) = self.local((|| {
+            expect_f32(x, "all_gather")?;
+            if axis >= x.rank() {
+                return Err(Error::Collective(format!("all_gather: axis {axis} of a tensor of shape {:?}", x.dims())));
+            }
+            let (front, back) = axis_first(x, axis)?;
+            let send = front.host_f32()?;
+            Ok((front, back, send))
+        })())?;
         let _call = self.begin(
             "all_gather",
             2,
             &[("the shape outside the gathered axis", digest(x.dims(), Some(axis))), ("the axis", axis as u64)],
             x.dims(),
         )?;
-        let (front, back) = axis_first(x, axis)?;
-        let send = front.host_f32()?;
         let inner: usize = x.dims().iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, d)| d).product();
         // Every rank's length along the axis first (they may differ), then the values.
         let mine = [x.dims()[axis] as u64];
@@ -285,15 +383,22 @@ impl Collectives for MpiComm {
     }
 
     fn reduce_scatter(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor> {
-        expect_f32(x, "reduce_scatter")?;
-        if sizes.len() != self.size || axis >= x.rank() || sizes.iter().sum::<usize>() != x.dims()[axis] {
-            return Err(Error::Collective(format!(
-                "reduce_scatter: sizes {sizes:?} do not split axis {axis} of shape {:?} over {} ranks (this is rank {})",
-                x.dims(),
-                self.size,
-                self.rank
-            )));
-        }
+        let (front, back, send, inner, counts) = self.local((|| {
+            expect_f32(x, "reduce_scatter")?;
+            if sizes.len() != self.size || axis >= x.rank() || sizes.iter().sum::<usize>() != x.dims()[axis] {
+                return Err(Error::Collective(format!(
+                    "reduce_scatter: sizes {sizes:?} do not split axis {axis} of shape {:?} over {} ranks (this is rank {})",
+                    x.dims(),
+                    self.size,
+                    self.rank
+                )));
+            }
+            let (front, back) = axis_first(x, axis)?;
+            let send = front.host_f32()?;
+            let inner = x.numel() / x.dims()[axis].max(1);
+            let counts = sizes.iter().map(|&s| count(s * inner, "reduce_scatter")).collect::<Result<Vec<i32>>>()?;
+            Ok((front, back, send, inner, counts))
+        })())?;
         let sizes_digest = sizes.iter().fold(0u64, |h, &s| h.wrapping_mul(1_000_003) ^ s as u64);
         let _call = self.begin(
             "reduce_scatter",
@@ -306,10 +411,6 @@ impl Collectives for MpiComm {
             ],
             x.dims(),
         )?;
-        let (front, back) = axis_first(x, axis)?;
-        let send = front.host_f32()?;
-        let inner = x.numel() / x.dims()[axis].max(1);
-        let counts = sizes.iter().map(|&s| count(s * inner, "reduce_scatter")).collect::<Result<Vec<i32>>>()?;
         let mut recv = receive_buffer(sizes[self.rank] * inner);
         // SAFETY: send holds the sum of counts, recv has room for this rank's count.
         self.ok("reduce_scatter", unsafe {
@@ -332,14 +433,17 @@ impl Collectives for MpiComm {
     }
 
     fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor> {
-        expect_f32(x, "broadcast")?;
-        if root >= self.size {
-            return Err(Error::Collective(format!("broadcast from rank {root} in a group of {}", self.size)));
-        }
+        let (mut buf, n) = self.local((|| {
+            expect_f32(x, "broadcast")?;
+            if root >= self.size {
+                return Err(Error::Collective(format!("broadcast from rank {root} in a group of {}", self.size)));
+            }
+            let buf = x.to_vec::<f32>()?;
+            let n = count(buf.len(), "broadcast")?;
+            Ok((buf, n))
+        })())?;
         let _call =
             self.begin("broadcast", 4, &[("the shape", digest(x.dims(), None)), ("the root", root as u64)], x.dims())?;
-        let mut buf = x.to_vec::<f32>()?;
-        let n = count(buf.len(), "broadcast")?;
         // SAFETY: buf holds n f32s.
         self.ok("broadcast", unsafe {
             ffi::MPI_Bcast(buf.as_mut_ptr().cast(), n, ffi::RSMPI_FLOAT, root as i32, self.comm.0)

@@ -6,11 +6,16 @@ use ::mpi::ffi;
 use ::mpi::raw::AsRaw;
 use ::mpi::topology::{Communicator, SimpleCommunicator};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use weft_core::{Error, Result};
 
 /// The tag of a failure message on the control communicator.
 const TAG_FAIL: i32 = 77;
+
+/// The longest failure reason sent (longer ones are cut at a character boundary): a reason is
+/// an error message, and a runaway one must not flood every process.
+const MAX_REASON: usize = 4096;
 
 /// A raw communicator handle, shared by the rank threads of this process.
 #[derive(Clone, Copy)]
@@ -38,12 +43,24 @@ pub(crate) struct Control {
     rank: usize,
     size: usize,
     failed: Mutex<Option<String>>,
+    /// Set when MPI is finalised: communicators dropped later are left alone.
+    finalized: AtomicBool,
 }
 
 impl Control {
     pub(crate) fn new(c: SimpleCommunicator) -> Control {
         let (comm, rank, size) = RawComm::keep(c);
-        Control { comm, rank, size, failed: Mutex::new(None) }
+        Control { comm, rank, size, failed: Mutex::new(None), finalized: AtomicBool::new(false) }
+    }
+
+    /// Mark MPI as finalised (or about to be).
+    pub(crate) fn finalize(&self) {
+        self.finalized.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether MPI is finalised (no MPI call may be made).
+    pub(crate) fn finalized(&self) -> bool {
+        self.finalized.load(Ordering::SeqCst)
     }
 
     /// Why the job failed, after reading any failure message that has arrived.
@@ -70,6 +87,11 @@ impl Control {
         if failed.is_some() {
             return;
         }
+        let mut cut = why.len().min(MAX_REASON);
+        while !why.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let why = &why[..cut];
         *failed = Some(format!("process {} failed: {why}", self.rank));
         // The message must outlive the sends, which are never waited for.
         let msg: &'static [u8] = Box::leak(why.as_bytes().to_vec().into_boxed_slice());

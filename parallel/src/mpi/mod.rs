@@ -18,7 +18,6 @@ pub use comm::MpiComm;
 
 use ::mpi::Threading;
 use ::mpi::environment::Universe;
-use ::mpi::ffi;
 use ::mpi::topology::Communicator;
 use control::{Control, RawComm};
 use std::sync::Arc;
@@ -41,11 +40,12 @@ pub struct Mpi {
     _universe: Universe,
 }
 
-/// The processes of the job, as a mesh that spans them keeps them: the world communicator and the
+/// The processes of the job, as a mesh that spans them keeps them: a communicator over every
+/// process (for agreements and splits; its own, so it never meets a user's collectives) and the
 /// failure channel. Cheap to clone; made by [`Mpi::procs`].
 #[derive(Clone)]
 pub struct Procs {
-    world: RawComm,
+    world: Arc<MpiComm>,
     control: Arc<Control>,
     rank: usize,
     size: usize,
@@ -72,6 +72,7 @@ impl Mpi {
         let world = universe.world();
         let control = Arc::new(Control::new(world.duplicate()));
         let (world, rank, size) = RawComm::keep(world.duplicate());
+        let world = Arc::new(MpiComm::from_raw(world, control.clone()));
         Ok(Mpi { procs: Procs { world, control, rank, size }, _universe: universe })
     }
 
@@ -138,32 +139,69 @@ impl Procs {
     /// Every process must hold the same `text` (a plan, say): `Err` on every process, naming
     /// `what`, when they differ. Collective over every process of the job.
     pub fn agree_on(&self, what: &str, text: &str) -> Result<()> {
-        let world =
-            self.split(Some(0), self.rank)?.ok_or_else(|| Error::Collective("MPI world: no communicator".into()))?;
-        // FNV-1a over the text, and its length.
-        let digest = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-        world.agree(what, &[(what, digest), ("its length", text.len() as u64)], &[])
+        self.world.agree(what, 7, &[(what, digest_text(text)), ("its length", text.len() as u64)])
+    }
+
+    /// Every process must hold the same values of `fields` (name, value): `Err` on every process,
+    /// naming the first that differs. Collective over every process of the job.
+    pub fn agree(&self, what: &str, fields: &[(&str, u64)]) -> Result<()> {
+        if fields.len() > 4 {
+            return Err(Error::invalid("Procs::agree", format!("{what}: at most 4 fields, not {}", fields.len())));
+        }
+        self.world.agree(what, 7, fields)
+    }
+
+    /// Every process says whether its own part of `what` went well: `Ok` when all did, `Err` on
+    /// every process (naming one that failed) otherwise. A check only one process can fail (a
+    /// file only it reads, a batch only it holds) then stops every process before any collective
+    /// work, instead of leaving the others waiting for it. Collective over every process.
+    ///
+    /// ```no_run
+    /// # let mpi = weft_parallel::mpi::Mpi::init()?;
+    /// let read = std::fs::read("data.bin");
+    /// mpi.procs().vote("reading data.bin", read.is_ok())?;
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn vote(&self, what: &str, ok: bool) -> Result<()> {
+        self.world.vote(what, ok)
+    }
+
+    /// `local` on every process when every process's is `Ok`; otherwise `Err` on all (each its
+    /// own error, or one naming the process that failed). See [`vote`](Self::vote).
+    pub fn all_ok<T>(&self, what: &str, local: Result<T>) -> Result<T> {
+        let voted = self.world.vote(what, local.is_ok());
+        let v = local?;
+        voted.map(|_| v)
+    }
+
+    /// The element-wise max over the processes of each one's `values`. Collective.
+    pub fn max_u64(&self, what: &str, values: &[u64]) -> Result<Vec<u64>> {
+        self.world.max_u64(what, values)
     }
 
     /// A communicator over the processes that pass the same `color` (none for this process when
-    /// `color` is `None`), ranked by `key`. Collective over every process of the job.
+    /// `color` is `None`), ranked by `key`. Collective over every process of the job; a process
+    /// that failed before it makes every process's split an `Err`.
     pub(crate) fn split(&self, color: Option<usize>, key: usize) -> Result<Option<MpiComm>> {
-        self.control.check("MPI split")?;
-        let color = match color {
-            Some(c) => i32::try_from(c).map_err(|_| Error::Collective(format!("MPI split: color {c} is too large")))?,
-            // SAFETY: reading MPI's predefined constant.
-            None => unsafe { ffi::RSMPI_UNDEFINED },
-        };
-        let mut out: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
-        // SAFETY: a split of a live communicator into a handle we own.
-        let code = unsafe { ffi::MPI_Comm_split(self.world.0, color, key as i32, &mut out) };
-        if code != 0 {
-            return Err(Error::Collective(format!("MPI split: error code {code}")));
+        self.world.split(color, key)
+    }
+}
+
+/// FNV-1a over `text`.
+pub(crate) fn digest_text(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Drop for Mpi {
+    /// Wait until every process has finished before MPI is finalised: a process still in a call
+    /// of the world communicator (a vote, an agreement, a split) gets `Err` there instead of
+    /// waiting for this one forever. Skipped after a failure (the others have been told).
+    fn drop(&mut self) {
+        for _ in 0..10_000 {
+            if self.procs.control.failure().is_some() || self.procs.world.finish_job().is_ok() {
+                break;
+            }
         }
-        // SAFETY: comparing handles.
-        if out == unsafe { ffi::RSMPI_COMM_NULL } {
-            return Ok(None);
-        }
-        Ok(Some(MpiComm::from_raw(RawComm(out), self.control.clone())))
+        self.procs.control.finalize();
     }
 }

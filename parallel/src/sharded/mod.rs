@@ -5,6 +5,9 @@
 //! shard in the plan and call the collective ops; nothing else crosses between ranks. Each call
 //! (`fit`, `evaluate`, ...) runs on every rank at once and returns rank 0's answer.
 
+#[cfg(feature = "mpi")]
+mod parts;
+
 use crate::comm::{InHost, World};
 use crate::coordinated::CoordinatedOptimizer;
 use crate::{DeviceMesh, ShardingPlan};
@@ -56,31 +59,18 @@ impl ShardedModel {
     /// [`autoconfig`](crate::autoconfig) for this model and this mesh's axes). The model is
     /// built here, so its weights are those `Model::build` draws on one device (`fit`'s seed then
     /// governs shuffling and dropout only).
+    ///
+    /// On a mesh that spans processes every process must call this together; a check that
+    /// fails on one process fails it on every process (see [`Procs::vote`](crate::mpi::Procs::vote)).
     pub fn new<L: Layer + 'static>(net: impl Fn() -> L, mesh: &DeviceMesh, plan: &ShardingPlan) -> Result<Self> {
-        let names: Vec<&str> = mesh.names().iter().map(String::as_str).collect();
-        if !matches!(names.as_slice(), ["model"] | ["data"] | ["data", "model"]) {
-            return Err(Error::invalid(
-                "ShardedModel",
-                format!("mesh axes {names:?}: use (\"model\"), (\"data\") or (\"data\", \"model\")"),
-            ));
-        }
-        let (d, m) = (mesh.size("data"), mesh.size("model"));
-        if (plan.data_axis, plan.model_axis) != (d, m) {
-            return Err(Error::invalid(
-                "ShardedModel",
-                format!(
-                    "the plan is for {} data x {} model ranks, the mesh has {d} x {m}",
-                    plan.data_axis, plan.model_axis
-                ),
-            ));
-        }
-        // Checked against the traced model, not only its sizes: a hand-edited plan that pairs
-        // layers across an op that does not keep the split is refused here.
-        plan.check_model(&net())?;
+        // The checks one process could fail alone come first, then every process learns whether
+        // all passed, before any of them waits in a collective.
+        let checked = Self::check_new(&net, mesh, plan);
+        let _plan_text = all_ok(mesh, "ShardedModel::new: checking the plan against the model", checked)?;
         // Processes that would train different plans are refused before anything is built.
         #[cfg(feature = "mpi")]
         if let Some(p) = mesh.procs() {
-            p.agree_on("the sharding plan", &plan.to_json()?)?;
+            p.agree_on("the sharding plan", &_plan_text)?;
         }
         let world = World::new();
         let comms = crate::groups::make(mesh, &world)?;
@@ -114,10 +104,38 @@ impl ShardedModel {
         };
         // Build every rank's shards (one forward pass on a one-row sample of every input), then
         // check them against the plan.
-        let sample = plan.sample_inputs(&weft_core::Device::Cpu)?;
-        me.run(|_, model| model.predict_outputs(&sample, 1).map(drop))?;
-        me.check_shapes()?;
+        let built = plan
+            .sample_inputs(&weft_core::Device::Cpu)
+            .and_then(|sample| me.run(|_, model| model.predict_outputs(&sample, 1).map(drop)))
+            .and_then(|_| me.check_shapes());
+        all_ok(mesh, "ShardedModel::new: building the shards", built)?;
         Ok(me)
+    }
+
+    /// What `new` checks before building: the mesh's axes, the plan's, and the plan against the
+    /// traced model. Gives the plan's text (for processes to agree on).
+    fn check_new<L: Layer + 'static>(net: &impl Fn() -> L, mesh: &DeviceMesh, plan: &ShardingPlan) -> Result<String> {
+        let names: Vec<&str> = mesh.names().iter().map(String::as_str).collect();
+        if !matches!(names.as_slice(), ["model"] | ["data"] | ["data", "model"]) {
+            return Err(Error::invalid(
+                "ShardedModel",
+                format!("mesh axes {names:?}: use (\"model\"), (\"data\") or (\"data\", \"model\")"),
+            ));
+        }
+        let (d, m) = (mesh.size("data"), mesh.size("model"));
+        if (plan.data_axis, plan.model_axis) != (d, m) {
+            return Err(Error::invalid(
+                "ShardedModel",
+                format!(
+                    "the plan is for {} data x {} model ranks, the mesh has {d} x {m}",
+                    plan.data_axis, plan.model_axis
+                ),
+            ));
+        }
+        // Checked against the traced model, not only its sizes: a hand-edited plan that pairs
+        // layers across an op that does not keep the split is refused here.
+        plan.check_model(&net())?;
+        plan.to_json()
     }
 
     /// Plan `net()` for `mesh` with `cfg` (for inputs of `input_shape`, batch first) and build it
@@ -332,6 +350,38 @@ impl ShardedModel {
     pub fn fit(&mut self, x: impl Into<Inputs>, y: impl Into<Inputs>, opts: FitOptions) -> Result<History> {
         let (x, y): (Inputs, Inputs) = (x.into(), y.into());
         let (x, y) = (&x, &y);
+        let prepared = self.prepare_fit(x, y, opts);
+        let (per_rank, opts) = all_ok(&self.mesh, "ShardedModel::fit: checking the data and callbacks", prepared)?;
+        let (epochs, batch_size, shuffle, seed) = (opts.epochs, opts.batch_size, opts.shuffle, opts.seed);
+        let (validation_split, verbose) = (opts.validation_split, opts.verbose);
+        let validation_data = &opts.validation_data;
+        let global = self.global.clone();
+        let mut h = self.run(|r, model| {
+            let callbacks = std::mem::take(&mut *per_rank[r].lock().unwrap_or_else(|p| p.into_inner()));
+            let o = FitOptions {
+                epochs,
+                batch_size,
+                shuffle,
+                seed,
+                validation_split,
+                validation_data: validation_data.clone(),
+                verbose: verbose && global[r] == 0,
+                callbacks,
+            };
+            model.fit(x, y, o)
+        })?;
+        Ok(h.swap_remove(0))
+    }
+
+    /// Each rank's copies of the callbacks, after checking that every batch `fit` will make
+    /// splits over the data axis.
+    #[allow(clippy::type_complexity)]
+    fn prepare_fit(
+        &self,
+        x: &Inputs,
+        y: &Inputs,
+        opts: FitOptions,
+    ) -> Result<(Vec<Mutex<Vec<Box<dyn weft_nn::callback::Callback>>>>, FitOptions)> {
         // Every rank runs its own copy of each callback: they see the same history, and each
         // restores or saves through its own rank (ModelCheckpoint gathers, one rank writes).
         let mut per_rank: Vec<Mutex<Vec<Box<dyn weft_nn::callback::Callback>>>> = Vec::new();
@@ -368,31 +418,14 @@ impl ShardedModel {
             let last = train % opts.batch_size;
             self.check_batch("fit (the last batch of each epoch)", last, x, Some(y))?;
         }
-        let (epochs, batch_size, shuffle, seed) = (opts.epochs, opts.batch_size, opts.shuffle, opts.seed);
-        let (validation_split, verbose) = (opts.validation_split, opts.verbose);
-        let validation_data = &opts.validation_data;
-        let global = self.global.clone();
-        let mut h = self.run(|r, model| {
-            let callbacks = std::mem::take(&mut *per_rank[r].lock().unwrap_or_else(|p| p.into_inner()));
-            let o = FitOptions {
-                epochs,
-                batch_size,
-                shuffle,
-                seed,
-                validation_split,
-                validation_data: validation_data.clone(),
-                verbose: verbose && global[r] == 0,
-                callbacks,
-            };
-            model.fit(x, y, o)
-        })?;
-        Ok(h.swap_remove(0))
+        Ok((per_rank, opts))
     }
 
     /// One optimizer step on one batch; returns the batch loss.
     pub fn train_on_batch(&mut self, x: impl Into<Inputs>, y: impl Into<Inputs>) -> Result<f32> {
         let (x, y): (Inputs, Inputs) = (x.into(), y.into());
-        self.check_batch("train_on_batch", x.rows()?, &x, Some(&y))?;
+        let checked = x.rows().and_then(|rows| self.check_batch("train_on_batch", rows, &x, Some(&y)));
+        all_ok(&self.mesh, "ShardedModel::train_on_batch: checking the batch", checked)?;
         Ok(self.run(|_, m| m.train_on_batch(&x, &y))?[0])
     }
 
@@ -404,7 +437,8 @@ impl ShardedModel {
         batch_size: usize,
     ) -> Result<(f32, Vec<(String, f32)>)> {
         let (x, y): (Inputs, Inputs) = (x.into(), y.into());
-        self.check_batch("evaluate", 0, &x, Some(&y))?;
+        let checked = self.check_batch("evaluate", 0, &x, Some(&y));
+        all_ok(&self.mesh, "ShardedModel::evaluate: checking the data", checked)?;
         Ok(self.run(|_, m| m.evaluate(&x, &y, batch_size))?.swap_remove(0))
     }
 
@@ -490,27 +524,43 @@ impl ShardedModel {
     }
 
     /// Save whole weights (no optimizer state) to a safetensors file a single-device model loads.
+    /// Over several processes, process 0 writes it, and every process returns its `Result`.
     pub fn save_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
         let state: Vec<(String, Tensor)> = self
             .full_state()?
             .into_iter()
             .filter(|(k, _)| !k.starts_with(weft_nn::checkpoint::OPTIMIZER_PREFIX))
             .collect();
-        weft_nn::checkpoint::save(path, &state)
+        let written = if self.mesh.process() == 0 { weft_nn::checkpoint::save(path, &state) } else { Ok(()) };
+        all_ok(&self.mesh, "ShardedModel::save_weights: writing the file", written)
     }
 
     /// Save whole weights and optimizer state: what `Model::load_checkpoint` reads, and what a
     /// `ShardedModel` on any mesh reads.
     /// The exact step counts go in the metadata, as `Model::save_checkpoint` writes them.
+    ///
+    /// Over several processes, each process writes the parts it holds to a file of its own and
+    /// process 0 writes the index at `path` ([`weft_nn::checkpoint::Index`]); loading `path`
+    /// gives whole tensors, on one device or on any mesh. Every process returns `Err` if any
+    /// process's write failed, and then the checkpoint at `path` is still the one before.
     pub fn save_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
-        use weft_nn::checkpoint::{ITERATIONS_META, STEP_META};
+        #[cfg(feature = "mpi")]
+        if self.spans_processes() {
+            return self.save_parts(path.as_ref());
+        }
         let state = self.full_state()?;
+        weft_nn::checkpoint::save_with_metadata(path, &state, &self.step_meta())
+    }
+
+    /// The step counts a checkpoint's metadata holds.
+    fn step_meta(&self) -> Vec<(&'static str, String)> {
+        use weft_nn::checkpoint::{ITERATIONS_META, STEP_META};
         let m = &self.ranks[0];
         let mut meta = vec![(STEP_META, m.step_counter().to_string())];
         if let Some(opt) = m.optimizer() {
             meta.push((ITERATIONS_META, opt.iterations().to_string()));
         }
-        weft_nn::checkpoint::save_with_metadata(path, &state, &meta)
+        meta
     }
 
     /// Load a checkpoint (from one device or any mesh): each rank keeps its part of every whole
@@ -518,7 +568,8 @@ impl ShardedModel {
     /// has it and the model is compiled.
     pub fn load_checkpoint(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
         let path = path.as_ref();
-        let (file, meta) = weft_nn::checkpoint::load_with_metadata(path)?;
+        let read = weft_nn::checkpoint::load_with_metadata(path);
+        let (file, meta) = all_ok(&self.mesh, "ShardedModel::load_checkpoint: reading the file", read)?;
         self.load_state(&file, &meta, path)
     }
 
@@ -539,21 +590,8 @@ impl ShardedModel {
         meta: &std::collections::HashMap<String, String>,
         path: &std::path::Path,
     ) -> Result<()> {
-        let (iterations, step) = weft_nn::checkpoint::resume_counts(file, meta, path)?;
-        let expected: Vec<(String, Vec<usize>)> =
-            self.plan.layers.iter().flat_map(|l| &l.variables).map(|v| (v.path.clone(), v.shape.clone())).collect();
-        weft_nn::checkpoint::check_weights(file, &expected, path)?;
-        for (key, (shape, _)) in file {
-            if let Some((_, var)) = parse_slot_key(key)
-                && let Some((_, want)) = expected.iter().find(|(p, _)| p == var)
-                && shape != want
-            {
-                return Err(Error::Msg(format!(
-                    "loading {}: {key} has shape {shape:?}, its variable {want:?}",
-                    path.display()
-                )));
-            }
-        }
+        let checked = self.check_state(file, meta, path);
+        let (iterations, step) = all_ok(&self.mesh, "ShardedModel: checking the checkpoint", checked)?;
         let placements = self.placements.clone();
         let mesh = self.mesh.clone();
         let global = self.global.clone();
@@ -601,8 +639,45 @@ impl ShardedModel {
         Ok(())
     }
 
+    /// The checkpoint's step counts, after checking every tensor's name and shape.
+    fn check_state(
+        &self,
+        file: &weft_nn::checkpoint::Loaded,
+        meta: &std::collections::HashMap<String, String>,
+        path: &std::path::Path,
+    ) -> Result<(Option<u64>, Option<u64>)> {
+        let counts = weft_nn::checkpoint::resume_counts(file, meta, path)?;
+        let expected: Vec<(String, Vec<usize>)> =
+            self.plan.layers.iter().flat_map(|l| &l.variables).map(|v| (v.path.clone(), v.shape.clone())).collect();
+        weft_nn::checkpoint::check_weights(file, &expected, path)?;
+        for (key, (shape, _)) in file {
+            if let Some((_, var)) = parse_slot_key(key)
+                && let Some((_, want)) = expected.iter().find(|(p, _)| p == var)
+                && shape != want
+            {
+                return Err(Error::Msg(format!(
+                    "loading {}: {key} has shape {shape:?}, its variable {want:?}",
+                    path.display()
+                )));
+            }
+        }
+        Ok(counts)
+    }
+
     /// Load weights saved by `save_weights`, `save_checkpoint` or a single-device `Model`.
     pub fn load_weights(&mut self, path: impl AsRef<std::path::Path>) -> Result<()> {
         self.load_checkpoint(path)
     }
+}
+
+/// `local` when it holds on every process the mesh spans: a check only this process ran (its
+/// file, its batch) is voted on, so that when one process fails it, every process returns `Err`
+/// before any of them waits in a collective for it. On a mesh in one process, `local` itself.
+fn all_ok<T>(mesh: &DeviceMesh, what: &str, local: Result<T>) -> Result<T> {
+    #[cfg(feature = "mpi")]
+    if let Some(p) = mesh.procs() {
+        return p.all_ok(what, local);
+    }
+    let _ = (mesh, what);
+    local
 }

@@ -9,6 +9,10 @@
 //! (`weft.checksums`) and verifies it on load, so a flipped bit is an `Err` naming the tensor,
 //! never a silently different weight. Files without checksums (written elsewhere) still load.
 
+mod index;
+
+pub use index::{Index, IndexPart, IndexTensor, SHARD_ID_META, part_key};
+
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -69,7 +73,7 @@ pub fn save_with_metadata(path: impl AsRef<Path>, tensors: &[(String, Tensor)], 
 
 /// Write `data` to a temporary file beside `path` whose name no other save shares, then rename
 /// it over `path`: readers see the old file or the new one, never a mixture.
-fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let file_name = path.file_name().map_or("checkpoint".into(), |n| n.to_string_lossy().into_owned());
@@ -114,12 +118,23 @@ pub fn load(path: impl AsRef<Path>) -> Result<Loaded> {
 
 /// Read every tensor of a safetensors file (as [`load`]) and its string metadata. When the file
 /// carries weft's checksums, every tensor is verified: a damaged one is an `Err` naming it.
+///
+/// `path` may also be the index of a checkpoint saved in parts (by a model split over several
+/// processes, see [`Index`]): the parts are read from the files it names and put together, so
+/// the caller gets whole tensors either way.
 pub fn load_with_metadata(path: impl AsRef<Path>) -> Result<(Loaded, HashMap<String, String>)> {
     let path = path.as_ref();
     let bytes = std::fs::read(path).map_err(|e| io(path, "reading", e))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| io(path, "not a complete safetensors file:", e))?;
-    let (_, header) =
-        SafeTensors::read_metadata(&bytes).map_err(|e| io(path, "not a complete safetensors file:", e))?;
+    if let Some(index) = Index::parse(&bytes, path)? {
+        return index.load(path);
+    }
+    load_bytes(&bytes, path)
+}
+
+/// The tensors and metadata of one safetensors file's bytes (read from `path`), checked.
+fn load_bytes(bytes: &[u8], path: &Path) -> Result<(Loaded, HashMap<String, String>)> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| io(path, "not a complete safetensors file:", e))?;
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| io(path, "not a complete safetensors file:", e))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let sums: Option<serde_json::Map<String, serde_json::Value>> = match meta.get(CHECKSUMS_KEY) {
         Some(text) => Some(
