@@ -3,9 +3,17 @@
 //! size over the time of one all-reduce (what NCCL calls algorithm bandwidth). The host's memcpy
 //! bandwidth is measured alongside, as the yardstick.
 //!
-//! `cargo bench --bench allreduce` (`WEFT_BENCH_DEVICES=cpu` for Cpu devices only)
+//! With the `mpi` feature it then runs itself under `mpirun -np 2` (and 4) and reports weft's MPI
+//! communicator against Open MPI's own `MPI_Allreduce` on the same buffers, and the share of a
+//! tiny_gpt training step split over 2 processes that goes to collectives.
+//!
+//! `cargo bench --bench allreduce` (`WEFT_BENCH_DEVICES=cpu` for Cpu devices only);
+//! `cargo bench --features mpi --bench allreduce` adds the MPI figures.
 
 mod common;
+#[cfg(feature = "mpi")]
+#[path = "common/mpi_allreduce.rs"]
+mod mpi_allreduce;
 
 use std::time::{Duration, Instant};
 use weft::parallel::{InHost, World};
@@ -61,6 +69,11 @@ fn allreduce_secs(devs: &[Device], bytes: usize) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
+    // Started by mpirun (below): one process of the MPI figures.
+    #[cfg(feature = "mpi")]
+    if mpi_allreduce::in_job() {
+        return mpi_allreduce::process();
+    }
     let memcpy = memcpy_gbps(64 * MIB);
     common::report("allreduce/memcpy", &Device::Cpu, "64 MiB", memcpy, "GB/s");
     let sizes = [MIB, 4 * MIB, 16 * MIB, 64 * MIB];
@@ -83,6 +96,10 @@ fn main() -> Result<()> {
             }
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+    #[cfg(feature = "mpi")]
+    for processes in [2, 4] {
+        mpi_allreduce::launch(processes)?;
     }
     Ok(())
 }

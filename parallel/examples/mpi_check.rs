@@ -6,14 +6,16 @@
 //! mpirun -np 4 target/debug/examples/mpi_check collectives
 //! ```
 //!
-//! Modes: `collectives` (every collective, uneven sizes), `fail` (process 1 fails; the others
+//! Modes: `collectives` (every collective, uneven sizes), `hier` (the same over groups of 2 ranks
+//! in each process), `fail` (process 1 fails; the others
 //! must leave their collective with its reason), `mismatch` (processes that call different
 //! collectives or pass different shapes must all get an `Err` naming what differs), `kill`
 //! (process 1 is killed outright mid-run; mpirun must end the job), `train LAYOUT` (a tied-embedding
 //! language model sharded over the processes trains 20 steps as on one device, through `verify`:
 //! LAYOUT `model` (one device per process, model axis across them), `data` (data axis across
-//! them) or `2x2` (2 processes of 2 devices: model axis inside a process, data axis across)),
-//! `checkpoint` (a checkpoint saved by the model split over the processes' model axis loads into
+//! them), `2x2` (2 processes of 2 devices: model axis inside a process, data axis across), or
+//! `model4` / `data4` (2 devices per process, one axis over all of them)),
+//! `checkpoint [L]` (with L devices per process, default 1: a checkpoint saved by the model split over the processes' model axis loads into
 //! one device and into the data-axis layout, weights and optimizer state), `fail_train` (process
 //! 1 is given a label outside the vocabulary: every process's `train_on_batch` returns `Err`),
 //! `bad_layouts` (a mesh larger than the job, processes that disagree on the mesh or the plan: all
@@ -28,8 +30,8 @@ use weft_core::{Collectives, DType, Device, Error, ReduceKind, Result, Tensor};
 use weft_nn::checkpoint::Index;
 use weft_nn::optim::{Adam, AdamW, LearningRate};
 use weft_nn::{Loss, Model};
-use weft_parallel::mpi::{Mpi, MpiComm};
-use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel, ShardingPlan, verify};
+use weft_parallel::mpi::{Hier, Mpi, MpiComm};
+use weft_parallel::{AutoConfig, DeviceMesh, InHost, ShardedModel, ShardingPlan, World, verify};
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "collectives".into());
@@ -43,11 +45,12 @@ fn main() {
     let rank = mpi.rank();
     let result = match mode.as_str() {
         "collectives" => collectives(&mpi),
+        "hier" => hier(&mpi),
         "fail" => fail(&mpi),
         "mismatch" => mismatch(&mpi),
         "kill" => kill(&mpi),
         "train" => train(&mpi, &std::env::args().nth(2).unwrap_or_else(|| "model".into())),
-        "checkpoint" => checkpoint(&mpi),
+        "checkpoint" => checkpoint(&mpi, std::env::args().nth(2).map_or(Ok(1), |l| l.parse()).unwrap_or(1)),
         "fail_train" => fail_train(&mpi),
         "bad_layouts" => bad_layouts(&mpi),
         "local_errors" => local_errors(&mpi),
@@ -73,6 +76,32 @@ fn check(what: &str, got: &[f32], want: &[f32]) -> Result<()> {
 
 fn collectives(mpi: &Mpi) -> Result<()> {
     let comm = mpi.world()?;
+    check_all(&comm)?;
+    let (r, p) = (comm.rank(), comm.world_size());
+    // Groups made by split: even and odd ranks.
+    let half = mpi.split(r % 2, r)?;
+    let members: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).collect();
+    let x = Tensor::full(r as f32, &[2], &Device::Cpu)?;
+    let sum: usize = members.iter().sum();
+    check("split all_reduce", &half.all_reduce(&x, ReduceKind::Sum)?.to_vec()?, &[sum as f32; 2])?;
+    Ok(())
+}
+
+/// A group of 2 ranks in each process (threads of an in-host group, and per position an MPI
+/// communicator across the processes) passes the same checks as one rank per process.
+fn hier(mpi: &Mpi) -> Result<()> {
+    let k = 2;
+    let local = InHost::group(k, &World::new());
+    let cross: Vec<MpiComm> = (0..k).map(|_| mpi.split(0, mpi.rank())).collect::<Result<_>>()?;
+    let groups: Vec<Hier> = local.into_iter().zip(cross).map(|(l, c)| Hier::new(l, c)).collect();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = groups.iter().map(|g| s.spawn(move || check_all(g))).collect();
+        runs.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(Error::Msg("a rank panicked".into()))))
+    })
+}
+
+/// Every collective of `comm`, checked against values each rank works out alone.
+fn check_all(comm: &dyn Collectives) -> Result<()> {
     let (r, p) = (comm.rank(), comm.world_size());
     let cpu = Device::Cpu;
     // all_reduce: rank r holds (r + 1) * (i + 1).
@@ -147,14 +176,8 @@ fn collectives(mpi: &Mpi) -> Result<()> {
     // broadcast from the last rank.
     let x = Tensor::full(r as f32, &[5], &cpu)?;
     check("broadcast", &comm.broadcast(&x, p - 1)?.to_vec()?, &[(p - 1) as f32; 5])?;
-    comm.barrier()?;
-    // Groups made by split: even and odd ranks.
-    let half = mpi.split(r % 2, r)?;
-    let members: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).collect();
-    let x = Tensor::full(r as f32, &[2], &cpu)?;
-    let sum: usize = members.iter().sum();
-    check("split all_reduce", &half.all_reduce(&x, ReduceKind::Sum)?.to_vec()?, &[sum as f32; 2])?;
-    Ok(())
+    check("broadcast from 1", &comm.broadcast(&x, 1)?.to_vec()?, &[1.0; 5])?;
+    comm.barrier()
 }
 
 /// Process 1 fails; every other process must leave the all-reduce it waits in with process 1's reason.
@@ -224,6 +247,9 @@ fn train(mpi: &Mpi, layout: &str) -> Result<()> {
         "model" => (1, vec![p], vec!["model"]),
         "data" => (1, vec![p], vec!["data"]),
         "2x2" => (2, vec![p, 2], vec!["data", "model"]),
+        // 2 devices per process on one axis: every group has 2 ranks in each process.
+        "model4" => (2, vec![2 * p], vec!["model"]),
+        "data4" => (2, vec![2 * p], vec!["data"]),
         other => return Err(Error::Msg(format!("unknown layout {other:?}"))),
     };
     let mesh = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu; local], &shape, &names)?;
@@ -278,14 +304,14 @@ fn state_diff(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> Result<f32> {
 
 /// Train 3 steps split over the processes' model axis, save a checkpoint, and load it into one
 /// device and into the data-axis layout: weights, optimizer slots and step counts all arrive.
-fn checkpoint(mpi: &Mpi) -> Result<()> {
+fn checkpoint(mpi: &Mpi, local: usize) -> Result<()> {
     let world = mpi.world()?;
     // One file name for every process: process 0's pid, broadcast.
     let pid = world.broadcast(&Tensor::full(std::process::id() as f32, &[1], &Device::Cpu)?, 0)?.to_vec::<f32>()?[0];
     let path = std::env::temp_dir().join(format!("weft-mpi-check-{pid}.safetensors"));
     let (x, y) = tokens()?;
     let p = mpi.size();
-    let by_model = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu], &[p], &["model"])?;
+    let by_model = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu; local], &[p * local], &["model"])?;
     let mut a = ShardedModel::new(lm, &by_model, &lm_plan(&by_model)?)?;
     a.compile(adam(), LOSS, &[])?;
     for step in 0..3 {
@@ -307,7 +333,7 @@ fn checkpoint(mpi: &Mpi) -> Result<()> {
     one.load_checkpoint(&path)?;
     let d1 = state_diff(&saved, &one.whole_state(true)?)?;
     // Into the data-axis layout over the same processes.
-    let by_data = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu], &[p], &["data"])?;
+    let by_data = DeviceMesh::across_processes(&mpi.procs(), vec![Device::Cpu; local], &[p * local], &["data"])?;
     let mut b = ShardedModel::new(lm, &by_data, &lm_plan(&by_data)?)?;
     b.compile(adam(), LOSS, &[])?;
     b.load_checkpoint(&path)?;

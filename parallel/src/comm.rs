@@ -64,6 +64,11 @@ impl World {
     pub fn collective_time(&self) -> Duration {
         Duration::from_nanos(self.spent_ns.load(Ordering::Relaxed))
     }
+    /// Count `spent` as time a rank spent inside a collective.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn add_collective_time(&self, spent: Duration) {
+        self.spent_ns.fetch_add(spent.as_nanos() as u64, Ordering::Relaxed);
+    }
     /// Why the world failed, if it did.
     pub fn failure(&self) -> Option<String> {
         self.failed.lock().unwrap_or_else(|p| p.into_inner()).clone()

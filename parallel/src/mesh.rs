@@ -61,9 +61,10 @@ impl DeviceMesh {
     /// layout). Every process must call this together; processes that disagree on the shape or
     /// the device count get `Err` naming what differs.
     ///
-    /// A group of ranks (one model or data group) must lie inside one process, or have one rank
-    /// in each of its processes at the same local index; a mesh with a group that mixes both is
-    /// refused, naming the group.
+    /// A group of ranks (one model or data group) may lie inside one process (an in-host group),
+    /// have one rank in each of its processes (an MPI communicator), or k ranks in each (an
+    /// in-host group per process and an MPI communicator per position: a model axis wider than
+    /// a host). A mesh with a group spread unevenly over its processes is refused, naming it.
     #[cfg(feature = "mpi")]
     pub fn across_processes(
         procs: &crate::mpi::Procs,
@@ -108,7 +109,9 @@ impl DeviceMesh {
     }
 
     /// Where the `kind` ("model" or "data") group of rank `g` lies: `Ok(None)` inside one
-    /// process, `Ok(Some(local index))` one rank in each of its processes, at that local index.
+    /// process, `Ok(Some(k))` with k ranks in each of its processes, the i-th of each at the same
+    /// local index (one MPI communicator per position; with k > 1, an in-host group in each
+    /// process too). Any other group is refused.
     #[cfg(feature = "mpi")]
     pub(crate) fn group_place(&self, kind: &str, g: usize) -> Result<Option<usize>> {
         let l = self.devices.len();
@@ -117,15 +120,20 @@ impl DeviceMesh {
         if procs.iter().all(|&p| p == procs[0]) {
             return Ok(None);
         }
-        let distinct = (1..procs.len()).all(|i| !procs[..i].contains(&procs[i]));
-        let same_index = members.iter().all(|m| m % l == members[0] % l);
-        if distinct && same_index {
-            return Ok(Some(members[0] % l));
+        // Ranks come in process order, so a regular group is runs of k from distinct processes.
+        let k = procs.iter().take_while(|&&p| p == procs[0]).count();
+        let runs: Vec<&[usize]> = members.chunks(k).collect();
+        let regular = members.len().is_multiple_of(k)
+            && runs.iter().all(|r| r.iter().all(|m| m / l == r[0] / l))
+            && runs.windows(2).all(|w| w[0][0] / l != w[1][0] / l)
+            && runs.iter().all(|r| r.iter().zip(runs[0]).all(|(a, b)| a % l == b % l));
+        if regular {
+            return Ok(Some(k));
         }
         Err(Error::invalid(
             "DeviceMesh::across_processes",
             format!(
-                "the {kind} group of ranks {members:?} lies on processes {procs:?} ({l} devices each): a group must lie inside one process, or have one rank in each of its processes; make the devices per process divide the model axis"
+                "the {kind} group of ranks {members:?} lies on processes {procs:?} ({l} devices each): a group must lie inside one process, or have the same number of ranks in each of its processes at the same local indices; make the devices per process divide the model axis, or the model axis divide them"
             ),
         ))
     }

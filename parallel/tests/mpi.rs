@@ -84,6 +84,9 @@ fn all_ok(n: usize, mode: &str) {
 fn every_collective_on_2_and_4_processes() {
     all_ok(2, "collectives");
     all_ok(4, "collectives");
+    // Groups of 2 ranks in each process (an in-host group and an MPI communicator per position).
+    all_ok(2, "hier");
+    all_ok(3, "hier");
 }
 
 #[test]
@@ -126,11 +129,15 @@ fn a_language_model_sharded_over_processes_trains_as_on_one_device() {
     all_ok(2, "train model");
     all_ok(2, "train data");
     all_ok(2, "train 2x2");
+    // One axis over 2 processes of 2 devices: each group has 2 ranks in each process.
+    all_ok(2, "train model4");
+    all_ok(2, "train data4");
 }
 
 #[test]
 fn a_checkpoint_from_processes_loads_into_one_device_and_another_layout() {
     all_ok(2, "checkpoint");
+    all_ok(2, "checkpoint 2");
 }
 
 /// `mpirun -np 2 tensor_parallel --mpi`: the README's example, its model axis across two

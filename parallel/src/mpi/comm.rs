@@ -33,6 +33,8 @@ pub struct MpiComm {
     /// Calls made on this communicator so far; held for the whole of a call, so two threads of
     /// this process never interleave collectives on it.
     calls: Mutex<u64>,
+    /// Where the time spent in collectives is counted (a sharded model's world), if anywhere.
+    clock: Option<Arc<crate::comm::World>>,
 }
 
 impl std::fmt::Debug for MpiComm {
@@ -81,12 +83,29 @@ impl MpiComm {
             ffi::MPI_Comm_rank(comm.0, &mut rank);
             ffi::MPI_Comm_size(comm.0, &mut size);
         }
-        MpiComm { comm, rank: rank as usize, size: size as usize, control, calls: Mutex::new(0) }
+        MpiComm { comm, rank: rank as usize, size: size as usize, control, calls: Mutex::new(0), clock: None }
     }
 
     /// Tell every process that this one failed (see [`Mpi::fail`](super::Mpi::fail)).
     pub fn fail(&self, why: &str) {
         self.control.fail(why);
+    }
+
+    /// Count the time this communicator's collectives take (waiting for the other processes
+    /// included) in `world`'s collective time, as an in-host group's is.
+    pub(crate) fn timed(mut self, world: Arc<crate::comm::World>) -> MpiComm {
+        self.clock = Some(world);
+        self
+    }
+
+    /// `f`, its time counted on the clock.
+    fn on_clock<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let start = std::time::Instant::now();
+        let out = f();
+        if let Some(w) = &self.clock {
+            w.add_collective_time(start.elapsed());
+        }
+        out
     }
 
     /// The element-wise max of every rank's `values`, through MPI's non-blocking all-reduce
@@ -285,6 +304,29 @@ impl Collectives for MpiComm {
     }
 
     fn all_reduce(&self, x: &Tensor, kind: ReduceKind) -> Result<Tensor> {
+        self.on_clock(|| self.all_reduce_now(x, kind))
+    }
+
+    fn all_gather(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
+        self.on_clock(|| self.all_gather_now(x, axis))
+    }
+
+    fn reduce_scatter(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor> {
+        self.on_clock(|| self.reduce_scatter_now(x, axis, sizes, kind))
+    }
+
+    fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor> {
+        self.on_clock(|| self.broadcast_now(x, root))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.on_clock(|| self.barrier_now())
+    }
+}
+
+/// The collectives themselves (the trait's methods time them).
+impl MpiComm {
+    fn all_reduce_now(&self, x: &Tensor, kind: ReduceKind) -> Result<Tensor> {
         // Everything that can fail on this rank alone is done before the header.
         let (send, n) = self.local((|| {
             expect_f32(x, "all_reduce")?;
@@ -316,7 +358,7 @@ impl Collectives for MpiComm {
         Tensor::from_host_vec(recv, x.dims(), x.device())
     }
 
-    fn all_gather(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
+    fn all_gather_now(&self, x: &Tensor, axis: usize) -> Result<Tensor> {
         let (front, back, send) = self.local((|| {
             expect_f32(x, "all_gather")?;
             if axis >= x.rank() {
@@ -382,7 +424,7 @@ impl Collectives for MpiComm {
         if axis == 0 { Ok(joined) } else { joined.permute(&back)?.contiguous() }
     }
 
-    fn reduce_scatter(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor> {
+    fn reduce_scatter_now(&self, x: &Tensor, axis: usize, sizes: &[usize], kind: ReduceKind) -> Result<Tensor> {
         let (front, back, send, inner, counts) = self.local((|| {
             expect_f32(x, "reduce_scatter")?;
             if sizes.len() != self.size || axis >= x.rank() || sizes.iter().sum::<usize>() != x.dims()[axis] {
@@ -432,7 +474,7 @@ impl Collectives for MpiComm {
         if axis == 0 { Ok(part) } else { part.permute(&back)?.contiguous() }
     }
 
-    fn broadcast(&self, x: &Tensor, root: usize) -> Result<Tensor> {
+    fn broadcast_now(&self, x: &Tensor, root: usize) -> Result<Tensor> {
         let (mut buf, n) = self.local((|| {
             expect_f32(x, "broadcast")?;
             if root >= self.size {
@@ -451,7 +493,7 @@ impl Collectives for MpiComm {
         Tensor::from_host_vec(buf, x.dims(), x.device())
     }
 
-    fn barrier(&self) -> Result<()> {
+    fn barrier_now(&self) -> Result<()> {
         // The header's agreement is itself a barrier: every rank has arrived once it completes.
         self.begin("barrier", 5, &[], &[]).map(drop)
     }

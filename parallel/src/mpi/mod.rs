@@ -13,8 +13,10 @@
 
 mod comm;
 mod control;
+mod hier;
 
 pub use comm::MpiComm;
+pub use hier::Hier;
 
 use ::mpi::Threading;
 use ::mpi::environment::Universe;
