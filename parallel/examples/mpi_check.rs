@@ -21,7 +21,9 @@
 //! `bad_layouts` (a mesh larger than the job, processes that disagree on the mesh or the plan: all
 //! refused on every process before any step, naming what differs), `local_errors` (checks that
 //! fail on process 1 alone, outside any collective: every process gets `Err`, none hangs),
-//! `early_exit` (process 1 returns while process 0 goes on: process 0 gets `Err`, no hang).
+//! `early_exit` (process 1 returns while process 0 goes on: process 0 gets `Err`, no hang),
+//! `exit_while_waiting` (process 1 returns while process 0 waits in a collective of another
+//! communicator: process 0 gets `Err` once process 1's grace period ends).
 
 #[path = "../tests/common/lm.rs"]
 mod lm;
@@ -55,6 +57,7 @@ fn main() {
         "bad_layouts" => bad_layouts(&mpi),
         "local_errors" => local_errors(&mpi),
         "early_exit" => early_exit(&mpi),
+        "exit_while_waiting" => exit_while_waiting(&mpi),
         other => Err(Error::Msg(format!("unknown mode {other:?}"))),
     };
     match result {
@@ -510,5 +513,19 @@ fn early_exit(mpi: &Mpi) -> Result<()> {
     match model.train_on_batch(&x.narrow(0, 8, 8)?, &y.narrow(0, 8, 8)?) {
         Err(e) if e.to_string().contains("another process has finished") => Ok(()),
         other => Err(Error::Msg(format!("wanted an Err saying process 1 finished, got {other:?}"))),
+    }
+}
+
+/// Process 1 returns while process 0 waits in an all-reduce of a communicator of its own (not
+/// the world one a finishing process waits on): process 1's `Mpi` waits its grace period, then
+/// tells process 0, whose all-reduce returns `Err` naming it.
+fn exit_while_waiting(mpi: &Mpi) -> Result<()> {
+    let comm = mpi.world()?;
+    if mpi.rank() == 1 {
+        return Ok(());
+    }
+    match comm.all_reduce(&Tensor::full(1.0, &[4], &Device::Cpu)?, ReduceKind::Sum) {
+        Err(e) if e.to_string().contains("process 1 failed: ended its program") => Ok(()),
+        other => Err(Error::Msg(format!("wanted an Err saying process 1 ended, got {other:?}"))),
     }
 }

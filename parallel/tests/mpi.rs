@@ -107,7 +107,7 @@ fn mismatched_calls_and_shapes_are_refused_on_every_process() {
 /// gets `Err` and the job ends, within the bound.
 #[test]
 fn an_error_on_one_process_alone_reaches_every_process() {
-    for (n, mode) in [(2, "local_errors"), (3, "local_errors"), (2, "early_exit")] {
+    for (n, mode) in [(2, "local_errors"), (3, "local_errors"), (2, "early_exit"), (2, "exit_while_waiting")] {
         let (status, text, elapsed) = mpirun(n, mode, Duration::from_secs(90));
         assert_eq!(status, Some(0), "mpirun -np {n} mpi_check {mode} (after {elapsed:?}):\n{text}");
         for p in 0..n {

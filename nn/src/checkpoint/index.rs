@@ -134,11 +134,13 @@ impl Index {
             .map_err(|e| Error::Msg(format!("{}: a damaged checkpoint index: {e}", path.display())))
     }
 
-    /// The index at `path`, if that file is one (`None` when it is missing or another file).
+    /// The index at `path`, if that file is one (`None` when it is missing or another file;
+    /// `Err` when it cannot be read).
     pub fn read(path: &Path) -> Result<Option<Index>> {
         match std::fs::read(path) {
             Ok(bytes) => Index::parse(&bytes, path),
-            Err(_) => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(path, "reading", e)),
         }
     }
 
@@ -149,7 +151,7 @@ impl Index {
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut files: HashMap<String, Loaded> = HashMap::new();
         for name in self.files() {
-            if name.contains('/') || name.contains('\\') || name.starts_with('.') {
+            if name.contains('/') || name.contains('\\') || name == "." || name == ".." || name.is_empty() {
                 return Err(Error::Msg(format!("{}: part file {name:?} is not a plain name", path.display())));
             }
             let file = dir.join(&name);

@@ -5,9 +5,12 @@
 //! different collectives, or pass different shapes, get `Err` naming what differs instead of a
 //! hang or a wrong sum. The header goes through MPI's non-blocking all-reduce, polled together
 //! with the failure channel (`control.rs`): that is where a rank waits for a peer that is still
-//! computing, or that failed and will never come. Once every rank has agreed, all are committed,
-//! so the data moves with MPI's blocking collective (Open MPI's tuned algorithms; its
-//! non-blocking ones ran at a third of the speed). Values are f32.
+//! computing, or that failed and will never come. The data then moves with MPI's non-blocking
+//! collective, polled too: a peer can give up on a header (a failure reached it) just as the
+//! header completes elsewhere, and a blocking call would then wait for it forever. MPI moves a
+//! non-blocking collective's data only while it is tested, so that wait tests without sleeping
+//! (yielding the core): with sleeps between tests it ran at a quarter of `MPI_Allreduce`,
+//! without them at par. Values are f32.
 
 use super::control::{Control, RawComm};
 use ::mpi::ffi;
@@ -71,6 +74,11 @@ fn receive_buffer(n: usize) -> Vec<f32> {
     v
 }
 
+fn null_request() -> ffi::MPI_Request {
+    // SAFETY: reading MPI's predefined null request.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
 fn count(n: usize, what: &str) -> Result<i32> {
     i32::try_from(n).map_err(|_| Error::Collective(format!("{what}: {n} values exceed MPI's count limit (2^31 - 1)")))
 }
@@ -111,10 +119,15 @@ impl MpiComm {
     /// The element-wise max of every rank's `values`, through MPI's non-blocking all-reduce
     /// polled with the failure channel (so a failed peer is an `Err`, never a hang).
     fn max_polled(&self, call: &str, values: &[u64]) -> Result<Vec<u64>> {
+        self.max_polled_until(call, values, None)
+    }
+
+    /// As `max_polled`, giving up at `deadline`.
+    fn max_polled_until(&self, call: &str, values: &[u64], deadline: Option<std::time::Instant>) -> Result<Vec<u64>> {
         self.control.check(call)?;
         let send = values.to_vec();
         let mut recv = vec![0u64; send.len()];
-        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let mut req = null_request();
         // SAFETY: both buffers hold len u64s and outlive the request (leaked if it is abandoned).
         unsafe {
             ffi::MPI_Iallreduce(
@@ -127,7 +140,7 @@ impl MpiComm {
                 &mut req,
             )
         };
-        if let Err(e) = self.control.wait(req, call) {
+        if let Err(e) = self.control.wait_until(req, call, deadline) {
             abandon((send, recv));
             return Err(e);
         }
@@ -145,6 +158,18 @@ impl MpiComm {
         rest: &[(&str, u64)],
         shape: &[usize],
     ) -> Result<std::sync::MutexGuard<'_, u64>> {
+        self.begin_until(call, code, rest, shape, None)
+    }
+
+    /// As `begin`, giving up at `deadline`.
+    fn begin_until(
+        &self,
+        call: &str,
+        code: u64,
+        rest: &[(&str, u64)],
+        shape: &[usize],
+        deadline: Option<std::time::Instant>,
+    ) -> Result<std::sync::MutexGuard<'_, u64>> {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         *calls += 1;
         let mut fields = vec![(CALLED, code), ("the call's number on this communicator", *calls)];
@@ -153,7 +178,7 @@ impl MpiComm {
         fields.resize(HEADER, ("nothing", 0));
         // Max of each value and of its complement: the max and the min in one MAX reduction.
         let send: Vec<u64> = fields.iter().map(|f| f.1).chain(fields.iter().map(|f| !f.1)).collect();
-        let recv = self.max_polled(call, &send)?;
+        let recv = self.max_polled_until(call, &send, deadline)?;
         for (i, (name, mine)) in fields.iter().enumerate() {
             let (max, min) = (recv[i], !recv[HEADER + i]);
             if max == min {
@@ -182,7 +207,7 @@ impl MpiComm {
     /// any rank's did not, naming it. Lets a check that one process alone can fail (a file it
     /// cannot read, a batch it refuses) reach the others before anything collective starts.
     pub(crate) fn vote(&self, call: &str, ok: bool) -> Result<()> {
-        let _call = self.begin(call, 8, &[], &[])?;
+        let _call = self.begin(call, 8, &[("what is voted on", super::digest_text(call))], &[])?;
         let failed = if ok { 0 } else { self.rank as u64 + 1 };
         let worst = self.max_polled(call, &[failed])?[0];
         if worst == 0 {
@@ -200,10 +225,10 @@ impl MpiComm {
         self.max_polled(call, values)
     }
 
-    /// Say this process is done (its `Mpi` is dropped): succeeds once every rank says so. A rank
-    /// still in another call gets `Err` there instead of waiting for this process forever.
-    pub(crate) fn finish_job(&self) -> Result<()> {
-        self.begin("finishing", FINISH, &[], &[]).map(drop)
+    /// Say this process is done (its `Mpi` is dropped): succeeds once every rank says so, or
+    /// `Err` at `deadline`. A rank still in another call of this communicator gets `Err` there.
+    pub(crate) fn finish_job(&self, deadline: std::time::Instant) -> Result<()> {
+        self.begin_until("finishing", FINISH, &[], &[], Some(deadline)).map(drop)
     }
 
     /// A communicator over the ranks that pass the same `color` (none for this rank when
@@ -225,6 +250,20 @@ impl MpiComm {
             return Ok(None);
         }
         Ok(Some(MpiComm::from_raw(RawComm(out), self.control.clone())))
+    }
+
+    /// Wait for the data stage `req`, polled like the header, so a peer that failed (or gave
+    /// up on this call's header just as it completed here) is an `Err`, never a hang. `bufs`,
+    /// which MPI reads or writes until the request completes, come back when it does; on a
+    /// failure they are leaked, since MPI may still use them.
+    fn complete<T>(&self, call: &str, req: ffi::MPI_Request, bufs: T) -> Result<T> {
+        match self.control.wait_busy(req, call) {
+            Ok(()) => Ok(bufs),
+            Err(e) => {
+                abandon(bufs);
+                Err(e)
+            }
+        }
     }
 
     /// `r`, whose error (found on this rank alone, before a call's header) also fails the job.
@@ -341,18 +380,22 @@ impl MpiComm {
             x.dims(),
         )?;
         let mut recv = receive_buffer(send.len());
-        // SAFETY: send holds n f32s and recv has room for n.
+        let mut req = null_request();
+        // SAFETY: send holds n f32s and recv has room for n; both stay alive (moved, their heap
+        // buffers unmoved) until the request completes, or are leaked.
         self.ok("all_reduce", unsafe {
-            ffi::MPI_Allreduce(
+            ffi::MPI_Iallreduce(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
                 n,
                 ffi::RSMPI_FLOAT,
                 op_of(kind),
                 self.comm.0,
+                &mut req,
             )
         })?;
-        // SAFETY: MPI_Allreduce wrote all n values into recv's capacity.
+        let (send, mut recv) = self.complete("all_reduce", req, (send, recv))?;
+        // SAFETY: the all-reduce wrote all n values into recv's capacity.
         unsafe { recv.set_len(send.len()) };
         self.finish(kind, &mut recv);
         Tensor::from_host_vec(recv, x.dims(), x.device())
@@ -376,11 +419,12 @@ impl MpiComm {
         )?;
         let inner: usize = x.dims().iter().enumerate().filter(|(i, _)| *i != axis).map(|(_, d)| d).product();
         // Every rank's length along the axis first (they may differ), then the values.
-        let mine = [x.dims()[axis] as u64];
+        let mine = vec![x.dims()[axis] as u64];
         let mut lens = vec![0u64; self.size];
-        // SAFETY: one u64 sent, one per rank received.
+        let mut req = null_request();
+        // SAFETY: one u64 sent, one per rank received, both kept until completion (or leaked).
         self.ok("all_gather", unsafe {
-            ffi::MPI_Allgather(
+            ffi::MPI_Iallgather(
                 mine.as_ptr().cast(),
                 1,
                 ffi::RSMPI_UINT64_T,
@@ -388,8 +432,10 @@ impl MpiComm {
                 1,
                 ffi::RSMPI_UINT64_T,
                 self.comm.0,
+                &mut req,
             )
         })?;
+        let (_, lens) = self.complete("all_gather", req, (mine, lens))?;
         let counts = lens.iter().map(|&l| count(l as usize * inner, "all_gather")).collect::<Result<Vec<i32>>>()?;
         let displs: Vec<i32> = counts
             .iter()
@@ -402,10 +448,11 @@ impl MpiComm {
             .collect::<Result<_>>()?;
         let total: usize = counts.iter().map(|&c| c as usize).sum();
         let mut recv = receive_buffer(total);
-        // SAFETY: recv has room for the sum of counts; counts and displs have one entry per rank.
-
+        let mut req = null_request();
+        // SAFETY: recv has room for the sum of counts; counts and displs have one entry per rank;
+        // all are kept until completion (or leaked).
         self.ok("all_gather", unsafe {
-            ffi::MPI_Allgatherv(
+            ffi::MPI_Iallgatherv(
                 send.as_ptr().cast(),
                 counts[self.rank],
                 ffi::RSMPI_FLOAT,
@@ -414,8 +461,10 @@ impl MpiComm {
                 displs.as_ptr(),
                 ffi::RSMPI_FLOAT,
                 self.comm.0,
+                &mut req,
             )
         })?;
+        let (_, mut recv, _, _) = self.complete("all_gather", req, (send, recv, counts, displs))?;
         let mut shape: Vec<usize> = front.dims().to_vec();
         shape[0] = lens.iter().sum::<u64>() as usize;
         // SAFETY: MPI_Allgatherv wrote every rank's count at its displacement: all of 0..total.
@@ -454,17 +503,21 @@ impl MpiComm {
             x.dims(),
         )?;
         let mut recv = receive_buffer(sizes[self.rank] * inner);
-        // SAFETY: send holds the sum of counts, recv has room for this rank's count.
+        let mut req = null_request();
+        // SAFETY: send holds the sum of counts, recv has room for this rank's count; all kept
+        // until completion (or leaked).
         self.ok("reduce_scatter", unsafe {
-            ffi::MPI_Reduce_scatter(
+            ffi::MPI_Ireduce_scatter(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
                 counts.as_ptr(),
                 ffi::RSMPI_FLOAT,
                 op_of(kind),
                 self.comm.0,
+                &mut req,
             )
         })?;
+        let (_, mut recv, _) = self.complete("reduce_scatter", req, (send, recv, counts))?;
         // SAFETY: MPI_Reduce_scatter wrote this rank's count of values.
         unsafe { recv.set_len(sizes[self.rank] * inner) };
         self.finish(kind, &mut recv);
@@ -486,10 +539,12 @@ impl MpiComm {
         })())?;
         let _call =
             self.begin("broadcast", 4, &[("the shape", digest(x.dims(), None)), ("the root", root as u64)], x.dims())?;
-        // SAFETY: buf holds n f32s.
+        let mut req = null_request();
+        // SAFETY: buf holds n f32s, kept until completion (or leaked).
         self.ok("broadcast", unsafe {
-            ffi::MPI_Bcast(buf.as_mut_ptr().cast(), n, ffi::RSMPI_FLOAT, root as i32, self.comm.0)
+            ffi::MPI_Ibcast(buf.as_mut_ptr().cast(), n, ffi::RSMPI_FLOAT, root as i32, self.comm.0, &mut req)
         })?;
+        let buf = self.complete("broadcast", req, buf)?;
         Tensor::from_host_vec(buf, x.dims(), x.device())
     }
 

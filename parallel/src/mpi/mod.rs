@@ -194,16 +194,29 @@ pub(crate) fn digest_text(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
+/// How long a finishing process waits for the others to finish too.
+const FINISH_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Drop for Mpi {
-    /// Wait until every process has finished before MPI is finalised: a process still in a call
-    /// of the world communicator (a vote, an agreement, a split) gets `Err` there instead of
-    /// waiting for this one forever. Skipped after a failure (the others have been told).
+    /// Wait until every process has finished before MPI is finalised. A process still in a call
+    /// of the world communicator (every `ShardedModel` call starts with one) gets `Err` there at
+    /// once, and comes; one still waiting elsewhere after [`FINISH_GRACE`] is told this process
+    /// has ended (a failure to it), so it returns `Err` instead of waiting forever. Skipped after
+    /// a failure (the others have been told).
     fn drop(&mut self) {
-        for _ in 0..10_000 {
-            if self.procs.control.failure().is_some() || self.procs.world.finish_job().is_ok() {
-                break;
+        let control = &self.procs.control;
+        let deadline = std::time::Instant::now() + FINISH_GRACE;
+        while control.failure().is_none() {
+            match self.procs.world.finish_job(deadline) {
+                Ok(()) => break,
+                Err(_) if std::time::Instant::now() >= deadline => {
+                    control.fail("ended its program (dropped its Mpi) while this process still calls");
+                    break;
+                }
+                // A process in another call got `Err` there; it will come.
+                Err(_) => {}
             }
         }
-        self.procs.control.finalize();
+        control.finalize();
     }
 }

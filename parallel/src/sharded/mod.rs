@@ -230,6 +230,12 @@ impl ShardedModel {
                 "an earlier call left the ranks out of step ({why}); load a checkpoint into a new ShardedModel"
             )));
         }
+        // Over processes every call starts by meeting the others on the world communicator: a
+        // process that has ended (or is in another call) is an `Err` here, not a hang later.
+        #[cfg(feature = "mpi")]
+        if let Some(p) = self.mesh.procs() {
+            p.agree("ShardedModel: starting a call on every rank", &[])?;
+        }
         let first = self.global.first().copied().unwrap_or(0);
         let results = crate::comm::on_threads(self.ranks.iter_mut().collect(), &self.world, first, f);
         let all_failed = results.iter().all(|r| r.is_err());
@@ -577,10 +583,11 @@ impl ShardedModel {
     /// e.g. a one-device model's `whole_state`: each rank keeps its part. Checked as
     /// `load_checkpoint` checks a file.
     pub fn set_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        let mut loaded = weft_nn::checkpoint::Loaded::new();
-        for (k, t) in state {
-            loaded.insert(k.clone(), (t.dims().to_vec(), t.to_vec::<f32>()?));
-        }
+        let read = state
+            .iter()
+            .map(|(k, t)| Ok((k.clone(), (t.dims().to_vec(), t.to_vec::<f32>()?))))
+            .collect::<Result<weft_nn::checkpoint::Loaded>>();
+        let loaded = all_ok(&self.mesh, "ShardedModel::set_state: reading the tensors", read)?;
         self.load_state(&loaded, &Default::default(), std::path::Path::new("(tensors in memory)"))
     }
 

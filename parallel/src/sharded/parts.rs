@@ -33,16 +33,23 @@ impl ShardedModel {
         let (index, writes) = procs.all_ok("save_checkpoint: laying out the parts", planned)?;
         // This process's parts, to its own file.
         let written = self.write_parts(path, &id, me, n, &writes);
-        procs.all_ok("save_checkpoint: writing the parts", written)?;
+        if let Err(e) = procs.all_ok("save_checkpoint: writing the parts", written) {
+            // No index will name this save's parts: take this process's away.
+            let _ = std::fs::remove_file(path.with_file_name(Index::part_file_name(path, &id, me, n)));
+            return Err(e);
+        }
         // Process 0 replaces the index; the files of the save before go once it is replaced.
         let replaced = match me {
             0 => Index::read(path).and_then(|old| index.write(path).map(|_| old)),
             _ => Ok(None),
         };
         let old = procs.all_ok("save_checkpoint: writing the index", replaced)?;
+        // Only files named after this index (a copy of an index elsewhere names another's).
         if let Some(old) = old {
             let dir = path.parent().unwrap_or(Path::new("."));
-            for stale in old.files().difference(&index.files()) {
+            let own = format!("{}.", path.file_name().map_or("".into(), |n| n.to_string_lossy().into_owned()));
+            for stale in old.files().difference(&index.files()).filter(|f| f.starts_with(&own)) {
+                // Best effort: a file left behind takes room but breaks nothing.
                 let _ = std::fs::remove_file(dir.join(stale));
             }
         }
