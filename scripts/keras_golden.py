@@ -3,7 +3,7 @@
 test (nn/tests/keras_conformance.rs): losses and their gradients, optimizers after 3 steps,
 learning-rate schedules, layers (Dense, LayerNormalization, EinsumDense, MultiHeadAttention with a
 mask), truncated initializer statistics, `validation_split` row counts, what "accuracy"
-resolves to, activations and their gradients, metric values with ties, and `fit`'s History and final weights, alone and under
+resolves to, activations (all of Keras' elementwise ones and the softmaxes) and their gradients, metric values with ties, and `fit`'s History and final weights, alone and under
 EarlyStopping.
 
     pip install keras==3.15.1 jax==0.10.2 jaxlib==0.10.2 numpy
@@ -162,6 +162,20 @@ for name, fn in [
     ("sigmoid", keras.activations.sigmoid),
     ("silu", keras.activations.silu),
     ("softmax", keras.activations.softmax),
+    ("log_softmax", keras.activations.log_softmax),
+    ("leaky_relu", keras.activations.leaky_relu),
+    ("leaky_relu_0.1", lambda v: keras.activations.leaky_relu(v, negative_slope=0.1)),
+    ("elu", keras.activations.elu),
+    ("elu_0.5", lambda v: keras.activations.elu(v, alpha=0.5)),
+    ("selu", keras.activations.selu),
+    ("softplus", keras.activations.softplus),
+    ("softsign", keras.activations.softsign),
+    ("relu6", keras.activations.relu6),
+    ("hard_sigmoid", keras.activations.hard_sigmoid),
+    ("hard_silu", keras.activations.hard_silu),
+    ("mish", keras.activations.mish),
+    ("log_sigmoid", keras.activations.log_sigmoid),
+    ("exponential", keras.activations.exponential),
 ]:
     y = fn(jnp.asarray(xa))
     # The gradient of sum(y * w) for fixed weights w, so softmax's is not trivially zero.

@@ -296,6 +296,17 @@ pub(crate) fn reduce_to(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
     g.sum(&axes, true)?.reshape(shape)
 }
 
+/// 1 where lo < x < hi, else 0.
+fn open_interval(x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
+    x.cmp_scalar(BinaryOp::Gt, lo)?.mul(&x.cmp_scalar(BinaryOp::Lt, hi)?)
+}
+
+/// `d`, with NaN where `x` is NaN: comparisons give 0 for NaN, which would turn a NaN input into
+/// a silent zero gradient; step keeps NaN, so this adds 0, or NaN.
+fn keep_nan(x: &Tensor, d: Tensor) -> Result<Tensor> {
+    d.add(&x.unary(UnaryOp::Step)?.mul_scalar(0.0)?)
+}
+
 /// Gradients of an op's inputs given the gradient `g` of its output `out`. An input whose
 /// `need` is false may get `None` (the ops with two costly gradients skip it).
 fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<Option<Tensor>>> {
@@ -342,6 +353,31 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
                 U::Cos => g.mul(&x.sin()?)?.neg()?,
                 U::Step | U::Sign => return Ok(vec![None]),
                 U::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f32::consts::FRAC_2_SQRT_PI)?)?,
+                U::Softsign => g.mul(&x.abs()?.add_scalar(1.0)?.square()?.recip()?)?,
+                U::Softplus => g.mul(&x.sigmoid()?)?,
+                U::LogSigmoid => g.mul(&x.sigmoid()?.affine(-1.0, 1.0)?)?,
+                U::Mish => {
+                    let t = x.softplus()?.tanh()?;
+                    let right = x.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&x.sigmoid()?)?;
+                    g.mul(&t.add(&right)?)?
+                }
+                // The kinks take the flat side's gradient (0), as JAX's relu6 and hard_sigmoid.
+                U::Relu6 => g.mul(&keep_nan(x, open_interval(x, 0.0, 6.0)?)?)?,
+                U::HardSigmoid => g.mul(&keep_nan(x, open_interval(x, -3.0, 3.0)?.mul_scalar(1.0 / 6.0)?)?)?,
+                U::HardSilu => {
+                    let slope = open_interval(x, -3.0, 3.0)?.mul(x)?.mul_scalar(1.0 / 6.0)?;
+                    g.mul(&keep_nan(x, x.hard_sigmoid()?.add(&slope)?)?)?
+                }
+                U::LeakyRelu(a) => {
+                    let pos = x.cmp_scalar(BinaryOp::Ge, 0.0)?;
+                    g.mul(&keep_nan(x, pos.affine(1.0 - a, a)?)?)?
+                }
+                U::Elu(a) => {
+                    // 1 where x > 0, else a e^x (from e^min(x, 0), which never overflows).
+                    let pos = x.unary(U::Step)?;
+                    let neg = x.clamp(f32::NEG_INFINITY, 0.0)?.exp()?.mul_scalar(a)?;
+                    g.mul(&pos.add(&pos.affine(-1.0, 1.0)?.mul(&neg)?)?)?
+                }
                 U::Affine { mul, .. } => g.mul_scalar(mul)?,
                 U::Powf(e) => g.mul(&x.powf(e - 1.0)?)?.mul_scalar(e)?,
                 U::Clamp { lo, hi } => {

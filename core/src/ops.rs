@@ -46,6 +46,24 @@ pub enum UnaryOp {
     Sign,
     /// The error function.
     Erf,
+    /// x / (1 + |x|)
+    Softsign,
+    /// log(1 + e^x), computed as max(x, 0) + log(1 + e^-|x|) so it never overflows.
+    Softplus,
+    /// log(sigmoid(x)) = -softplus(-x).
+    LogSigmoid,
+    /// x * tanh(softplus(x))
+    Mish,
+    /// min(max(x, 0), 6)
+    Relu6,
+    /// relu6(x + 3) / 6 (Keras 3's hard sigmoid).
+    HardSigmoid,
+    /// x * hard_sigmoid(x) (hard swish).
+    HardSilu,
+    /// x where x >= 0, else `slope * x`.
+    LeakyRelu(f32),
+    /// x where x > 0, else `alpha * (e^x - 1)`.
+    Elu(f32),
     /// `x * mul + add`.
     Affine {
         /// Multiplier.
@@ -89,6 +107,15 @@ impl UnaryOp {
             Step => "step",
             Sign => "sign",
             Erf => "erf",
+            Softsign => "softsign",
+            Softplus => "softplus",
+            LogSigmoid => "log_sigmoid",
+            Mish => "mish",
+            Relu6 => "relu6",
+            HardSigmoid => "hard_sigmoid",
+            HardSilu => "hard_silu",
+            LeakyRelu(_) => "leaky_relu",
+            Elu(_) => "elu",
             Affine { .. } => "affine",
             Powf(_) => "powf",
             Clamp { .. } => "clamp",
@@ -100,6 +127,7 @@ impl UnaryOp {
         match self {
             UnaryOp::Affine { mul, add } => [mul, add],
             UnaryOp::Powf(e) => [e, 0.0],
+            UnaryOp::LeakyRelu(a) | UnaryOp::Elu(a) => [a, 0.0],
             UnaryOp::Clamp { lo, hi } => [lo, hi],
             _ => [0.0, 0.0],
         }
@@ -141,6 +169,27 @@ impl UnaryOp {
                 },
             ),
             Erf => erf(x),
+            Softsign => x / (1.0 + x.abs()),
+            Softplus => nan_or(x, x.max(0.0) + (1.0 + exp(-x.abs())).ln()),
+            LogSigmoid => nan_or(x, x.min(0.0) - (1.0 + exp(-x.abs())).ln()),
+            Mish => nan_or(x, x * (x.max(0.0) + (1.0 + exp(-x.abs())).ln()).tanh()),
+            Relu6 => x.clamp(0.0, 6.0),
+            HardSigmoid => ((x + 3.0) * (1.0 / 6.0)).clamp(0.0, 1.0),
+            HardSilu => x * ((x + 3.0) * (1.0 / 6.0)).clamp(0.0, 1.0),
+            LeakyRelu(a) => {
+                if x >= 0.0 {
+                    x
+                } else {
+                    a * x
+                }
+            }
+            Elu(a) => {
+                if x <= 0.0 {
+                    a * (exp(x) - 1.0)
+                } else {
+                    x
+                }
+            }
             Affine { mul, add } => x * mul + add,
             Powf(e) => x.powf(e),
             Clamp { lo, hi } => nan_or(x, x.max(lo).min(hi)),

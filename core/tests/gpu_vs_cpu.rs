@@ -106,6 +106,15 @@ const UNARY: &[UnaryCase] = &[
     ("powf", |x| x.powf(2.5), 0.1, 3.0),
     ("powf_int_negative_base", |x| x.powf(3.0), -2.0, 2.0),
     ("clamp", |x| x.clamp(-0.5, 0.7), -3.0, 3.0),
+    ("softsign", |x| x.softsign(), -5.0, 5.0),
+    ("softplus", |x| x.softplus(), -30.0, 30.0),
+    ("log_sigmoid", |x| x.log_sigmoid(), -30.0, 30.0),
+    ("mish", |x| x.mish(), -8.0, 8.0),
+    ("relu6", |x| x.relu6(), -2.0, 8.0),
+    ("hard_sigmoid", |x| x.hard_sigmoid(), -5.0, 5.0),
+    ("hard_silu", |x| x.hard_silu(), -5.0, 5.0),
+    ("leaky_relu", |x| x.leaky_relu(0.2), -3.0, 3.0),
+    ("elu", |x| x.elu(1.3), -5.0, 3.0),
     ("contiguous", |x| x.contiguous(), -3.0, 3.0),
 ];
 

@@ -86,6 +86,16 @@ fn unary_ops() {
         ("affine", Box::new(|x| x[0].affine(-1.5, 0.3))),
         ("powf", Box::new(|x| x[0].abs()?.powf(2.5))),
         ("clamp", Box::new(|x| x[0].clamp(-0.8, 0.9))),
+        ("softsign", Box::new(|x| x[0].softsign())),
+        ("softplus", Box::new(|x| x[0].softplus())),
+        ("log_sigmoid", Box::new(|x| x[0].log_sigmoid())),
+        ("mish", Box::new(|x| x[0].mish())),
+        // Scaled so the inputs reach past the kinks at 0 and 6, and at -3 and 3.
+        ("relu6", Box::new(|x| x[0].mul_scalar(4.0)?.relu6())),
+        ("hard_sigmoid", Box::new(|x| x[0].mul_scalar(4.0)?.hard_sigmoid())),
+        ("hard_silu", Box::new(|x| x[0].mul_scalar(4.0)?.hard_silu())),
+        ("leaky_relu", Box::new(|x| x[0].leaky_relu(0.2))),
+        ("elu", Box::new(|x| x[0].elu(1.3))),
         ("to_dtype f32", Box::new(|x| x[0].to_dtype(weft_core::DType::F32))),
     ];
     for (name, f) in cases {

@@ -198,7 +198,42 @@ fn elementwise_ops_propagate_nan() {
         is(y.maximum(&x).unwrap(), [nan, nan, 2.0], "maximum, NaN on the right");
         is(x.sign().unwrap(), [nan, -1.0, 1.0], "sign");
         is(x.unary(weft_core::ops::UnaryOp::Step).unwrap(), [nan, 0.0, 1.0], "step");
+        // Keras' other activations, each as its own kernel: NaN in, NaN out (and gradients).
+        for (name, t) in [
+            ("softsign", x.softsign()),
+            ("softplus", x.softplus()),
+            ("log_sigmoid", x.log_sigmoid()),
+            ("mish", x.mish()),
+            ("relu6", x.relu6()),
+            ("hard_sigmoid", x.hard_sigmoid()),
+            ("hard_silu", x.hard_silu()),
+            ("leaky_relu", x.leaky_relu(0.2)),
+            ("elu", x.elu(1.0)),
+        ] {
+            let got = vals(&t.unwrap());
+            assert!(got[0].is_nan() && got[1..].iter().all(|v| v.is_finite()), "{name} on {dev:?}: {got:?}");
+            let v = weft_core::Var::new(x.clone()).unwrap();
+            let y = weft_core::Tensor::unary(v.as_tensor(), t_op(name)).unwrap();
+            let g = vals(y.sum_all().unwrap().backward().unwrap().get(&v).unwrap());
+            assert!(g[0].is_nan(), "{name}'s gradient on {dev:?} lost the NaN: {g:?}");
+        }
         assert!(x.clamp(f32::NAN, 1.0).is_err(), "a NaN bound is an Err");
+    }
+}
+
+/// The unary op of an activation's name.
+fn t_op(name: &str) -> weft_core::ops::UnaryOp {
+    use weft_core::ops::UnaryOp as U;
+    match name {
+        "softsign" => U::Softsign,
+        "softplus" => U::Softplus,
+        "log_sigmoid" => U::LogSigmoid,
+        "mish" => U::Mish,
+        "relu6" => U::Relu6,
+        "hard_sigmoid" => U::HardSigmoid,
+        "hard_silu" => U::HardSilu,
+        "leaky_relu" => U::LeakyRelu(0.2),
+        _ => U::Elu(1.0),
     }
 }
 

@@ -352,11 +352,12 @@ pub fn linear(
     let shard = shard_of(&ctx.tp, &path);
     let x = match shard {
         Some((LayerShard { style: Style::Column { .. }, .. }, c)) => {
-            if activation == crate::Activation::Softmax {
+            if !activation.is_elementwise() {
                 return Err(Error::invalid(
                     "tensor parallel",
                     format!(
-                        "{path}: a column split cannot apply softmax to a slice of its outputs; split it by rows or replicate it"
+                        "{path}: a column split cannot apply {} to a slice of its outputs; split it by rows or replicate it",
+                        activation.name()
                     ),
                 ));
             }

@@ -345,7 +345,10 @@ fn activations_and_their_gradients_match_keras() {
             "sigmoid" => Activation::Sigmoid,
             "silu" => Activation::Silu,
             "softmax" => Activation::Softmax,
-            other => panic!("unknown activation {other}"),
+            "leaky_relu_0.1" => Activation::LeakyRelu(0.1),
+            "elu_0.5" => Activation::Elu(0.5),
+            // Every other by its Keras name, with Keras' defaults.
+            other => Activation::from_name(other).unwrap_or_else(|e| panic!("{e}")),
         };
         let v = Var::new(x.clone()).unwrap();
         let y = act.apply(v.as_tensor()).unwrap();

@@ -99,13 +99,40 @@ pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
                 $(UnaryOp::$v => go!(|v: f32| UnaryOp::$v.apply(v)),)*
                 UnaryOp::Affine { mul, add } => go!(|v: f32| v * mul + add),
                 UnaryOp::Powf(e) => go!(|v: f32| v.powf(e)),
+                UnaryOp::LeakyRelu(a) => go!(|v: f32| UnaryOp::LeakyRelu(a).apply(v)),
+                UnaryOp::Elu(a) => go!(|v: f32| UnaryOp::Elu(a).apply(v)),
                 UnaryOp::Clamp { lo, hi } => go!(|v: f32| UnaryOp::Clamp { lo, hi }.apply(v)),
             }
         };
     }
     each!(
-        Identity, Neg, Abs, Exp, Log, Sqrt, Rsqrt, Square, Recip, Tanh, Sigmoid, Relu, GeluTanh, GeluErf, Silu, Sin,
-        Cos, Step, Sign, Erf
+        Identity,
+        Neg,
+        Abs,
+        Exp,
+        Log,
+        Sqrt,
+        Rsqrt,
+        Square,
+        Recip,
+        Tanh,
+        Sigmoid,
+        Relu,
+        GeluTanh,
+        GeluErf,
+        Silu,
+        Sin,
+        Cos,
+        Step,
+        Sign,
+        Erf,
+        Softsign,
+        Softplus,
+        LogSigmoid,
+        Mish,
+        Relu6,
+        HardSigmoid,
+        HardSilu
     );
     Ok(f32_storage(out))
 }

@@ -52,6 +52,32 @@ unary_methods! {
     sign => Sign,
     /// The error function.
     erf => Erf,
+    /// x / (1 + |x|)
+    softsign => Softsign,
+    /// log(1 + e^x), without overflow.
+    softplus => Softplus,
+    /// log(sigmoid(x)), without overflow.
+    log_sigmoid => LogSigmoid,
+    /// x * tanh(softplus(x))
+    mish => Mish,
+    /// min(max(x, 0), 6)
+    relu6 => Relu6,
+    /// relu6(x + 3) / 6
+    hard_sigmoid => HardSigmoid,
+    /// x * hard_sigmoid(x)
+    hard_silu => HardSilu,
+}
+
+impl Tensor {
+    /// x where x >= 0, else `slope * x` (Keras' `leaky_relu`, default slope 0.2).
+    pub fn leaky_relu(&self, slope: f32) -> Result<Tensor> {
+        self.unary(UnaryOp::LeakyRelu(slope))
+    }
+
+    /// x where x > 0, else `alpha * (e^x - 1)` (Keras' `elu`, default alpha 1).
+    pub fn elu(&self, alpha: f32) -> Result<Tensor> {
+        self.unary(UnaryOp::Elu(alpha))
+    }
 }
 
 macro_rules! binary_methods {

@@ -149,7 +149,7 @@ impl Layer for Dense {
         SplitRule::Linear(LinearSplit {
             kernel: "kernel".into(),
             bias: self.use_bias.then(|| "bias".into()),
-            column: (self.activation != Activation::Softmax).then(|| axis(1)),
+            column: self.activation.is_elementwise().then(|| axis(1)),
             column_bias: self.use_bias.then_some(0),
             row: Some(axis(0)),
         })

@@ -269,7 +269,7 @@ impl Layer for EinsumDense {
         SplitRule::Linear(LinearSplit {
             kernel: "kernel".into(),
             bias: bias.then(|| "bias".into()),
-            column: column.map(|c| c.0).filter(|_| self.activation != Activation::Softmax),
+            column: column.map(|c| c.0).filter(|_| self.activation.is_elementwise()),
             column_bias,
             row: find(&inp, &out).map(|r| r.0),
         })
