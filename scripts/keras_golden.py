@@ -243,6 +243,45 @@ out["fit"] = {
     ],
 }
 
+# More losses, drawn from a generator of their own so the values above stay as they were.
+rng2 = np.random.default_rng(11)
+
+
+def arr2(*shape, lo=-1.0, hi=1.0):
+    return rng2.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+pos_true, pos_pred = arr2(4, 3, lo=0.05, hi=2.0), arr2(4, 3, lo=0.05, hi=2.0)
+dist_true = arr2(4, 3, lo=0.05, hi=1.0)
+dist_true = dist_true / dist_true.sum(-1, keepdims=True)
+dist_pred = arr2(4, 3, lo=0.05, hi=1.0)
+dist_pred = dist_pred / dist_pred.sum(-1, keepdims=True)
+signs = np.where(arr2(4, 3) > 0, 1.0, -1.0).astype(np.float32)
+bits = (arr2(4, 3) > 0).astype(np.float32)
+onehot2 = np.eye(3, dtype=np.float32)[[2, 0, 1, 1]]
+more = [
+    ("mae", keras.losses.MeanAbsoluteError(), arr2(4, 3), arr2(4, 3)),
+    ("mape", keras.losses.MeanAbsolutePercentageError(), arr2(4, 3), arr2(4, 3)),
+    ("msle", keras.losses.MeanSquaredLogarithmicError(), pos_true, arr2(4, 3, lo=-0.5, hi=2.0)),
+    ("huber", keras.losses.Huber(), arr2(4, 3, lo=-2, hi=2), arr2(4, 3, lo=-2, hi=2)),
+    ("huber_0.3", keras.losses.Huber(delta=0.3), arr2(4, 3), arr2(4, 3)),
+    ("log_cosh", keras.losses.LogCosh(), arr2(4, 3, lo=-30, hi=30), arr2(4, 3, lo=-30, hi=30)),
+    ("kld", keras.losses.KLDivergence(), dist_true, dist_pred),
+    ("poisson", keras.losses.Poisson(), pos_true, pos_pred),
+    ("cosine_similarity", keras.losses.CosineSimilarity(), arr2(4, 3), arr2(4, 3)),
+    ("hinge_signs", keras.losses.Hinge(), signs, arr2(4, 3, lo=-2, hi=2)),
+    ("hinge_bits", keras.losses.Hinge(), bits, arr2(4, 3, lo=-2, hi=2)),
+    ("squared_hinge", keras.losses.SquaredHinge(), bits, arr2(4, 3, lo=-2, hi=2)),
+    ("categorical_hinge", keras.losses.CategoricalHinge(), onehot2, arr2(4, 3, lo=-2, hi=2)),
+]
+losses_more = []
+for name, fn, y_true, y_pred in more:
+    value, grad = jax.value_and_grad(lambda p: fn(jnp.asarray(y_true), p))(jnp.asarray(y_pred))
+    losses_more.append(
+        {"name": name, "y_true": tolist(y_true), "y_pred": tolist(y_pred), "value": float(value), "grad": tolist(grad)}
+    )
+out["losses_more"] = losses_more
+
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)

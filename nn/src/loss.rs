@@ -22,6 +22,34 @@ pub enum Loss {
         /// Whether y_pred holds logits rather than probabilities.
         from_logits: bool,
     },
+    /// mean(|y_pred - y_true|)
+    MeanAbsoluteError,
+    /// 100 * mean(|(y_true - y_pred) / max(|y_true|, 1e-7)|)
+    MeanAbsolutePercentageError,
+    /// mean((log(max(y_pred, 1e-7) + 1) - log(max(y_true, 1e-7) + 1))^2)
+    MeanSquaredLogarithmicError,
+    /// Quadratic for errors up to `delta`, linear beyond: mean(0.5 min(|e|, delta)^2 +
+    /// delta (|e| - min(|e|, delta))) with e = y_pred - y_true. Keras' default delta is 1.
+    Huber {
+        /// Where the loss turns from quadratic to linear.
+        delta: f32,
+    },
+    /// mean(log(cosh(y_pred - y_true))), computed without overflow.
+    LogCosh,
+    /// Kullback-Leibler divergence of y_pred from y_true (both clipped to [1e-7, 1]), summed
+    /// over the last axis.
+    KlDivergence,
+    /// mean(y_pred - y_true * log(y_pred + 1e-7))
+    Poisson,
+    /// Minus the cosine similarity of y_pred and y_true along the last axis (each normalised
+    /// to unit length), so that minimising it aligns them.
+    CosineSimilarity,
+    /// mean(max(1 - y_true * y_pred, 0)); labels of only 0s and 1s are taken as -1 and 1.
+    Hinge,
+    /// mean(max(1 - y_true * y_pred, 0)^2); labels as in [`Loss::Hinge`].
+    SquaredHinge,
+    /// max(max((1 - y_true) * y_pred) - sum(y_true * y_pred) + 1, 0) per row, for one-hot y_true.
+    CategoricalHinge,
 }
 
 /// Probabilities are clipped to [EPS, 1 - EPS] before a log, as Keras does.
@@ -42,6 +70,20 @@ fn class_count(op: &'static str, y_pred: &Tensor) -> Result<usize> {
 /// clipped to [EPS, 1 - EPS].
 fn prob_log(p: &Tensor) -> Result<Tensor> {
     p.div(&p.sum(&[-1], true)?)?.clamp(EPS, 1.0 - EPS)?.log()
+}
+
+/// Labels for the hinge losses: when every label is 0 or 1, mapped to -1 and 1 (as Keras does),
+/// else as they are. Decided on the device, without reading the labels back.
+fn hinge_labels(y: &Tensor) -> Result<Tensor> {
+    use weft_core::ops::BinaryOp;
+    let binary = y.cmp_scalar(BinaryOp::Eq, 0.0)?.add(&y.cmp_scalar(BinaryOp::Eq, 1.0)?)?;
+    let all = binary.flatten_all()?.min(&[0], false)?;
+    y.add(&all.mul(&y.add_scalar(-1.0)?)?)
+}
+
+/// `x` divided by its length along the last axis (at least 1e-6, as Keras' `normalize`).
+fn unit(x: &Tensor) -> Result<Tensor> {
+    x.mul(&x.square()?.sum(&[-1], true)?.clamp(1e-12, f32::INFINITY)?.rsqrt()?)
 }
 
 impl Loss {
@@ -115,6 +157,97 @@ impl Loss {
                     logp.gather(1, &labels.reshape(&[rows, 1])?)?.mean_all()?.neg()
                 }
             }
+            Loss::MeanAbsoluteError => {
+                same_shape()?;
+                y_pred.sub(y_true)?.abs()?.mean_all()
+            }
+            Loss::MeanAbsolutePercentageError => {
+                same_shape()?;
+                let scale = y_true.abs()?.clamp(EPS, f32::INFINITY)?;
+                y_true.sub(y_pred)?.div(&scale)?.abs()?.mean_all()?.mul_scalar(100.0)
+            }
+            Loss::MeanSquaredLogarithmicError => {
+                same_shape()?;
+                let log1 = |t: &Tensor| t.clamp(EPS, f32::INFINITY)?.add_scalar(1.0)?.log();
+                log1(y_pred)?.sub(&log1(y_true)?)?.square()?.mean_all()
+            }
+            Loss::Huber { delta } => {
+                same_shape()?;
+                if !(delta > 0.0 && delta.is_finite()) {
+                    return Err(Error::invalid("Huber loss", format!("delta {delta} must be a positive number")));
+                }
+                let a = y_pred.sub(y_true)?.abs()?;
+                let q = a.clamp(f32::NEG_INFINITY, delta)?;
+                q.square()?.mul_scalar(0.5)?.add(&a.sub(&q)?.mul_scalar(delta)?)?.mean_all()
+            }
+            Loss::LogCosh => {
+                same_shape()?;
+                // log(cosh(x)) = x + softplus(-2x) - log(2): no overflow for large |x|.
+                let x = y_pred.sub(y_true)?;
+                x.add(&x.mul_scalar(-2.0)?.softplus()?)?.add_scalar(-std::f32::consts::LN_2)?.mean_all()
+            }
+            Loss::KlDivergence => {
+                same_shape()?;
+                let rows = (y_pred.numel() / class_count("KL divergence", y_pred)?) as f32;
+                let (t, p) = (y_true.clamp(EPS, 1.0)?, y_pred.clamp(EPS, 1.0)?);
+                t.mul(&t.div(&p)?.log()?)?.sum_all()?.mul_scalar(1.0 / rows)
+            }
+            Loss::Poisson => {
+                same_shape()?;
+                y_pred.sub(&y_true.mul(&y_pred.add_scalar(EPS)?.log()?)?)?.mean_all()
+            }
+            Loss::CosineSimilarity => {
+                same_shape()?;
+                let rows = (y_pred.numel() / class_count("cosine similarity", y_pred)?) as f32;
+                unit(y_true)?.mul(&unit(y_pred)?)?.sum_all()?.mul_scalar(-1.0 / rows)
+            }
+            Loss::Hinge | Loss::SquaredHinge => {
+                same_shape()?;
+                let margin = hinge_labels(y_true)?.mul(y_pred)?.affine(-1.0, 1.0)?.relu()?;
+                let m = if *self == Loss::SquaredHinge { margin.square()? } else { margin };
+                m.mean_all()
+            }
+            Loss::CategoricalHinge => {
+                same_shape()?;
+                class_count("categorical hinge", y_pred)?;
+                let pos = y_true.mul(y_pred)?.sum(&[-1], false)?;
+                let neg = y_true.affine(-1.0, 1.0)?.mul(y_pred)?.max(&[-1], false)?;
+                neg.sub(&pos)?.add_scalar(1.0)?.relu()?.mean_all()
+            }
         }
+    }
+
+    /// The loss Keras calls `name` (with Keras' defaults: `from_logits` false, Huber's delta 1),
+    /// e.g. from a Keras config: `"mse"`, `"mean_absolute_error"`, `"huber"`, `"kld"`, ...
+    /// An unknown name is an `Err` listing the known ones.
+    ///
+    /// ```
+    /// use weft_nn::Loss;
+    /// assert_eq!(Loss::from_name("mae")?, Loss::MeanAbsoluteError);
+    /// assert_eq!(Loss::from_name("huber")?, Loss::Huber { delta: 1.0 });
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn from_name(name: &str) -> Result<Loss> {
+        let known: &[(&[&str], Loss)] = &[
+            (&["mse", "mean_squared_error"], Loss::MeanSquaredError),
+            (&["mae", "mean_absolute_error"], Loss::MeanAbsoluteError),
+            (&["mape", "mean_absolute_percentage_error"], Loss::MeanAbsolutePercentageError),
+            (&["msle", "mean_squared_logarithmic_error"], Loss::MeanSquaredLogarithmicError),
+            (&["huber", "huber_loss"], Loss::Huber { delta: 1.0 }),
+            (&["log_cosh", "logcosh"], Loss::LogCosh),
+            (&["kld", "kl_divergence", "kullback_leibler_divergence"], Loss::KlDivergence),
+            (&["poisson"], Loss::Poisson),
+            (&["cosine_similarity"], Loss::CosineSimilarity),
+            (&["hinge"], Loss::Hinge),
+            (&["squared_hinge"], Loss::SquaredHinge),
+            (&["categorical_hinge"], Loss::CategoricalHinge),
+            (&["binary_crossentropy", "bce"], Loss::BinaryCrossentropy { from_logits: false }),
+            (&["categorical_crossentropy", "cce"], Loss::CategoricalCrossentropy { from_logits: false }),
+            (&["sparse_categorical_crossentropy", "scce"], Loss::SparseCategoricalCrossentropy { from_logits: false }),
+        ];
+        known.iter().find(|(names, _)| names.contains(&name)).map(|(_, l)| *l).ok_or_else(|| {
+            let all: Vec<&str> = known.iter().map(|(n, _)| n[n.len().min(2) - 1]).collect();
+            Error::invalid("Loss::from_name", format!("no loss {name:?}; known: {}", all.join(", ")))
+        })
     }
 }

@@ -46,21 +46,30 @@ fn vals(t: &Tensor) -> Vec<f32> {
     t.to_vec::<f32>().unwrap()
 }
 
+/// The loss a golden case names.
+fn loss_of(name: &str) -> Loss {
+    match name {
+        "mse" => Loss::MeanSquaredError,
+        "bce_logits" => Loss::BinaryCrossentropy { from_logits: true },
+        "bce_probs" => Loss::BinaryCrossentropy { from_logits: false },
+        "cce_logits" => Loss::CategoricalCrossentropy { from_logits: true },
+        "cce_probs" => Loss::CategoricalCrossentropy { from_logits: false },
+        "scce_logits" => Loss::SparseCategoricalCrossentropy { from_logits: true },
+        "scce_probs" => Loss::SparseCategoricalCrossentropy { from_logits: false },
+        "huber_0.3" => Loss::Huber { delta: 0.3 },
+        "hinge_signs" | "hinge_bits" => Loss::Hinge,
+        // Every other by its Keras name.
+        other => Loss::from_name(other).unwrap_or_else(|e| panic!("{e}")),
+    }
+}
+
 #[test]
 fn losses_and_their_gradients_match_keras() {
     let g = golden();
-    for case in g["losses"].as_array().unwrap() {
+    let cases = g["losses"].as_array().unwrap().iter().chain(g["losses_more"].as_array().unwrap());
+    for case in cases {
         let name = case["name"].as_str().unwrap();
-        let loss = match name {
-            "mse" => Loss::MeanSquaredError,
-            "bce_logits" => Loss::BinaryCrossentropy { from_logits: true },
-            "bce_probs" => Loss::BinaryCrossentropy { from_logits: false },
-            "cce_logits" => Loss::CategoricalCrossentropy { from_logits: true },
-            "cce_probs" => Loss::CategoricalCrossentropy { from_logits: false },
-            "scce_logits" => Loss::SparseCategoricalCrossentropy { from_logits: true },
-            "scce_probs" => Loss::SparseCategoricalCrossentropy { from_logits: false },
-            other => panic!("unknown case {other}"),
-        };
+        let loss = loss_of(name);
         let p = Var::new(tensor(&case["y_pred"])).unwrap();
         let y = tensor(&case["y_true"]);
         let value = loss.compute(p.as_tensor(), &y).unwrap();
@@ -355,5 +364,56 @@ fn activations_and_their_gradients_match_keras() {
         close(&vals(&y), &vals(&tensor(&case["y"])), 1e-5, name);
         let grad = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap().get(&v).unwrap().clone();
         close(&vals(&grad), &vals(&tensor(&case["grad"])), 1e-4, &format!("{name} gradient"));
+    }
+}
+
+fn gpu() -> Option<Device> {
+    match Device::best_gpu() {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI=true but no GPU adapter: {e}"),
+        Err(e) => {
+            eprintln!("note: skipping the GPU case, no adapter: {e}");
+            None
+        }
+    }
+}
+
+/// Every golden loss and activation, value and gradient, on a GPU as on the Cpu.
+#[test]
+fn losses_and_activations_run_on_the_gpu_as_on_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    let g = golden();
+    let run = |f: &dyn Fn(&Tensor) -> weft_core::Result<Tensor>, x: &Tensor, d: &Device| -> (Vec<f32>, Vec<f32>) {
+        let v = Var::new(x.to_device(d).unwrap()).unwrap();
+        let y = f(v.as_tensor()).unwrap();
+        let s = y.sum_all().unwrap();
+        let grad = s.backward().unwrap().get(&v).unwrap().clone();
+        (vals(&y), vals(&grad))
+    };
+    let cases = g["losses"].as_array().unwrap().iter().chain(g["losses_more"].as_array().unwrap());
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let loss = loss_of(name);
+        let y = tensor(&case["y_true"]);
+        let (yc, yg) = (y.clone(), y.to_device(&dev).unwrap());
+        let (want, want_grad) = run(&|p| loss.compute(p, &yc), &tensor(&case["y_pred"]), &Device::Cpu);
+        let (got, got_grad) = run(&|p| loss.compute(p, &yg), &tensor(&case["y_pred"]), &dev);
+        close(&got, &want, 1e-5, &format!("{name} on {dev:?}"));
+        close(&got_grad, &want_grad, 1e-4, &format!("{name} gradient on {dev:?}"));
+    }
+    let a = &g["activations"];
+    for case in a["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let act = match name {
+            "leaky_relu_0.1" => Activation::LeakyRelu(0.1),
+            "elu_0.5" => Activation::Elu(0.5),
+            "gelu_tanh" => Activation::GeluTanh,
+            other => Activation::from_name(other).unwrap(),
+        };
+        let x = tensor(&a["x"]);
+        let (want, want_grad) = run(&|t| act.apply(t), &x, &Device::Cpu);
+        let (got, got_grad) = run(&|t| act.apply(t), &x, &dev);
+        close(&got, &want, 1e-5, &format!("{name} on {dev:?}"));
+        close(&got_grad, &want_grad, 1e-4, &format!("{name} gradient on {dev:?}"));
     }
 }
