@@ -282,6 +282,45 @@ for name, fn, y_true, y_pred in more:
     )
 out["losses_more"] = losses_more
 
+# More optimizers: 5 steps on one variable from gradients large enough to clip, from a
+# generator of their own; and the default learning rates.
+rng3 = np.random.default_rng(13)
+w3 = rng3.uniform(-1, 1, size=(6,)).astype(np.float32)
+grads3 = [rng3.uniform(-2, 2, size=(6,)).astype(np.float32) for _ in range(5)]
+opts3 = [
+    ("adagrad", keras.optimizers.Adagrad(0.1)),
+    ("adamax", keras.optimizers.Adamax(0.01)),
+    ("nadam", keras.optimizers.Nadam(0.01)),
+    ("lion", keras.optimizers.Lion(0.01)),
+    ("adam_amsgrad", keras.optimizers.Adam(0.01, amsgrad=True)),
+    ("adamw_amsgrad", keras.optimizers.AdamW(0.01, amsgrad=True)),
+    ("rmsprop_momentum", keras.optimizers.RMSprop(0.01, momentum=0.9)),
+    ("rmsprop_centered", keras.optimizers.RMSprop(0.01, centered=True)),
+    ("rmsprop_centered_momentum", keras.optimizers.RMSprop(0.01, momentum=0.5, centered=True)),
+    ("sgd_clipnorm", keras.optimizers.SGD(0.1, clipnorm=0.5)),
+    ("adam_clipvalue", keras.optimizers.Adam(0.01, clipvalue=0.2)),
+]
+after3 = []
+for name, opt in opts3:
+    v = keras.Variable(w3)
+    for g in grads3:
+        opt.apply_gradients([(jnp.asarray(g), v)])
+    after3.append({"name": name, "w": tolist(v.numpy())})
+defaults = {
+    n: float(c().learning_rate.numpy() if hasattr(c().learning_rate, "numpy") else c().learning_rate)
+    for n, c in [
+        ("sgd", keras.optimizers.SGD),
+        ("adam", keras.optimizers.Adam),
+        ("adamw", keras.optimizers.AdamW),
+        ("rmsprop", keras.optimizers.RMSprop),
+        ("adagrad", keras.optimizers.Adagrad),
+        ("adamax", keras.optimizers.Adamax),
+        ("nadam", keras.optimizers.Nadam),
+        ("lion", keras.optimizers.Lion),
+    ]
+}
+out["optimizers_more"] = {"w0": tolist(w3), "grads": [tolist(g) for g in grads3], "after_5": after3, "default_lr": defaults}
+
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)

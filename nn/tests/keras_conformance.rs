@@ -9,7 +9,7 @@ use serde_json::Value;
 use weft_core::{Device, GradStore, Tensor, Var};
 use weft_nn::callback::{Callback, EarlyStopping, Mode};
 use weft_nn::layers::{AttentionMasks, Dense, EinsumDense, LayerNormalization, MultiHeadAttention};
-use weft_nn::optim::{Adam, AdamW, LearningRate, Optimizer, RMSprop, Sgd};
+use weft_nn::optim::{Adagrad, Adam, AdamW, Adamax, LearningRate, Lion, Nadam, Optimizer, RMSprop, Sgd};
 use weft_nn::{Activation, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Sequential};
 
 fn golden() -> Value {
@@ -103,6 +103,77 @@ fn optimizers_after_three_steps_match_keras() {
             opt.apply(&params, &store).unwrap();
         }
         close(&vals(w.as_tensor()), &vals(&tensor(&case["w"])), 1e-5, name);
+    }
+}
+
+/// The optimizer a golden case of `optimizers_more` names.
+fn optimizer_named(name: &str) -> Box<dyn Optimizer> {
+    match name {
+        "adagrad" => Box::new(Adagrad::new(0.1)),
+        "adamax" => Box::new(Adamax::new(0.01)),
+        "nadam" => Box::new(Nadam::new(0.01)),
+        "lion" => Box::new(Lion::new(0.01)),
+        "adam_amsgrad" => Box::new(Adam::new(0.01).amsgrad(true)),
+        "adamw_amsgrad" => Box::new(AdamW::new(0.01).amsgrad(true)),
+        "rmsprop_momentum" => Box::new(RMSprop::new(0.01).momentum(0.9)),
+        "rmsprop_centered" => Box::new(RMSprop::new(0.01).centered(true)),
+        "rmsprop_centered_momentum" => Box::new(RMSprop::new(0.01).momentum(0.5).centered(true)),
+        "sgd_clipnorm" => Box::new(Sgd::new(0.1).clip_norm(0.5)),
+        "adam_clipvalue" => Box::new(Adam::new(0.01).clip_value(0.2)),
+        other => panic!("unknown case {other}"),
+    }
+}
+
+/// Five steps of each further optimizer (and the clipping options) from gradients large enough
+/// to clip, as Keras takes them; and Keras' default learning rates.
+#[test]
+fn more_optimizers_after_five_steps_match_keras() {
+    let g = &golden()["optimizers_more"];
+    let grads: Vec<Tensor> = g["grads"].as_array().unwrap().iter().map(tensor).collect();
+    for case in g["after_5"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let mut opt = optimizer_named(name);
+        opt.validate().unwrap();
+        // On the Cpu, then (a fresh optimizer) on a GPU.
+        let mut devices = vec![Device::Cpu];
+        devices.extend(gpu());
+        for (i, dev) in devices.iter().enumerate() {
+            if i > 0 {
+                opt = optimizer_named(name);
+            }
+            let w = Var::new(tensor(&g["w0"]).to_device(dev).unwrap()).unwrap();
+            let params = vec![("w".to_string(), w.clone())];
+            for gr in &grads {
+                let mut store = GradStore::default();
+                store.insert(w.as_tensor(), gr.to_device(dev).unwrap());
+                opt.apply(&params, &store).unwrap();
+            }
+            close(&vals(w.as_tensor()), &vals(&tensor(&case["w"])), 1e-5, &format!("{name} on {dev:?}"));
+        }
+    }
+    let lr = &g["default_lr"];
+    let ours: [(&str, f32); 7] = [
+        ("sgd", Sgd::default().learning_rate()),
+        ("adam", Adam::default().learning_rate()),
+        ("rmsprop", RMSprop::default().learning_rate()),
+        ("adagrad", Adagrad::default().learning_rate()),
+        ("adamax", Adamax::default().learning_rate()),
+        ("nadam", Nadam::default().learning_rate()),
+        ("lion", Lion::default().learning_rate()),
+    ];
+    for (name, v) in ours {
+        close(&[v], &[lr[name].as_f64().unwrap() as f32], 1e-7, &format!("{name}'s default learning rate"));
+    }
+}
+
+#[test]
+fn clipping_options_are_exclusive_and_checked() {
+    for (what, opt) in [
+        ("two clippings", Adam::new(0.01).clip_norm(1.0).clip_value(0.5)),
+        ("a negative clip_norm", Adam::new(0.01).clip_norm(-1.0)),
+        ("a NaN clip_value", Adam::new(0.01).clip_value(f32::NAN)),
+    ] {
+        assert!(opt.validate().is_err(), "{what} was accepted");
     }
 }
 

@@ -176,3 +176,17 @@ fn ranks_stop_together_when_only_one_rank_asks_to() {
     let steps: Vec<u64> = m.ranks().iter().map(|r| r.optimizer().unwrap().iterations()).collect();
     assert_eq!(steps[0], steps[1]);
 }
+
+/// Keras' per-variable `clipnorm` would clip each shard by its own norm on a split model: refused
+/// at compile, naming a split variable and the options that work.
+#[test]
+fn clip_norm_is_refused_on_a_split_model() {
+    use weft_nn::optim::Adam;
+    let net = || weft_nn::Sequential::new().add(weft_nn::layers::Dense::new(8)).add(weft_nn::layers::Dense::new(2));
+    let mesh = weft_parallel::DeviceMesh::cpus(2).unwrap();
+    let mut m = weft_parallel::ShardedModel::auto(net, &mesh, &[4, 3], &weft_parallel::AutoConfig::new().min_params(0))
+        .unwrap();
+    let err = m.compile(Adam::new(0.01).clip_norm(1.0), weft_nn::Loss::MeanSquaredError, &[]).unwrap_err().to_string();
+    assert!(err.contains("clip_norm") && err.contains("clip_global_norm") && err.contains("sequential/dense"), "{err}");
+    m.compile(Adam::new(0.01).clip_value(1.0), weft_nn::Loss::MeanSquaredError, &[]).unwrap();
+}

@@ -132,3 +132,36 @@ fn fifty_steps_on_fresh_batches_agree_within_1e_4() {
         assert!(report.zero_gradient_max_abs() < 1e-3, "lm on {n}:\n{report}");
     }
 }
+
+/// Keras' other optimizers (each rule elementwise, so each rank updates its own shard), the
+/// new activations and losses, on a model split 2 ways and 2 x 2: as on one device.
+#[test]
+fn every_optimizer_and_activation_trains_split_as_on_one_device() {
+    use weft_nn::optim::{Adagrad, Adamax, Lion, Nadam, Optimizer, RMSprop, Sgd};
+    let net = || {
+        Sequential::new()
+            .add(Dense::new(12).activation(Activation::Mish))
+            .add(Dense::new(9).activation(Activation::LeakyRelu(0.2)))
+            .add(Dense::new(6).activation(Activation::Elu(1.0)))
+            .add(Dense::new(3).activation(Activation::Softsign))
+    };
+    let x = Tensor::rand(-1.0, 1.0, &[16, 5], 3, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-0.5, 0.5, &[16, 3], 4, &Device::Cpu).unwrap();
+    fn run<O: Optimizer + Clone + 'static>(name: &str, opt: O, net: fn() -> Sequential, x: &Tensor, y: &Tensor) {
+        let meshes =
+            [DeviceMesh::cpus(2).unwrap(), DeviceMesh::cpus(4).unwrap().reshape(&[2, 2], &["data", "model"]).unwrap()];
+        for mesh in meshes {
+            let plan = plan(&net(), &[4, 5], &mesh, DType::F32);
+            let report = verify(net, &mesh, &plan, opt.clone(), Loss::Huber { delta: 0.5 }, (x, y), 8).unwrap();
+            assert!(report.max_rel() < TOLERANCE, "{name} on {}:\n{report}", mesh.describe());
+        }
+    }
+    let net: fn() -> Sequential = net;
+    run("adagrad", Adagrad::new(0.05), net, &x, &y);
+    run("adamax", Adamax::new(0.01), net, &x, &y);
+    run("nadam", Nadam::new(0.01), net, &x, &y);
+    run("lion", Lion::new(0.003).weight_decay(0.01), net, &x, &y);
+    run("adam amsgrad", Adam::new(0.01).amsgrad(true), net, &x, &y);
+    run("rmsprop centered, momentum", RMSprop::new(0.01).centered(true).momentum(0.5), net, &x, &y);
+    run("sgd clip_value", Sgd::new(0.1).clip_value(0.05), net, &x, &y);
+}

@@ -1,8 +1,10 @@
 //! Optimizers. Each keeps its state in named slots per variable path (`m`, `v`, `momentum`),
 //! inspectable with `slot`, and reads its learning-rate schedule at every step.
 
+mod adaptive;
 mod rules;
 mod schedule;
 
+pub use adaptive::{Adagrad, Adamax, Lion, Nadam};
 pub use rules::{Adam, AdamW, Optimizer, RMSprop, Sgd};
 pub use schedule::LearningRate;

@@ -1,5 +1,6 @@
 //! The `Optimizer` trait, the shared step (gradient clipping, decoupled weight decay, slots),
-//! and the update rules of SGD, Adam, AdamW and RMSprop (Keras' formulas and defaults).
+//! and the update rules of SGD, Adam, AdamW and RMSprop (Keras' formulas and defaults; the
+//! other rules are in `adaptive.rs`).
 
 use super::LearningRate;
 use std::collections::HashMap;
@@ -24,6 +25,10 @@ pub trait Optimizer: Send {
     fn set_iterations(&mut self, n: u64);
     /// The global-norm clipping threshold, if any.
     fn global_clipnorm(&self) -> Option<f32>;
+    /// The per-variable norm clipping threshold (Keras' `clipnorm`), if any.
+    fn clip_norm(&self) -> Option<f32> {
+        None
+    }
     /// Change the global-norm clipping threshold (`None`: no clipping). A coordinated optimizer
     /// takes clipping over, because the norm of a split model spans every rank.
     fn set_global_clipnorm(&mut self, max_norm: Option<f32>);
@@ -35,7 +40,7 @@ pub trait Optimizer: Send {
 }
 
 /// `Err` unless `lo <= v <= hi` (with `hi_open`, `v < hi`) and `v` is finite.
-pub(crate) fn check_range(what: &str, v: f32, lo: f32, hi: f32, hi_open: bool) -> Result<()> {
+pub(super) fn check_range(what: &str, v: f32, lo: f32, hi: f32, hi_open: bool) -> Result<()> {
     let ok = v.is_finite() && v >= lo && if hi_open { v < hi } else { v <= hi };
     if ok {
         return Ok(());
@@ -49,40 +54,59 @@ pub(crate) fn check_range(what: &str, v: f32, lo: f32, hi: f32, hi_open: bool) -
 
 /// What every optimizer shares: schedule, clipping, weight decay, step count, slots.
 #[derive(Default, Clone)]
-struct Base {
+pub(super) struct Base {
     lr: Option<LearningRate>,
-    clip_global_norm: Option<f32>,
-    weight_decay: f32,
-    iterations: u64,
-    slots: HashMap<String, HashMap<String, Tensor>>,
+    pub(super) clip_global_norm: Option<f32>,
+    pub(super) clip_norm: Option<f32>,
+    pub(super) clip_value: Option<f32>,
+    pub(super) weight_decay: f32,
+    pub(super) iterations: u64,
+    pub(super) slots: HashMap<String, HashMap<String, Tensor>>,
 }
 
 impl Base {
-    fn new(lr: LearningRate) -> Self {
+    pub(super) fn new(lr: LearningRate) -> Self {
         Base { lr: Some(lr), ..Default::default() }
     }
-    fn lr(&self) -> f32 {
+    pub(super) fn lr(&self) -> f32 {
         self.lr.as_ref().map_or(0.0, |l| l.at(self.iterations))
     }
-    fn validate(&self) -> Result<()> {
+    pub(super) fn validate(&self) -> Result<()> {
         if let Some(lr) = &self.lr {
             lr.validate()?;
         }
         if let Some(c) = self.clip_global_norm {
             check_range("the global clipping norm", c, f32::MIN_POSITIVE, f32::MAX, false)?;
         }
+        if let Some(c) = self.clip_norm {
+            check_range("clip_norm", c, f32::MIN_POSITIVE, f32::MAX, false)?;
+        }
+        if let Some(c) = self.clip_value {
+            check_range("clip_value", c, 0.0, f32::MAX, false)?;
+        }
+        let set = [self.clip_global_norm.is_some(), self.clip_norm.is_some(), self.clip_value.is_some()];
+        if set.iter().filter(|&&s| s).count() > 1 {
+            return Err(Error::invalid(
+                "optimizer",
+                "set at most one of clip_global_norm, clip_norm and clip_value (as Keras allows one of global_clipnorm, clipnorm, clipvalue)",
+            ));
+        }
         check_range("weight_decay", self.weight_decay, 0.0, f32::MAX, false)
     }
-    fn slot(&mut self, path: &str, name: &'static str, like: &Tensor) -> Result<Tensor> {
+    pub(super) fn slot(&mut self, path: &str, name: &'static str, like: &Tensor) -> Result<Tensor> {
+        self.slot_from(path, name, like, 0.0)
+    }
+    /// The slot, made full of `init` on first use.
+    pub(super) fn slot_from(&mut self, path: &str, name: &'static str, like: &Tensor, init: f32) -> Result<Tensor> {
         let s = self.slots.entry(path.to_string()).or_default();
         if let Some(t) = s.get(name) {
             return Ok(t.clone());
         }
-        let z = Tensor::zeros(like.dims(), like.device())?;
+        let z = Tensor::full(init, like.dims(), like.device())?;
         s.insert(name.to_string(), z.clone());
         Ok(z)
     }
-    fn set_slot(&mut self, path: &str, name: &'static str, t: Tensor) {
+    pub(super) fn set_slot(&mut self, path: &str, name: &'static str, t: Tensor) {
         self.slots.entry(path.to_string()).or_default().insert(name.to_string(), t);
     }
 
@@ -91,7 +115,7 @@ impl Base {
     ///
     /// The step is staged: new weights and slots are all computed first and only then put in
     /// place, so a step that fails part way changes no weight, slot or counter.
-    fn step(
+    pub(super) fn step(
         &mut self,
         params: &[(String, Var)],
         grads: &GradStore,
@@ -112,6 +136,19 @@ impl Base {
                         ));
                     }
                     pairs.push((path, var, g.clone()));
+                }
+            }
+            // Keras' clipnorm: each gradient scaled to a norm of at most c (on the device:
+            // g * c / max(|g|, c)); clipvalue: each value clamped to [-c, c].
+            if let Some(c) = self.clip_norm {
+                for p in pairs.iter_mut() {
+                    let norm = p.2.square()?.sum_all()?.sqrt()?;
+                    p.2 = p.2.mul_scalar(c)?.div(&norm.clamp(c, f32::INFINITY)?)?;
+                }
+            }
+            if let Some(c) = self.clip_value {
+                for p in pairs.iter_mut() {
+                    p.2 = p.2.clamp(-c, c)?;
                 }
             }
             if let Some(clip) = self.clip_global_norm
@@ -152,9 +189,21 @@ impl Base {
 macro_rules! optimizer_common {
     ($t:ident) => {
         impl $t {
-            /// Clip gradients so their global L2 norm (over all variables) is at most `max_norm`.
+            /// Clip gradients so their global L2 norm (over all variables) is at most `max_norm`
+            /// (Keras' `global_clipnorm`).
             pub fn clip_global_norm(mut self, max_norm: f32) -> Self {
                 self.base.clip_global_norm = Some(max_norm);
+                self
+            }
+            /// Clip each variable's gradient to an L2 norm of at most `max_norm` (Keras'
+            /// `clipnorm`). Not on a model split over devices, whose norms span ranks.
+            pub fn clip_norm(mut self, max_norm: f32) -> Self {
+                self.base.clip_norm = Some(max_norm);
+                self
+            }
+            /// Clamp every gradient value to `[-limit, limit]` (Keras' `clipvalue`).
+            pub fn clip_value(mut self, limit: f32) -> Self {
+                self.base.clip_value = Some(limit);
                 self
             }
             /// Decoupled weight decay: each step scales weights by `1 - lr * wd` before the update.
@@ -200,6 +249,9 @@ macro_rules! optimizer_trait {
             }
             fn global_clipnorm(&self) -> Option<f32> {
                 self.base.clip_global_norm
+            }
+            fn clip_norm(&self) -> Option<f32> {
+                self.base.clip_norm
             }
             fn set_global_clipnorm(&mut self, max_norm: Option<f32>) {
                 self.base.clip_global_norm = max_norm;
@@ -253,6 +305,14 @@ impl Sgd {
 }
 optimizer_common!(Sgd);
 optimizer_trait!(Sgd);
+pub(super) use {optimizer_common, optimizer_trait};
+
+impl Default for Sgd {
+    /// Keras' default learning rate, 0.01.
+    fn default() -> Self {
+        Sgd::new(0.01)
+    }
+}
 
 /// Adam (Kingma & Ba), with Keras' defaults: beta1 0.9, beta2 0.999, epsilon 1e-7.
 #[derive(Clone)]
@@ -261,32 +321,56 @@ pub struct Adam {
     beta1: f32,
     beta2: f32,
     epsilon: f32,
+    amsgrad: bool,
+}
+
+impl Default for Adam {
+    /// Keras' default learning rate, 0.001.
+    fn default() -> Self {
+        Adam::new(1e-3)
+    }
 }
 
 impl Adam {
     /// Adam at `lr` (a number or a schedule).
     pub fn new(lr: impl Into<LearningRate>) -> Self {
-        Adam { base: Base::new(lr.into()), beta1: 0.9, beta2: 0.999, epsilon: 1e-7 }
+        Adam { base: Base::new(lr.into()), beta1: 0.9, beta2: 0.999, epsilon: 1e-7, amsgrad: false }
+    }
+    /// AMSGrad: divide by the largest second moment seen so far (slot `vhat`), not the
+    /// current one.
+    pub fn amsgrad(mut self, on: bool) -> Self {
+        self.amsgrad = on;
+        self
     }
     /// Set beta1, beta2 and epsilon.
     pub fn betas(mut self, beta1: f32, beta2: f32, epsilon: f32) -> Self {
         (self.beta1, self.beta2, self.epsilon) = (beta1, beta2, epsilon);
         self
     }
-    fn hyper(&self) -> (f32, f32, f32) {
-        (self.beta1, self.beta2, self.epsilon)
+    fn hyper(&self) -> (f32, f32, f32, bool) {
+        (self.beta1, self.beta2, self.epsilon, self.amsgrad)
     }
     fn check(&self) -> Result<()> {
         check_range("beta_1", self.beta1, 0.0, 1.0, true)?;
         check_range("beta_2", self.beta2, 0.0, 1.0, true)?;
         check_range("epsilon", self.epsilon, 0.0, f32::MAX, false)
     }
-    fn rule(hp: &(f32, f32, f32), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
-        let (b1, b2, eps) = *hp;
+    fn rule(hp: &(f32, f32, f32, bool), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
+        let (b1, b2, eps, amsgrad) = *hp;
         // Bias correction folded into the step size, as Keras does.
         let t = (b.iterations + 1).min(i32::MAX as u64) as i32;
         let lr_t = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
         let (m, v) = (b.slot(path, "m", w)?, b.slot(path, "v", w)?);
+        if amsgrad {
+            let m = m.add(&g.sub(&m)?.mul_scalar(1.0 - b1)?)?;
+            let v = v.add(&g.square()?.sub(&v)?.mul_scalar(1.0 - b2)?)?;
+            let vhat = b.slot(path, "vhat", w)?.maximum(&v)?;
+            let w = w.sub(&m.mul_scalar(lr_t)?.div(&vhat.sqrt()?.add_scalar(eps)?)?)?;
+            b.set_slot(path, "m", m);
+            b.set_slot(path, "v", v);
+            b.set_slot(path, "vhat", vhat);
+            return Ok(w);
+        }
         // One fused pass: m' = m + (g - m)(1 - b1), v' = v + (g² - v)(1 - b2), w' = w - lr_t m' / (sqrt(v') + eps).
         let step = AdamStep { lr_t, beta1: b1, beta2: b2, eps, decay: 1.0 };
         let (w, m, v) = w.adam_step(g, &m, &v, step)?;
@@ -315,26 +399,63 @@ pub struct RMSprop {
     base: Base,
     rho: f32,
     epsilon: f32,
+    momentum: f32,
+    centered: bool,
+}
+
+impl Default for RMSprop {
+    /// Keras' default learning rate, 0.001.
+    fn default() -> Self {
+        RMSprop::new(1e-3)
+    }
 }
 
 impl RMSprop {
     /// RMSprop at `lr` (a number or a schedule).
     pub fn new(lr: impl Into<LearningRate>) -> Self {
-        RMSprop { base: Base::new(lr.into()), rho: 0.9, epsilon: 1e-7 }
+        RMSprop { base: Base::new(lr.into()), rho: 0.9, epsilon: 1e-7, momentum: 0.0, centered: false }
     }
-    fn hyper(&self) -> (f32, f32) {
-        (self.rho, self.epsilon)
+    /// Set rho (the decay of the squared-gradient average) and epsilon.
+    pub fn rho(mut self, rho: f32, epsilon: f32) -> Self {
+        (self.rho, self.epsilon) = (rho, epsilon);
+        self
+    }
+    /// Momentum on the update: `u = momentum * u + step; w -= u` (slot `momentum`).
+    pub fn momentum(mut self, m: f32) -> Self {
+        self.momentum = m;
+        self
+    }
+    /// Centered: divide by the estimated variance of the gradient (its squared average minus
+    /// its average squared, slot `average_gradient`) rather than its squared average.
+    pub fn centered(mut self, on: bool) -> Self {
+        self.centered = on;
+        self
+    }
+    fn hyper(&self) -> (f32, f32, f32, bool) {
+        (self.rho, self.epsilon, self.momentum, self.centered)
     }
     fn check(&self) -> Result<()> {
         check_range("rho", self.rho, 0.0, 1.0, true)?;
-        check_range("epsilon", self.epsilon, 0.0, f32::MAX, false)
+        check_range("epsilon", self.epsilon, 0.0, f32::MAX, false)?;
+        check_range("momentum", self.momentum, 0.0, 1.0, false)
     }
-    fn rule(hp: &(f32, f32), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
-        let (rho, eps) = *hp;
+    fn rule(hp: &(f32, f32, f32, bool), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
+        let (rho, eps, momentum, centered) = *hp;
         let v = b.slot(path, "velocity", w)?.mul_scalar(rho)?.add(&g.square()?.mul_scalar(1.0 - rho)?)?;
         // Keras puts epsilon inside the square root: g / sqrt(v + eps).
-        let update = g.div(&v.add_scalar(eps)?.sqrt()?)?.mul_scalar(lr)?;
+        let mut denominator = v.add_scalar(eps)?;
+        if centered {
+            let avg = b.slot(path, "average_gradient", w)?.mul_scalar(rho)?.add(&g.mul_scalar(1.0 - rho)?)?;
+            denominator = denominator.sub(&avg.square()?)?;
+            b.set_slot(path, "average_gradient", avg);
+        }
+        let update = g.div(&denominator.sqrt()?)?.mul_scalar(lr)?;
         b.set_slot(path, "velocity", v);
+        if momentum > 0.0 {
+            let u = b.slot(path, "momentum", w)?.mul_scalar(momentum)?.add(&update)?;
+            b.set_slot(path, "momentum", u.clone());
+            return w.sub(&u);
+        }
         w.sub(&update)
     }
 }

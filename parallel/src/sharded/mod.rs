@@ -337,6 +337,17 @@ impl ShardedModel {
         }
         let split: HashSet<String> =
             self.placements.iter().filter(|(_, p)| **p != Placement::Replicate).map(|(k, _)| k.clone()).collect();
+        // A split variable's norm spans its ranks: clipping each shard to the norm would clip
+        // the whole differently from one device.
+        if let (Some(c), Some(first)) = (optimizer.clip_norm(), split.iter().min()) {
+            return Err(Error::invalid(
+                "ShardedModel::compile",
+                format!(
+                    "clip_norm({c}) clips each variable by its own norm, and {first} (and {} more) is split over ranks; use clip_global_norm, which weft computes over every rank, or clip_value",
+                    split.len() - 1
+                ),
+            ));
+        }
         for (model, store) in self.ranks.iter_mut().zip(&self.recorded) {
             let tp = model.tensor_parallel().cloned().ok_or_else(|| Error::Msg("rank without a TpCtx".into()))?;
             let opt = CoordinatedOptimizer::new(
