@@ -1,6 +1,8 @@
 //! Bad input through the nn API: each case is a clear `Err` naming the problem (or the right
 //! value), and a call that returns `Err` leaves weights, optimizer slots and counters unchanged.
 
+mod common;
+use common::gpu;
 use weft_core::{Device, Error, Tensor};
 use weft_nn::layers::{Dense, Dropout, Embedding, Flatten};
 use weft_nn::optim::{Adam, LearningRate, Optimizer, RMSprop, Sgd};
@@ -260,16 +262,6 @@ fn binary_cross_entropy_from_logits_is_exact_when_confidently_wrong() {
 
 /// A GPU device (lavapipe included); `None` with a note on a machine without one, a failure
 /// under `CI=true`.
-fn gpu() -> Option<Device> {
-    match Device::best_gpu() {
-        Ok(d) => Some(d),
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI=true but no GPU adapter: {e}"),
-        Err(e) => {
-            eprintln!("note: skipping the GPU case, no adapter: {e}");
-            None
-        }
-    }
-}
 
 #[test]
 fn on_a_gpu_a_bad_label_or_id_fails_the_step_before_any_update() {

@@ -5,6 +5,8 @@
 //! values) and final weights, alone and under `EarlyStopping` (min_delta, patience, mode,
 //! baseline, start_from_epoch, restored weights).
 
+mod common;
+use common::gpu;
 use serde_json::Value;
 use weft_core::{Device, GradStore, Tensor, Var};
 use weft_nn::callback::{Callback, EarlyStopping, Mode};
@@ -435,17 +437,6 @@ fn activations_and_their_gradients_match_keras() {
         close(&vals(&y), &vals(&tensor(&case["y"])), 1e-5, name);
         let grad = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap().get(&v).unwrap().clone();
         close(&vals(&grad), &vals(&tensor(&case["grad"])), 1e-4, &format!("{name} gradient"));
-    }
-}
-
-fn gpu() -> Option<Device> {
-    match Device::best_gpu() {
-        Ok(d) => Some(d),
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI=true but no GPU adapter: {e}"),
-        Err(e) => {
-            eprintln!("note: skipping the GPU case, no adapter: {e}");
-            None
-        }
     }
 }
 

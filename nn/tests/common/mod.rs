@@ -47,3 +47,16 @@ pub fn raw_safetensors(entries: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8>
     out.extend_from_slice(&data);
     out
 }
+
+/// The best GPU adapter; `None` with a note on a user's machine without one, a failure under
+/// `CI=true` (where `.ci/run` installs lavapipe).
+pub fn gpu() -> Option<weft_core::Device> {
+    match weft_core::Device::best_gpu() {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI=true but no GPU adapter: {e}"),
+        Err(e) => {
+            eprintln!("note: skipping the GPU case, no adapter: {e}");
+            None
+        }
+    }
+}

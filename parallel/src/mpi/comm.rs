@@ -140,7 +140,7 @@ impl MpiComm {
                 &mut req,
             )
         };
-        if let Err(e) = self.control.wait_until(req, call, deadline) {
+        if let Err(e) = self.control.wait_until(req, call, deadline, false) {
             abandon((send, recv));
             return Err(e);
         }
@@ -257,7 +257,7 @@ impl MpiComm {
     /// which MPI reads or writes until the request completes, come back when it does; on a
     /// failure they are leaked, since MPI may still use them.
     fn complete<T>(&self, call: &str, req: ffi::MPI_Request, bufs: T) -> Result<T> {
-        match self.control.wait_busy(req, call) {
+        match self.control.wait_until(req, call, None, true) {
             Ok(()) => Ok(bufs),
             Err(e) => {
                 abandon(bufs);
