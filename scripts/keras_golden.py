@@ -321,6 +321,35 @@ defaults = {
 }
 out["optimizers_more"] = {"w0": tolist(w3), "grads": [tolist(g) for g in grads3], "after_5": after3, "default_lr": defaults}
 
+# More schedules, at steps 0..25.
+steps2 = list(range(26))
+scheds2 = [
+    ("polynomial", keras.optimizers.schedules.PolynomialDecay(0.1, 10)),
+    ("polynomial_power_cycle", keras.optimizers.schedules.PolynomialDecay(0.1, 7, end_learning_rate=0.01, power=2.0, cycle=True)),
+    ("inverse_time", keras.optimizers.schedules.InverseTimeDecay(0.1, 5, 0.5)),
+    ("inverse_time_staircase", keras.optimizers.schedules.InverseTimeDecay(0.1, 5, 0.5, staircase=True)),
+    ("cosine_restarts", keras.optimizers.schedules.CosineDecayRestarts(0.1, 4)),
+    ("cosine_restarts_t1_m", keras.optimizers.schedules.CosineDecayRestarts(0.1, 5, t_mul=1.0, m_mul=0.5, alpha=0.1)),
+]
+out["schedules_more"] = [{"name": n, "values": [float(s(i)) for i in steps2]} for n, s in scheds2]
+
+# More initializers: the statistics of a large draw (Keras' draws differ from weft's; their
+# distributions must not), and for orthogonal ones the largest deviation from gain^2 I.
+inits2 = []
+for name, init, shape in [
+    ("lecun_normal", keras.initializers.LecunNormal(seed=1), (300, 200)),
+    ("lecun_uniform", keras.initializers.LecunUniform(seed=1), (300, 200)),
+    ("variance_scaling_fan_out_uniform", keras.initializers.VarianceScaling(2.0, "fan_out", "uniform", seed=1), (300, 200)),
+    ("variance_scaling_fan_avg_normal", keras.initializers.VarianceScaling(0.5, "fan_avg", "untruncated_normal", seed=1), (8, 30, 20)),
+    ("orthogonal_tall", keras.initializers.Orthogonal(1.5, seed=1), (300, 200)),
+    ("orthogonal_wide", keras.initializers.Orthogonal(1.0, seed=1), (50, 120)),
+    ("orthogonal_3d", keras.initializers.Orthogonal(1.0, seed=1), (4, 30, 20)),
+    ("constant", keras.initializers.Constant(0.25), (3, 4)),
+]:
+    w = np.asarray(init(shape), dtype=np.float64)
+    inits2.append({"name": name, "shape": list(shape), "std": float(w.std()), "mean": float(w.mean()), "max_abs": float(np.abs(w).max())})
+out["initializers_more"] = inits2
+
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)

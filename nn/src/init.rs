@@ -25,6 +25,49 @@ pub enum Initializer {
     Uniform(f32),
     /// Normal with the given std, redrawn beyond two std (as Keras does).
     TruncatedNormal(f32),
+    /// Truncated normal with std sqrt(1 / fan_in) (corrected as Keras does); for SELU networks.
+    LecunNormal,
+    /// Uniform in ±sqrt(3 / fan_in).
+    LecunUniform,
+    /// Keras' `VarianceScaling`: variance `scale / fan` (fan by `mode`), drawn from
+    /// `distribution`. Glorot, He and LeCun are special cases.
+    VarianceScaling {
+        /// The variance's numerator.
+        scale: f32,
+        /// Which fan divides it.
+        mode: FanMode,
+        /// The distribution drawn from.
+        distribution: Distribution,
+    },
+    /// Every value the same.
+    Constant(f32),
+    /// A (semi-)orthogonal matrix times `gain` (Saxe et al.; Keras' `Orthogonal`): the shape
+    /// flattened to [product of the leading axes, last axis] has orthonormal rows or columns,
+    /// whichever are fewer. Drawn whole on the host (a QR of a normal draw, O(n m^2)), so a
+    /// part of a split layer is cut from the whole.
+    Orthogonal(f32),
+}
+
+/// Which fan a [`Initializer::VarianceScaling`] divides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FanMode {
+    /// fan_in
+    FanIn,
+    /// fan_out
+    FanOut,
+    /// (fan_in + fan_out) / 2
+    FanAvg,
+}
+
+/// The distribution a [`Initializer::VarianceScaling`] draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Distribution {
+    /// Normal truncated at two std, its std corrected so the variance is as asked.
+    TruncatedNormal,
+    /// Normal.
+    UntruncatedNormal,
+    /// Uniform in ±sqrt(3 variance).
+    Uniform,
 }
 
 /// The std of a unit normal truncated to [-2, 2]: Keras divides by it so that a truncated
@@ -50,6 +93,7 @@ enum Dist {
     Normal(f32, f32),
     Const(f32),
     Truncated(f32),
+    Orthogonal(f32),
 }
 
 impl Initializer {
@@ -84,6 +128,49 @@ impl Initializer {
             Initializer::Normal(std) => Dist::Normal(0.0, std),
             Initializer::Uniform(l) => Dist::Uniform(-l, l),
             Initializer::TruncatedNormal(std) => Dist::Truncated(std),
+            Initializer::LecunNormal => Dist::Truncated((1.0 / fi).sqrt() / TRUNCATED_STD),
+            Initializer::LecunUniform => {
+                let l = (3.0 / fi).sqrt();
+                Dist::Uniform(-l, l)
+            }
+            Initializer::VarianceScaling { scale, mode, distribution } => {
+                let fan = match mode {
+                    FanMode::FanIn => fi,
+                    FanMode::FanOut => fo,
+                    FanMode::FanAvg => (fi + fo) / 2.0,
+                };
+                let var = scale / fan.max(1.0);
+                match distribution {
+                    Distribution::TruncatedNormal => Dist::Truncated(var.sqrt() / TRUNCATED_STD),
+                    Distribution::UntruncatedNormal => Dist::Normal(0.0, var.sqrt()),
+                    Distribution::Uniform => {
+                        let l = (3.0 * var).sqrt();
+                        Dist::Uniform(-l, l)
+                    }
+                }
+            }
+            Initializer::Constant(v) => Dist::Const(v),
+            Initializer::Orthogonal(gain) => Dist::Orthogonal(gain),
+        }
+    }
+
+    /// Check the initializer's numbers: `Err` naming a non-finite value, a negative std or
+    /// limit, or a scale that is not positive.
+    pub fn validate(self) -> Result<()> {
+        let bad = |what: &str, v: f32| {
+            Err(weft_core::Error::invalid("Initializer", format!("{what} must be a finite number, at least 0: {v}")))
+        };
+        match self {
+            Initializer::Normal(v) | Initializer::Uniform(v) | Initializer::TruncatedNormal(v)
+                if !(v.is_finite() && v >= 0.0) =>
+            {
+                bad("the std or limit", v)
+            }
+            Initializer::VarianceScaling { scale, .. } if !(scale.is_finite() && scale > 0.0) => {
+                bad("VarianceScaling's scale (above 0)", scale)
+            }
+            Initializer::Constant(v) | Initializer::Orthogonal(v) if !v.is_finite() => bad("the value or gain", v),
+            _ => Ok(()),
         }
     }
 
@@ -107,7 +194,7 @@ impl Initializer {
             Dist::Uniform(lo, hi) => Tensor::rand(lo, hi, shape, seed, device),
             Dist::Normal(mean, std) => Tensor::randn(mean, std, shape, seed, device),
             Dist::Const(v) => Tensor::full(v, shape, device),
-            Dist::Truncated(_) => {
+            Dist::Truncated(_) | Dist::Orthogonal(_) => {
                 let axis = shape.len().saturating_sub(1);
                 let len = shape.get(axis).copied().unwrap_or(1);
                 self.init_part_fans(shape, fans, axis, 0, len, seed, device)
@@ -191,6 +278,10 @@ impl Initializer {
             Ok(v)
         };
         let values = match self.dist(shape, fans) {
+            Dist::Orthogonal(gain) => {
+                let whole = orthogonal(shape, gain, seed);
+                draw(&|i| whole[i as usize])?
+            }
             Dist::Uniform(lo, hi) => draw(&|i| lo + (hi - lo) * weft_core::rng::uniform(key, i))?,
             Dist::Normal(mean, std) => draw(&|i| mean + std * weft_core::rng::normal(key, i))?,
             Dist::Const(c) => return Tensor::full(c, &local, device),
@@ -198,4 +289,40 @@ impl Initializer {
         };
         Tensor::from_vec(values, &local, device)
     }
+}
+
+/// `shape` flattened to [rows, cols] (cols the last axis): a matrix whose rows (when fewer) or
+/// columns are orthonormal, times `gain`, row-major. The Q of a QR of a normal draw of
+/// [max, min], by modified Gram-Schmidt in f64 with each column orthogonalised twice (positive
+/// norms make Q the unique one with a positive R diagonal, as Keras' sign correction does).
+fn orthogonal(shape: &[usize], gain: f32, seed: u64) -> Vec<f32> {
+    let cols = shape.last().copied().unwrap_or(1).max(1);
+    let rows = (shape.iter().product::<usize>() / cols).max(1);
+    let (n, m) = (rows.max(cols), rows.min(cols));
+    let key = weft_core::rng::seed_key(seed);
+    // Column j of the n x m draw, stored column by column.
+    let mut q: Vec<f64> = (0..n * m).map(|i| weft_core::rng::normal(key, i as u32) as f64).collect();
+    for j in 0..m {
+        for _ in 0..2 {
+            for k in 0..j {
+                let dot: f64 = (0..n).map(|i| q[k * n + i] * q[j * n + i]).sum();
+                for i in 0..n {
+                    q[j * n + i] -= dot * q[k * n + i];
+                }
+            }
+        }
+        let norm = (0..n).map(|i| q[j * n + i] * q[j * n + i]).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
+        for i in 0..n {
+            q[j * n + i] /= norm;
+        }
+    }
+    // Tall (rows >= cols): entry (r, c) is Q[r][c]; wide: the transpose, Q[c][r].
+    let g = gain as f64;
+    (0..rows * cols)
+        .map(|e| {
+            let (r, c) = (e / cols, e % cols);
+            let v = if rows >= cols { q[c * n + r] } else { q[r * n + c] };
+            (g * v) as f32
+        })
+        .collect()
 }

@@ -44,7 +44,7 @@ pub mod tp;
 pub use activation::Activation;
 pub use ctx::Ctx;
 pub use functional::{Functional, Sym};
-pub use init::Initializer;
+pub use init::{Distribution, FanMode, Initializer};
 pub use inputs::Inputs;
 pub use layer::{Layer, LayerInfo, check_paths, sublayer_variables};
 pub use loss::Loss;

@@ -182,9 +182,36 @@ fn clipping_options_are_exclusive_and_checked() {
 #[test]
 fn schedules_match_keras() {
     let g = golden();
-    for case in g["schedules"].as_array().unwrap() {
+    let cases = g["schedules"].as_array().unwrap().iter().chain(g["schedules_more"].as_array().unwrap());
+    for case in cases {
         let name = case["name"].as_str().unwrap();
         let lr = match name {
+            "polynomial" => {
+                LearningRate::PolynomialDecay { initial: 0.1, decay_steps: 10, end: 1e-4, power: 1.0, cycle: false }
+            }
+            "polynomial_power_cycle" => {
+                LearningRate::PolynomialDecay { initial: 0.1, decay_steps: 7, end: 0.01, power: 2.0, cycle: true }
+            }
+            "inverse_time" => {
+                LearningRate::InverseTimeDecay { initial: 0.1, decay_steps: 5, rate: 0.5, staircase: false }
+            }
+            "inverse_time_staircase" => {
+                LearningRate::InverseTimeDecay { initial: 0.1, decay_steps: 5, rate: 0.5, staircase: true }
+            }
+            "cosine_restarts" => LearningRate::CosineDecayRestarts {
+                initial: 0.1,
+                first_decay_steps: 4,
+                t_mul: 2.0,
+                m_mul: 1.0,
+                alpha: 0.0,
+            },
+            "cosine_restarts_t1_m" => LearningRate::CosineDecayRestarts {
+                initial: 0.1,
+                first_decay_steps: 5,
+                t_mul: 1.0,
+                m_mul: 0.5,
+                alpha: 0.1,
+            },
             "piecewise" => LearningRate::PiecewiseConstant { boundaries: vec![3, 6], values: vec![1.0, 0.5, 0.1] },
             "exponential" => {
                 LearningRate::ExponentialDecay { initial: 0.1, decay_steps: 4, rate: 0.5, staircase: false }
@@ -262,6 +289,74 @@ fn truncated_initializers_have_keras_statistics() {
         // Both truncate at two (corrected) standard deviations: the same limit, nearly reached.
         assert!(max <= k_max * 1.01 && max >= k_max * 0.97, "{name}: max {max}, Keras {k_max}");
     }
+}
+
+/// LeCun, variance scaling, orthogonal and constant initializers: weft's draws differ from
+/// Keras' (another generator), their distributions must not: the std within 3%, the limit of
+/// a uniform within 1%, and an orthogonal matrix's rows or columns orthonormal times the gain.
+#[test]
+fn more_initializers_have_keras_statistics() {
+    use weft_nn::{Distribution, FanMode};
+    let g = golden();
+    for case in g["initializers_more"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let shape: Vec<usize> =
+            case["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let init = match name {
+            "lecun_normal" => Initializer::LecunNormal,
+            "lecun_uniform" => Initializer::LecunUniform,
+            "variance_scaling_fan_out_uniform" => {
+                Initializer::VarianceScaling { scale: 2.0, mode: FanMode::FanOut, distribution: Distribution::Uniform }
+            }
+            "variance_scaling_fan_avg_normal" => Initializer::VarianceScaling {
+                scale: 0.5,
+                mode: FanMode::FanAvg,
+                distribution: Distribution::UntruncatedNormal,
+            },
+            "orthogonal_tall" => Initializer::Orthogonal(1.5),
+            "orthogonal_wide" | "orthogonal_3d" => Initializer::Orthogonal(1.0),
+            "constant" => Initializer::Constant(0.25),
+            other => panic!("unknown case {other}"),
+        };
+        init.validate().unwrap();
+        let t = init.init(&shape, 3, &Device::Cpu).unwrap();
+        let w = vals(&t);
+        let n = w.len() as f64;
+        let mean = w.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let std = (w.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+        let max = w.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let (k_std, k_max, k_mean) =
+            (case["std"].as_f64().unwrap(), case["max_abs"].as_f64().unwrap(), case["mean"].as_f64().unwrap());
+        assert!((std - k_std).abs() <= 0.03 * k_std + 1e-9, "{name}: std {std}, Keras {k_std}");
+        assert!((mean - k_mean).abs() <= 0.1 * k_std + 1e-9, "{name}: mean {mean}, Keras {k_mean}");
+        if name.contains("uniform") {
+            assert!(max <= k_max * 1.0001 && max >= k_max * 0.99, "{name}: limit {max}, Keras {k_max}");
+        }
+        if let Initializer::Orthogonal(gain) = init {
+            // Flattened to [rows, cols]: the smaller side's Gram matrix is gain^2 I.
+            let cols = *shape.last().unwrap();
+            let m = t.reshape(&[w.len() / cols, cols]).unwrap();
+            let gram = if m.dims()[0] >= cols { m.t().unwrap().matmul(&m) } else { m.matmul(&m.t().unwrap()) };
+            let gram = gram.unwrap();
+            let k = gram.dims()[0];
+            let gv = vals(&gram);
+            for i in 0..k {
+                for j in 0..k {
+                    let want = if i == j { gain * gain } else { 0.0 };
+                    assert!((gv[i * k + j] - want).abs() < 1e-4, "{name}: Gram ({i}, {j}) = {}", gv[i * k + j]);
+                }
+            }
+            // A part of a split layer is cut from the whole.
+            let part = init.init_part(&shape, shape.len() - 1, 2, 3, 3, &Device::Cpu).unwrap();
+            assert_eq!(vals(&part), vals(&t.narrow(shape.len() as isize - 1, 2, 3).unwrap()), "{name}: a part");
+        }
+    }
+    assert!(
+        Initializer::VarianceScaling { scale: 0.0, mode: FanMode::FanIn, distribution: Distribution::Uniform }
+            .validate()
+            .is_err()
+    );
+    assert!(Initializer::Orthogonal(f32::NAN).validate().is_err());
 }
 
 #[test]

@@ -39,6 +39,47 @@ pub enum LearningRate {
         /// One more value than boundaries.
         values: Vec<f32>,
     },
+    /// `(initial - end) * (1 - step / decay_steps)^power + end`, holding `end` after
+    /// `decay_steps` (Keras' `PolynomialDecay`; defaults end 1e-4, power 1). With `cycle`,
+    /// `decay_steps` grows to the next multiple of itself past the step instead.
+    PolynomialDecay {
+        /// Rate at step 0.
+        initial: f32,
+        /// Steps to reach `end`.
+        decay_steps: u64,
+        /// The final rate.
+        end: f32,
+        /// The polynomial's power.
+        power: f32,
+        /// Restart the decay each `decay_steps` (from a lower height each time).
+        cycle: bool,
+    },
+    /// `initial / (1 + rate * step / decay_steps)` (with `staircase`, the ratio is floored).
+    InverseTimeDecay {
+        /// Rate at step 0.
+        initial: f32,
+        /// Steps per unit of `rate`.
+        decay_steps: u64,
+        /// How fast the rate falls.
+        rate: f32,
+        /// Decay in whole steps of `decay_steps`.
+        staircase: bool,
+    },
+    /// Cosine decay with warm restarts (SGDR, Keras' `CosineDecayRestarts`; defaults t_mul 2,
+    /// m_mul 1, alpha 0): each period is `t_mul` times longer than the one before and starts at
+    /// `m_mul` times its height.
+    CosineDecayRestarts {
+        /// Rate at step 0.
+        initial: f32,
+        /// Steps in the first period.
+        first_decay_steps: u64,
+        /// Each period's length over the one before.
+        t_mul: f32,
+        /// Each period's starting height over the one before.
+        m_mul: f32,
+        /// The floor, as a fraction of each period's height.
+        alpha: f32,
+    },
 }
 
 impl From<f32> for LearningRate {
@@ -77,6 +118,32 @@ impl LearningRate {
                 // An empty list has no rate (`validate` refuses it): NaN, never a panic.
                 values.get(i).or(values.last()).copied().unwrap_or(f32::NAN)
             }
+            LearningRate::PolynomialDecay { initial, decay_steps, end, power, cycle } => {
+                let (s, d) = (step as f64, (*decay_steps).max(1) as f64);
+                let (s, d) = if *cycle { (s, d * if step == 0 { 1.0 } else { (s / d).ceil() }) } else { (s.min(d), d) };
+                ((initial - end) as f64 * (1.0 - s / d).powf(*power as f64) + *end as f64) as f32
+            }
+            LearningRate::InverseTimeDecay { initial, decay_steps, rate, staircase } => {
+                let p = step as f64 / (*decay_steps).max(1) as f64;
+                let p = if *staircase { p.floor() } else { p };
+                (*initial as f64 / (1.0 + *rate as f64 * p)) as f32
+            }
+            LearningRate::CosineDecayRestarts { initial, first_decay_steps, t_mul, m_mul, alpha } => {
+                let (t_mul, m_mul) = (*t_mul as f64, *m_mul as f64);
+                let mut done = step as f64 / (*first_decay_steps).max(1) as f64;
+                let restart = if t_mul == 1.0 {
+                    let r = done.floor();
+                    done -= r;
+                    r
+                } else {
+                    let r = ((1.0 - done * (1.0 - t_mul)).ln() / t_mul.ln()).floor();
+                    let before = (1.0 - t_mul.powf(r)) / (1.0 - t_mul);
+                    done = (done - before) / t_mul.powf(r);
+                    r
+                };
+                let cosine = 0.5 * m_mul.powf(restart) * (1.0 + (std::f64::consts::PI * done).cos());
+                (*initial as f64 * ((1.0 - *alpha as f64) * cosine + *alpha as f64)) as f32
+            }
         }
     }
 
@@ -110,6 +177,24 @@ impl LearningRate {
                 rate("CosineDecay peak", *peak)?;
                 steps("CosineDecay decay_steps", *decay_steps)?;
                 check_range("CosineDecay alpha", *alpha, 0.0, 1.0, false)
+            }
+            LearningRate::PolynomialDecay { initial, decay_steps, end, power, .. } => {
+                rate("PolynomialDecay initial", *initial)?;
+                steps("PolynomialDecay decay_steps", *decay_steps)?;
+                rate("PolynomialDecay end", *end)?;
+                check_range("PolynomialDecay power", *power, 0.0, f32::MAX, false)
+            }
+            LearningRate::InverseTimeDecay { initial, decay_steps, rate: r, .. } => {
+                rate("InverseTimeDecay initial", *initial)?;
+                steps("InverseTimeDecay decay_steps", *decay_steps)?;
+                check_range("InverseTimeDecay rate", *r, 0.0, f32::MAX, false)
+            }
+            LearningRate::CosineDecayRestarts { initial, first_decay_steps, t_mul, m_mul, alpha } => {
+                rate("CosineDecayRestarts initial", *initial)?;
+                steps("CosineDecayRestarts first_decay_steps", *first_decay_steps)?;
+                check_range("CosineDecayRestarts t_mul", *t_mul, f32::MIN_POSITIVE, f32::MAX, false)?;
+                check_range("CosineDecayRestarts m_mul", *m_mul, 0.0, f32::MAX, false)?;
+                check_range("CosineDecayRestarts alpha", *alpha, 0.0, 1.0, false)
             }
             LearningRate::PiecewiseConstant { boundaries, values } => {
                 if values.len() != boundaries.len() + 1 {
