@@ -350,6 +350,35 @@ for name, init, shape in [
     inits2.append({"name": name, "shape": list(shape), "std": float(w.std()), "mean": float(w.mean()), "max_abs": float(np.abs(w).max())})
 out["initializers_more"] = inits2
 
+# More metrics, over two batches (a running count across batches, as in an epoch), with ties:
+# top-k with equal scores, a prediction exactly at the threshold.
+mt_pred = [np.array([[0.1, 0.5, 0.5, 0.2], [0.9, 0.05, 0.05, 0.0], [0.3, 0.3, 0.3, 0.1]], np.float32),
+           np.array([[0.0, 0.0, 1.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.4, 0.1, 0.2, 0.3]], np.float32)]
+mt_labels = [np.array([2, 1, 3], np.int32), np.array([1, 0, 3], np.int32)]
+mt_onehot = [np.eye(4, dtype=np.float32)[l] for l in mt_labels]
+mb_pred = [np.array([[0.7, 0.5, 0.2], [0.9, 0.51, 0.0]], np.float32), np.array([[0.3, 0.8, 0.6], [0.5, 0.2, 0.95]], np.float32)]
+mb_true = [np.array([[1, 0, 0], [1, 1, 0]], np.float32), np.array([[0, 1, 1], [1, 0, 0]], np.float32)]
+mr_pred = [arr2(3, 2), arr2(3, 2)]
+mr_true = [arr2(3, 2), arr2(3, 2)]
+metric_cases = [
+    ("top_2", keras.metrics.TopKCategoricalAccuracy(k=2), mt_onehot, mt_pred),
+    ("top_1", keras.metrics.TopKCategoricalAccuracy(k=1), mt_onehot, mt_pred),
+    ("sparse_top_2", keras.metrics.SparseTopKCategoricalAccuracy(k=2), mt_labels, mt_pred),
+    ("binary_accuracy_0.6", keras.metrics.BinaryAccuracy(threshold=0.6), mb_true, mb_pred),
+    ("precision", keras.metrics.Precision(), mb_true, mb_pred),
+    ("recall", keras.metrics.Recall(), mb_true, mb_pred),
+    ("precision_0.7", keras.metrics.Precision(thresholds=0.7), mb_true, mb_pred),
+    ("recall_0.7", keras.metrics.Recall(thresholds=0.7), mb_true, mb_pred),
+    ("mae", keras.metrics.MeanAbsoluteError(), mr_true, mr_pred),
+    ("mse", keras.metrics.MeanSquaredError(), mr_true, mr_pred),
+]
+metrics_more = []
+for name, m, ys, ps in metric_cases:
+    for y_, p_ in zip(ys, ps):
+        m.update_state(y_, p_)
+    metrics_more.append({"name": name, "y_true": [tolist(v) for v in ys], "y_pred": [tolist(v) for v in ps], "value": float(m.result())})
+out["metrics_more"] = metrics_more
+
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)

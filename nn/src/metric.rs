@@ -4,7 +4,7 @@ use weft_core::ops::BinaryOp;
 use weft_core::{DType, Error, Result, Tensor, no_grad};
 
 /// A metric of `(y_pred, y_true)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Metric {
     /// Keras' `"accuracy"`: resolved from the shapes alone, as Keras 3 does
     /// (`compile_utils.get_metric`): a single output is binary, integer labels (one fewer axis
@@ -17,6 +17,23 @@ pub enum Metric {
     CategoricalAccuracy,
     /// Fraction of rows whose arg-max matches an integer label.
     SparseCategoricalAccuracy,
+    /// Fraction of values whose prediction `> threshold` equals the target (Keras'
+    /// `BinaryAccuracy(threshold)`).
+    BinaryAccuracyAt(f32),
+    /// Fraction of rows whose one-hot target's class is among the `k` highest predictions
+    /// (ties with the k-th count as in, as Keras). Keras' default k is 5.
+    TopKCategoricalAccuracy(usize),
+    /// As [`Metric::TopKCategoricalAccuracy`], against integer labels.
+    SparseTopKCategoricalAccuracy(usize),
+    /// Of the values predicted positive (`> threshold`), the fraction that are (Keras'
+    /// `Precision(thresholds)`; its default threshold is 0.5). 0 when none is predicted positive.
+    Precision(f32),
+    /// Of the positive values, the fraction predicted positive (`> threshold`).
+    Recall(f32),
+    /// mean(|y_pred - y_true|)
+    MeanAbsoluteError,
+    /// mean((y_pred - y_true)^2)
+    MeanSquaredError,
 }
 
 impl Metric {
@@ -28,7 +45,43 @@ impl Metric {
             Metric::BinaryAccuracy => "binary_accuracy",
             Metric::CategoricalAccuracy => "categorical_accuracy",
             Metric::SparseCategoricalAccuracy => "sparse_categorical_accuracy",
+            Metric::BinaryAccuracyAt(_) => "binary_accuracy",
+            Metric::TopKCategoricalAccuracy(_) => "top_k_categorical_accuracy",
+            Metric::SparseTopKCategoricalAccuracy(_) => "sparse_top_k_categorical_accuracy",
+            Metric::Precision(_) => "precision",
+            Metric::Recall(_) => "recall",
+            Metric::MeanAbsoluteError => "mean_absolute_error",
+            Metric::MeanSquaredError => "mean_squared_error",
         }
+    }
+
+    /// The metric Keras calls `name`, with Keras' defaults (`"top_k_categorical_accuracy"`:
+    /// k 5; `"precision"`: threshold 0.5), e.g. from a Keras config. An unknown name is an `Err`
+    /// listing the known ones.
+    ///
+    /// ```
+    /// use weft_nn::Metric;
+    /// assert_eq!(Metric::from_name("mae")?, Metric::MeanAbsoluteError);
+    /// assert_eq!(Metric::from_name("precision")?, Metric::Precision(0.5));
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn from_name(name: &str) -> Result<Metric> {
+        let known: [(&[&str], Metric); 10] = [
+            (&["accuracy", "acc"], Metric::Accuracy),
+            (&["binary_accuracy"], Metric::BinaryAccuracy),
+            (&["categorical_accuracy"], Metric::CategoricalAccuracy),
+            (&["sparse_categorical_accuracy"], Metric::SparseCategoricalAccuracy),
+            (&["top_k_categorical_accuracy"], Metric::TopKCategoricalAccuracy(5)),
+            (&["sparse_top_k_categorical_accuracy"], Metric::SparseTopKCategoricalAccuracy(5)),
+            (&["precision"], Metric::Precision(0.5)),
+            (&["recall"], Metric::Recall(0.5)),
+            (&["mae", "mean_absolute_error"], Metric::MeanAbsoluteError),
+            (&["mse", "mean_squared_error"], Metric::MeanSquaredError),
+        ];
+        known.iter().find(|(names, _)| names.contains(&name)).map(|(_, m)| *m).ok_or_else(|| {
+            let all: Vec<&str> = known.iter().map(|(n, _)| n[0]).collect();
+            Error::invalid("Metric::from_name", format!("no metric {name:?}; known: {}", all.join(", ")))
+        })
     }
 
     /// The concrete metric `Accuracy` stands for, given the shapes.
@@ -75,12 +128,56 @@ impl Metric {
                     let pred = y_pred.argmax(-1, false)?.to_dtype(DType::F32)?;
                     (pred.eq(&labels)?, labels.numel())
                 }
-                Metric::BinaryAccuracy => {
+                Metric::BinaryAccuracy | Metric::BinaryAccuracyAt(_) => {
+                    if y_true.dims() != y_pred.dims() {
+                        return Err(misfit());
+                    }
+                    let threshold = if let Metric::BinaryAccuracyAt(t) = self { t } else { 0.5 };
+                    let y = y_true.to_dtype(DType::F32)?;
+                    (y_pred.cmp_scalar(BinaryOp::Gt, threshold)?.eq(&y)?, y.numel())
+                }
+                Metric::TopKCategoricalAccuracy(k) | Metric::SparseTopKCategoricalAccuracy(k) => {
+                    let labels = if matches!(self, Metric::TopKCategoricalAccuracy(_)) {
+                        if y_true.dims() != y_pred.dims() {
+                            return Err(misfit());
+                        }
+                        y_true.argmax(-1, false)?
+                    } else {
+                        let y = if y_true.rank() == r && y_true.dims()[r - 1] == 1 {
+                            y_true.squeeze(-1)?
+                        } else {
+                            y_true.clone()
+                        };
+                        if y.dims() != &y_pred.dims()[..r - 1] {
+                            return Err(misfit());
+                        }
+                        y.to_index("labels", Some(classes))?
+                    };
+                    // In the top k when fewer than k predictions are strictly higher than the
+                    // label's (so ties with the k-th count, as Keras' in_top_k).
+                    let rows = y_pred.numel() / classes.max(1);
+                    let p = y_pred.reshape(&[rows, classes])?;
+                    let at = p.gather(1, &labels.reshape(&[rows, 1])?)?;
+                    let higher = p.gt(&at)?.sum(&[-1], false)?;
+                    (higher.cmp_scalar(BinaryOp::Lt, k as f32)?, rows)
+                }
+                Metric::Precision(t) | Metric::Recall(t) => {
                     if y_true.dims() != y_pred.dims() {
                         return Err(misfit());
                     }
                     let y = y_true.to_dtype(DType::F32)?;
-                    (y_pred.cmp_scalar(BinaryOp::Gt, 0.5)?.eq(&y)?, y.numel())
+                    let predicted = y_pred.cmp_scalar(BinaryOp::Gt, t)?;
+                    let true_pos = predicted.mul(&y)?.sum_all()?.to_scalar::<f32>()? as f64;
+                    let of = if matches!(self, Metric::Precision(_)) { predicted } else { y };
+                    return Ok((true_pos, of.sum_all()?.to_scalar::<f32>()? as f64));
+                }
+                Metric::MeanAbsoluteError | Metric::MeanSquaredError => {
+                    if y_true.dims() != y_pred.dims() {
+                        return Err(misfit());
+                    }
+                    let e = y_pred.sub(&y_true.to_dtype(DType::F32)?)?;
+                    let e = if self == Metric::MeanAbsoluteError { e.abs()? } else { e.square()? };
+                    return Ok((e.sum_all()?.to_scalar::<f32>()? as f64, e.numel() as f64));
                 }
                 _ => {
                     if y_true.dims() != y_pred.dims() {

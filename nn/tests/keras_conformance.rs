@@ -574,3 +574,53 @@ fn losses_and_activations_run_on_the_gpu_as_on_the_cpu() {
         close(&got_grad, &want_grad, 1e-4, &format!("{name} gradient on {dev:?}"));
     }
 }
+
+/// Top-k (ties with the k-th count in), thresholded accuracy, precision, recall, MAE and MSE,
+/// counted over two batches as an epoch counts them: as Keras.
+#[test]
+fn more_metrics_match_keras() {
+    let g = golden();
+    for case in g["metrics_more"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let metric = match name {
+            "top_2" => Metric::TopKCategoricalAccuracy(2),
+            "top_1" => Metric::TopKCategoricalAccuracy(1),
+            "sparse_top_2" => Metric::SparseTopKCategoricalAccuracy(2),
+            "binary_accuracy_0.6" => Metric::BinaryAccuracyAt(0.6),
+            "precision" => Metric::Precision(0.5),
+            "recall" => Metric::Recall(0.5),
+            "precision_0.7" => Metric::Precision(0.7),
+            "recall_0.7" => Metric::Recall(0.7),
+            other => Metric::from_name(other).unwrap(),
+        };
+        let (mut hit, mut total) = (0f64, 0f64);
+        let batches = case["y_true"].as_array().unwrap().iter().zip(case["y_pred"].as_array().unwrap());
+        for (yt, yp) in batches {
+            let (h, t) = metric.count(&tensor(yp), &tensor(yt)).unwrap();
+            hit += h;
+            total += t;
+        }
+        let got = (hit / total.max(1.0)) as f32;
+        close(&[got], &[case["value"].as_f64().unwrap() as f32], 1e-6, name);
+    }
+}
+
+/// The new metrics go through `fit` and `evaluate` like accuracy does: named as Keras names
+/// them, their epoch value a running count (here checked against counting the whole set at once).
+#[test]
+fn the_new_metrics_report_in_fit_and_evaluate() {
+    let g = &golden()["fit"];
+    let (x, y) = (tensor(&g["x"]), tensor(&g["y"]));
+    let net = Sequential::new().add(Dense::new(4).activation(Activation::Relu)).add(Dense::new(3));
+    let mut m = Model::new(net, &Device::Cpu);
+    let metrics = [Metric::SparseTopKCategoricalAccuracy(2), Metric::Accuracy];
+    m.compile(Adam::new(0.05), Loss::SparseCategoricalCrossentropy { from_logits: true }, &metrics).unwrap();
+    let opts = FitOptions { epochs: 2, batch_size: 3, verbose: false, ..Default::default() };
+    let h = m.fit(&x, &y, opts).unwrap();
+    assert_eq!(h.metrics.keys().collect::<Vec<_>>(), ["accuracy", "sparse_top_k_categorical_accuracy"]);
+    let (_, figures) = m.evaluate(&x, &y, 4).unwrap();
+    let top2 = figures.iter().find(|(n, _)| n == "sparse_top_k_categorical_accuracy").unwrap().1;
+    let pred = m.predict(&x, 100).unwrap();
+    let (hit, total) = Metric::SparseTopKCategoricalAccuracy(2).count(&pred, &y).unwrap();
+    close(&[top2], &[(hit / total) as f32], 1e-6, "top-2 over batches of 4 against all at once");
+}
