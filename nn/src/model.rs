@@ -34,6 +34,12 @@ pub struct FitOptions {
     pub verbose: bool,
     /// Called after every epoch (EarlyStopping, ModelCheckpoint, closures).
     pub callbacks: Vec<Box<dyn Callback>>,
+    /// The epoch to start at (Keras' `initial_epoch`): training runs epochs `initial_epoch` to
+    /// `epochs - 1`, each shuffled as it would be in an uninterrupted run, so a run resumed from a
+    /// checkpoint of epoch k continues with `initial_epoch: k`.
+    pub initial_epoch: usize,
+    /// Batches per epoch (`None`: all of them): the first ones of each epoch's order.
+    pub steps_per_epoch: Option<usize>,
 }
 
 impl Default for FitOptions {
@@ -47,6 +53,8 @@ impl Default for FitOptions {
             validation_data: None,
             verbose: true,
             callbacks: Vec::new(),
+            initial_epoch: 0,
+            steps_per_epoch: None,
         }
     }
 }
@@ -107,6 +115,9 @@ pub struct Model {
     heads: Option<Arc<Heads>>,
     ctx: Ctx,
     tp: Option<Arc<TpCtx>>,
+    /// Whether the last step failed because its loss was not finite (`TerminateOnNaN` ends
+    /// `fit` on it instead of returning the error).
+    loss_not_finite: bool,
 }
 
 impl Model {
@@ -119,6 +130,7 @@ impl Model {
             heads: None,
             ctx: Ctx::training(0),
             tp: None,
+            loss_not_finite: false,
         }
     }
 
@@ -343,6 +355,7 @@ impl Model {
     fn step(&mut self, x: &Inputs, y: &Inputs, counts: &mut [(f64, f64)]) -> Result<(f32, Vec<f32>)> {
         self.ctx.training = true;
         self.ctx.step += 1;
+        self.loss_not_finite = false;
         let out = self.step_inner(x, y, counts);
         if out.is_err() {
             // A step that failed did not happen: the next one draws the same dropout masks (on a
@@ -423,6 +436,7 @@ impl Model {
         let value = figures[0];
         let not_applied = "the step was not applied (weights, optimizer state and counters are unchanged)";
         if let Some(v) = figures[..k].iter().find(|v| !v.is_finite()) {
+            self.loss_not_finite = true;
             return Err(Error::invalid("fit", format!("the loss of this batch is {v}; {not_applied}")));
         }
         if let Some(((p, _), v)) = checked
@@ -476,6 +490,9 @@ impl Model {
         if opts.batch_size == 0 {
             return Err(Error::invalid("fit", "batch_size must be at least 1"));
         }
+        if opts.steps_per_epoch == Some(0) {
+            return Err(Error::invalid("fit", "steps_per_epoch must be at least 1"));
+        }
         let s = opts.validation_split;
         if !(0.0..1.0).contains(&s) {
             return Err(Error::invalid("fit", format!("validation_split must be in [0, 1), got {s}")));
@@ -509,6 +526,17 @@ impl Model {
             }
             _ => (all, None),
         };
+        let batches = train.len().div_ceil(opts.batch_size);
+        if let Some(k) = opts.steps_per_epoch.filter(|&k| k > batches) {
+            return Err(Error::invalid(
+                "fit",
+                format!(
+                    "steps_per_epoch {k}, but {} training samples in batches of {} give {batches} per epoch",
+                    train.len(),
+                    opts.batch_size
+                ),
+            ));
+        }
         // The History's keys, as Keras names them, for the callbacks to check against.
         let mut keys = vec!["loss".to_string()];
         if heads.list.len() > 1 {
@@ -527,20 +555,42 @@ impl Model {
         let names = heads.metric_names();
         let per_output = heads.list.len() > 1;
         let mut history = History::default();
-        for epoch in 0..opts.epochs {
+        let stop_on_non_finite = opts.callbacks.iter().any(|c| c.stops_on_non_finite_loss());
+        'epochs: for epoch in opts.initial_epoch..opts.epochs {
             let start = std::time::Instant::now();
+            for cb in opts.callbacks.iter_mut() {
+                let current = self.optimizer.as_ref().map_or(0.0, |o| o.learning_rate());
+                if let Some(lr) = cb.learning_rate(epoch, current, &history)? {
+                    self.optimizer_mut()
+                        .ok_or_else(|| {
+                            Error::invalid("fit", "a callback set the learning rate, but nothing is compiled")
+                        })?
+                        .set_learning_rate(lr)?;
+                }
+            }
             let mut loss_sum = 0f64;
             let mut head_sums = vec![0f64; if per_output { heads.list.len() } else { 0 }];
             let mut counts = vec![(0f64, 0f64); heads.metric_count()];
-            let steps = train_n.div_ceil(opts.batch_size);
+            let steps = train_n.div_ceil(opts.batch_size).min(opts.steps_per_epoch.unwrap_or(usize::MAX));
             let bar =
                 (opts.verbose && std::io::stdout().is_terminal()).then(|| progress_bar(epoch, opts.epochs, steps));
             let mut seen = 0usize;
             let shuffle = opts.shuffle.then(|| opts.seed.wrapping_add(epoch as u64));
-            for b in train.batches(opts.batch_size, shuffle) {
+            for b in train.batches(opts.batch_size, shuffle).take(steps) {
                 let (bx, by) = b?;
                 let len = bx.rows()?;
-                let (l, per) = self.step(&bx, &by, &mut counts)?;
+                let (l, per) = match self.step(&bx, &by, &mut counts) {
+                    Err(_) if self.loss_not_finite && stop_on_non_finite => {
+                        if opts.verbose {
+                            println!(
+                                "Epoch {}: a batch's loss was not finite; training stops (TerminateOnNaN)",
+                                epoch + 1
+                            );
+                        }
+                        break 'epochs;
+                    }
+                    other => other?,
+                };
                 if !l.is_finite() {
                     return Err(Error::invalid("fit", format!("the loss became {l} at epoch {}", epoch + 1)));
                 }
@@ -557,9 +607,10 @@ impl Model {
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }
-            history.loss.push((loss_sum / train_n as f64) as f32);
+            let seen = seen.max(1) as f64;
+            history.loss.push((loss_sum / seen) as f32);
             for ((_, o), s) in heads.list.iter().zip(&head_sums) {
-                history.metrics.entry(heads.figure(o, "loss")).or_default().push((s / train_n as f64) as f32);
+                history.metrics.entry(heads.figure(o, "loss")).or_default().push((s / seen) as f32);
             }
             for (name, c) in names.iter().zip(&counts) {
                 history.metrics.entry(name.clone()).or_default().push((c.0 / c.1.max(1.0)) as f32);
@@ -785,7 +836,7 @@ impl Model {
 
     /// Whether this model writes files: always on one device; on a sharded model, only the
     /// first rank (the others take part in gathering the tensors).
-    fn writes(&self) -> bool {
+    pub(crate) fn writes(&self) -> bool {
         self.tp.as_ref().is_none_or(|tp| tp.model.rank() == 0 && tp.data.rank() == 0)
     }
 

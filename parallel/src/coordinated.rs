@@ -30,6 +30,9 @@ macro_rules! delegate_state {
         fn learning_rate(&self) -> f32 {
             self.$inner.learning_rate()
         }
+        fn set_learning_rate(&mut self, lr: f32) -> Result<()> {
+            self.$inner.set_learning_rate(lr)
+        }
         fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
             self.$inner.slot(path, name)
         }

@@ -15,6 +15,12 @@ pub trait Optimizer: Send {
     fn iterations(&self) -> u64;
     /// The learning rate the next step will use.
     fn learning_rate(&self) -> f32;
+    /// Train at `lr` from the next step on (callbacks such as `ReduceLROnPlateau` do). `Err` when
+    /// the rate follows a schedule (as in Keras, a schedule's rate is not set by hand) or `lr`
+    /// is not a finite number of at least 0.
+    fn set_learning_rate(&mut self, lr: f32) -> Result<()> {
+        Err(Error::invalid("optimizer", format!("this optimizer cannot set its learning rate to {lr}")))
+    }
     /// A state slot of the variable at `path` (e.g. `m` and `v` for Adam).
     fn slot(&self, path: &str, name: &str) -> Option<Tensor>;
     /// Every slot as (variable path, slot name, value), sorted.
@@ -67,6 +73,19 @@ pub(super) struct Base {
 impl Base {
     pub(super) fn new(lr: LearningRate) -> Self {
         Base { lr: Some(lr), ..Default::default() }
+    }
+    pub(super) fn set_lr(&mut self, lr: f32) -> Result<()> {
+        check_range("the learning rate", lr, 0.0, f32::MAX, false)?;
+        match &self.lr {
+            None | Some(LearningRate::Constant(_)) => {
+                self.lr = Some(LearningRate::Constant(lr));
+                Ok(())
+            }
+            Some(s) => Err(Error::invalid(
+                "optimizer",
+                format!("the learning rate follows a schedule ({s:?}); a schedule's rate cannot be set to {lr}"),
+            )),
+        }
     }
     pub(super) fn lr(&self) -> f32 {
         self.lr.as_ref().map_or(0.0, |l| l.at(self.iterations))
@@ -227,6 +246,9 @@ macro_rules! optimizer_trait {
             }
             fn learning_rate(&self) -> f32 {
                 self.base.lr()
+            }
+            fn set_learning_rate(&mut self, lr: f32) -> Result<()> {
+                self.base.set_lr(lr)
             }
             fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
                 self.base.slots.get(path)?.get(name).cloned()
@@ -481,6 +503,9 @@ impl Optimizer for Box<dyn Optimizer> {
     }
     fn learning_rate(&self) -> f32 {
         (**self).learning_rate()
+    }
+    fn set_learning_rate(&mut self, lr: f32) -> Result<()> {
+        (**self).set_learning_rate(lr)
     }
     fn slot(&self, path: &str, name: &str) -> Option<Tensor> {
         (**self).slot(path, name)

@@ -371,6 +371,7 @@ impl ShardedModel {
         let (per_rank, opts) = all_ok(&self.mesh, "ShardedModel::fit: checking the data and callbacks", prepared)?;
         let (epochs, batch_size, shuffle, seed) = (opts.epochs, opts.batch_size, opts.shuffle, opts.seed);
         let (validation_split, verbose) = (opts.validation_split, opts.verbose);
+        let (initial_epoch, steps_per_epoch) = (opts.initial_epoch, opts.steps_per_epoch);
         let validation_data = &opts.validation_data;
         let global = self.global.clone();
         let mut h = self.run(|r, model| {
@@ -384,6 +385,8 @@ impl ShardedModel {
                 validation_data: validation_data.clone(),
                 verbose: verbose && global[r] == 0,
                 callbacks,
+                initial_epoch,
+                steps_per_epoch,
             };
             model.fit(x, y, o)
         })?;

@@ -1,4 +1,11 @@
-//! Callbacks run by `fit` after every epoch: early stopping, checkpointing, or any closure.
+//! Callbacks run by `fit` after every epoch: early stopping, checkpointing, learning-rate
+//! changes, logging, or any closure.
+
+mod log;
+mod rate;
+
+pub use log::{CsvLogger, TerminateOnNaN};
+pub use rate::{LearningRateScheduler, ReduceLROnPlateau};
 
 use crate::{History, Model};
 use weft_core::{Error, Result, Tensor};
@@ -29,6 +36,17 @@ pub trait Callback: Send {
     fn on_train_end(&mut self, _history: &History, _model: &Model) -> Result<()> {
         Ok(())
     }
+    /// Before epoch `epoch`: a learning rate to train it at (`None`: leave the rate as it is).
+    /// `current` is the rate the next step would use; `history` holds the epochs trained so far.
+    /// The optimizer's rate must then be a number, not a schedule (as in Keras).
+    fn learning_rate(&mut self, _epoch: usize, _current: f32, _history: &History) -> Result<Option<f32>> {
+        Ok(None)
+    }
+    /// Whether a batch whose loss is not finite ends training, `fit` returning the History so
+    /// far, rather than making `fit` return `Err`. Either way that step is not applied.
+    fn stops_on_non_finite_loss(&self) -> bool {
+        false
+    }
     /// A fresh copy for another rank of a sharded model (`None`: this callback cannot run there).
     fn clone_box(&self) -> Option<Box<dyn Callback>> {
         None
@@ -37,14 +55,14 @@ pub trait Callback: Send {
 
 /// The value of `monitor` (a History key: `loss`, `val_loss`, a metric name or `val_` + a metric
 /// name) at `epoch`.
-fn monitored(history: &History, monitor: &str, epoch: usize) -> Result<f32> {
+pub(crate) fn monitored(history: &History, monitor: &str, epoch: usize) -> Result<f32> {
     history.get(monitor).and_then(|s| s.get(epoch).copied()).ok_or_else(|| {
         Error::invalid("callback", format!("nothing called {monitor:?} is recorded (is there validation data?)"))
     })
 }
 
 /// `Err` unless `fit` will record `monitor`.
-fn will_record(monitor: &str, keys: &[String]) -> Result<()> {
+pub(crate) fn will_record(monitor: &str, keys: &[String]) -> Result<()> {
     if keys.iter().any(|k| k == monitor) {
         return Ok(());
     }
