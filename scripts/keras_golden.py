@@ -379,6 +379,33 @@ for name, m, ys, ps in metric_cases:
     metrics_more.append({"name": name, "y_true": [tolist(v) for v in ys], "y_pred": [tolist(v) for v in ps], "value": float(m.result())})
 out["metrics_more"] = metrics_more
 
+# ReduceLROnPlateau: the learning rate after each epoch's end, for a fixed series of monitored
+# values (plateaus, small changes under min_delta, cooldowns, the floor at min_lr).
+plateau_series = {
+    "val_loss": [1.0, 0.9, 0.95, 0.9, 0.91, 0.89995, 0.92, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6],
+    "val_accuracy": [0.5, 0.6, 0.6, 0.55, 0.6, 0.7, 0.7, 0.7, 0.7, 0.71, 0.7, 0.7, 0.7, 0.7],
+}
+plateau_cases = [
+    ("defaults_p2", "val_loss", dict(patience=2)),
+    ("factor_cooldown", "val_loss", dict(factor=0.5, patience=1, cooldown=2)),
+    ("min_lr_delta", "val_loss", dict(factor=0.2, patience=1, min_delta=0.02, min_lr=0.003)),
+    ("accuracy_max", "val_accuracy", dict(factor=0.5, patience=2, min_delta=0.0, mode="max")),
+    ("loss_mode_max", "val_loss", dict(factor=0.5, patience=1, mode="max")),
+]
+plateau = []
+for name, monitor, kw in plateau_cases:
+    pm = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    pm.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    cb = keras.callbacks.ReduceLROnPlateau(monitor=monitor, **kw)
+    cb.set_model(pm)
+    cb.on_train_begin()
+    lrs = []
+    for e, v in enumerate(plateau_series[monitor]):
+        cb.on_epoch_end(e, {monitor: v})
+        lrs.append(float(pm.optimizer.learning_rate.numpy()))
+    plateau.append({"name": name, "monitor": monitor, "args": kw, "values": plateau_series[monitor], "lr_after": lrs})
+out["reduce_lr_on_plateau"] = plateau
+
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)

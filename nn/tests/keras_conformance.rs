@@ -9,7 +9,7 @@ mod common;
 use common::gpu;
 use serde_json::Value;
 use weft_core::{Device, GradStore, Tensor, Var};
-use weft_nn::callback::{Callback, EarlyStopping, Mode};
+use weft_nn::callback::{Callback, EarlyStopping, Mode, ReduceLROnPlateau};
 use weft_nn::layers::{AttentionMasks, Dense, EinsumDense, LayerNormalization, MultiHeadAttention};
 use weft_nn::optim::{Adagrad, Adam, AdamW, Adamax, LearningRate, Lion, Nadam, Optimizer, RMSprop, Sgd};
 use weft_nn::{Activation, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Sequential};
@@ -623,4 +623,56 @@ fn the_new_metrics_report_in_fit_and_evaluate() {
     let pred = m.predict(&x, 100).unwrap();
     let (hit, total) = Metric::SparseTopKCategoricalAccuracy(2).count(&pred, &y).unwrap();
     close(&[top2], &[(hit / total) as f32], 1e-6, "top-2 over batches of 4 against all at once");
+}
+
+/// ReduceLROnPlateau lowers the rate after the same epochs as Keras' (patience, min_delta,
+/// cooldown, min_lr, mode), fed the same series of monitored values.
+#[test]
+fn reduce_lr_on_plateau_matches_keras() {
+    let probe = Model::new(Sequential::new().add(Dense::new(1)), &Device::Cpu);
+    for case in golden()["reduce_lr_on_plateau"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let monitor = case["monitor"].as_str().unwrap();
+        let args = &case["args"];
+        let mut cb = ReduceLROnPlateau::new(monitor);
+        if let Some(v) = args["factor"].as_f64() {
+            cb = cb.factor(v as f32);
+        }
+        if let Some(v) = args["patience"].as_u64() {
+            cb = cb.patience(v as usize);
+        }
+        if let Some(v) = args["cooldown"].as_u64() {
+            cb = cb.cooldown(v as usize);
+        }
+        if let Some(v) = args["min_delta"].as_f64() {
+            cb = cb.min_delta(v as f32);
+        }
+        if let Some(v) = args["min_lr"].as_f64() {
+            cb = cb.min_lr(v as f32);
+        }
+        match args["mode"].as_str() {
+            Some("max") => cb = cb.mode(Mode::Max),
+            Some("min") => cb = cb.mode(Mode::Min),
+            _ => {}
+        }
+        cb.on_train_begin(&["loss".into(), monitor.into()], &probe).unwrap();
+        let mut history = weft_nn::History::default();
+        let mut lr = 0.1f32;
+        let mut got = Vec::new();
+        for (e, v) in case["values"].as_array().unwrap().iter().enumerate() {
+            let v = v.as_f64().unwrap() as f32;
+            history.loss.push(0.0);
+            match monitor.strip_prefix("val_") {
+                Some("loss") => history.val_loss.push(v),
+                Some(m) => history.val_metrics.entry(m.to_string()).or_default().push(v),
+                None => unreachable!(),
+            }
+            if let Some(new) = cb.learning_rate(e + 1, lr, &history).unwrap() {
+                lr = new;
+            }
+            got.push(lr);
+        }
+        let want: Vec<f32> = case["lr_after"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        close(&got, &want, 1e-6, name);
+    }
 }

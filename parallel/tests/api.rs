@@ -190,3 +190,48 @@ fn clip_norm_is_refused_on_a_split_model() {
     assert!(err.contains("clip_norm") && err.contains("clip_global_norm") && err.contains("sequential/dense"), "{err}");
     m.compile(Adam::new(0.01).clip_value(1.0), weft_nn::Loss::MeanSquaredError, &[]).unwrap();
 }
+
+/// The learning-rate callbacks, a CSV log, `initial_epoch` and `steps_per_epoch` run on every rank
+/// of a sharded model as on one device: the same histories, rates and predictions.
+#[test]
+fn rate_callbacks_and_resumed_epochs_match_one_device() {
+    use weft_nn::callback::{Callback, CsvLogger, LearningRateScheduler, ReduceLROnPlateau};
+    let (x, y) = data();
+    let dir = tempfile::tempdir().unwrap();
+    let callbacks = |file: &str| -> Vec<Box<dyn Callback>> {
+        vec![
+            Box::new(LearningRateScheduler::new(|e, lr| if e == 2 { lr * 0.5 } else { lr })),
+            Box::new(ReduceLROnPlateau::new("val_loss").factor(0.5).patience(1)),
+            Box::new(CsvLogger::new(dir.path().join(file))),
+        ]
+    };
+    let fit = |file: &str, initial_epoch| FitOptions {
+        epochs: 5,
+        initial_epoch,
+        steps_per_epoch: Some(3),
+        callbacks: callbacks(file),
+        ..opts()
+    };
+    let mut one = Model::new(net(), &Device::Cpu);
+    one.compile(Adam::new(5e-2), LOSS, &[]).unwrap();
+    one.build(&[6]).unwrap();
+    let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], 2, 1).unwrap();
+    let mut m = ShardedModel::new(net, &DeviceMesh::cpus(2).unwrap(), &plan).unwrap();
+    m.compile(Adam::new(5e-2), LOSS, &[]).unwrap();
+    for initial in [0, 3] {
+        let h1 = one.fit(&x, &y, fit("one.csv", initial)).unwrap();
+        let h2 = m.fit(&x, &y, fit("two.csv", initial)).unwrap();
+        same_history(&h1, &h2);
+    }
+    close(
+        &one.predict(&x, 40).unwrap().to_vec::<f32>().unwrap(),
+        &m.predict(&x, 40).unwrap().to_vec::<f32>().unwrap(),
+        "after both runs",
+    );
+    let (a, b) = (
+        std::fs::read_to_string(dir.path().join("one.csv")).unwrap(),
+        std::fs::read_to_string(dir.path().join("two.csv")).unwrap(),
+    );
+    assert_eq!(a.lines().count(), 3, "the resumed run's epochs 3 and 4: {a}");
+    assert_eq!(a.lines().next(), b.lines().next());
+}

@@ -53,10 +53,11 @@ pub trait Callback: Send {
     }
 }
 
-/// The value of `monitor` (a History key: `loss`, `val_loss`, a metric name or `val_` + a metric
-/// name) at `epoch`.
-pub(crate) fn monitored(history: &History, monitor: &str, epoch: usize) -> Result<f32> {
-    history.get(monitor).and_then(|s| s.get(epoch).copied()).ok_or_else(|| {
+/// The latest value of `monitor` (a History key: `loss`, `val_loss`, a metric name or `val_` + a
+/// metric name). The latest, not the one at the epoch's index: a run resumed with
+/// `initial_epoch` records from there.
+pub(crate) fn monitored(history: &History, monitor: &str) -> Result<f32> {
+    history.get(monitor).and_then(|s| s.last().copied()).ok_or_else(|| {
         Error::invalid("callback", format!("nothing called {monitor:?} is recorded (is there validation data?)"))
     })
 }
@@ -198,7 +199,7 @@ impl Callback for EarlyStopping {
     }
 
     fn on_epoch_end(&mut self, epoch: usize, history: &History, model: &Model) -> Result<Control> {
-        let v = monitored(history, &self.monitor, epoch)?;
+        let v = monitored(history, &self.monitor)?;
         if epoch < self.start_from_epoch {
             return Ok(Control::Continue);
         }
@@ -292,9 +293,9 @@ impl Callback for ModelCheckpoint {
         }
         Ok(())
     }
-    fn on_epoch_end(&mut self, epoch: usize, history: &History, model: &Model) -> Result<Control> {
+    fn on_epoch_end(&mut self, _epoch: usize, history: &History, model: &Model) -> Result<Control> {
         if self.save_best_only {
-            let v = monitored(history, &self.monitor, epoch)?;
+            let v = monitored(history, &self.monitor)?;
             if !self.mode.improves(&self.monitor, v, self.best, 0.0)? {
                 return Ok(Control::Continue);
             }

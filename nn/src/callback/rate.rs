@@ -1,7 +1,7 @@
 //! Callbacks that change the learning rate between epochs: `ReduceLROnPlateau` and
 //! `LearningRateScheduler`, with Keras' rules.
 
-use super::{Callback, Control, monitored, will_record};
+use super::{Callback, Control, Mode, monitored, will_record};
 use crate::{History, Model};
 use std::sync::Arc;
 use weft_core::{Error, Result};
@@ -9,7 +9,8 @@ use weft_core::{Error, Result};
 /// Multiply the learning rate by `factor` when `monitor` has not improved (by more than
 /// `min_delta`) for `patience` epochs, then wait `cooldown` epochs before counting again, never
 /// going below `min_lr`. Keras' defaults: factor 0.1, patience 10, min_delta 1e-4, cooldown 0,
-/// min_lr 0; a monitor with "acc" in its name should go up, any other down (Keras' auto mode).
+/// min_lr 0, and the direction from the monitor's name (a loss goes down, an accuracy up; set
+/// [`Mode::Min`] or [`Mode::Max`] for any other).
 ///
 /// ```
 /// use weft_nn::callback::ReduceLROnPlateau;
@@ -24,6 +25,7 @@ pub struct ReduceLROnPlateau {
     min_delta: f32,
     cooldown: usize,
     min_lr: f32,
+    mode: Mode,
     best: Option<f32>,
     wait: usize,
     cooling: usize,
@@ -39,6 +41,7 @@ impl ReduceLROnPlateau {
             min_delta: 1e-4,
             cooldown: 0,
             min_lr: 0.0,
+            mode: Mode::Auto,
             best: None,
             wait: 0,
             cooling: 0,
@@ -56,7 +59,7 @@ impl ReduceLROnPlateau {
     }
     /// The least change that counts as an improvement.
     pub fn min_delta(mut self, d: f32) -> Self {
-        self.min_delta = d;
+        self.min_delta = d.abs();
         self
     }
     /// Epochs to wait after a reduction before counting again.
@@ -69,8 +72,10 @@ impl ReduceLROnPlateau {
         self.min_lr = lr;
         self
     }
-    fn higher_is_better(&self) -> bool {
-        self.monitor.contains("acc")
+    /// Which way `monitor` improves (default: from its name).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 }
 
@@ -79,6 +84,10 @@ impl Callback for ReduceLROnPlateau {
         if !(0.0..1.0).contains(&self.factor) {
             return Err(Error::invalid("ReduceLROnPlateau", format!("factor must be in [0, 1), got {}", self.factor)));
         }
+        if !(self.min_lr >= 0.0 && self.min_lr.is_finite()) {
+            return Err(Error::invalid("ReduceLROnPlateau", format!("min_lr must be at least 0, got {}", self.min_lr)));
+        }
+        self.mode.higher_is_better(&self.monitor)?;
         will_record(&self.monitor, keys)?;
         (self.best, self.wait, self.cooling) = (None, 0, 0);
         Ok(())
@@ -89,20 +98,16 @@ impl Callback for ReduceLROnPlateau {
     }
 
     /// Keras' `on_epoch_end`, run before the next epoch with the last epoch's figure.
-    fn learning_rate(&mut self, epoch: usize, current: f32, history: &History) -> Result<Option<f32>> {
-        let Some(last) = history.loss.len().checked_sub(1) else { return Ok(None) };
-        let _ = epoch;
-        let value = monitored(history, &self.monitor, last)?;
+    fn learning_rate(&mut self, _epoch: usize, current: f32, history: &History) -> Result<Option<f32>> {
+        if history.loss.is_empty() {
+            return Ok(None);
+        }
+        let value = monitored(history, &self.monitor)?;
         if self.cooling > 0 {
             self.cooling -= 1;
             self.wait = 0;
         }
-        let better = match self.best {
-            None => true,
-            Some(b) if self.higher_is_better() => value > b + self.min_delta,
-            Some(b) => value < b - self.min_delta,
-        };
-        if better {
+        if self.mode.improves(&self.monitor, value, self.best, self.min_delta)? {
             self.best = Some(value);
             self.wait = 0;
             return Ok(None);
