@@ -17,6 +17,7 @@
 
 pub mod backprop;
 pub mod collectives;
+pub mod conv;
 pub(crate) mod cpu;
 mod device;
 mod dtype;

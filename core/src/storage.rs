@@ -7,6 +7,7 @@
 
 use crate::cpu::{self, CpuStorage};
 use crate::gpu::{self, GpuStorage};
+use crate::conv::{ConvPass, PoolKind, Window2d};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
 
@@ -127,6 +128,35 @@ impl Storage {
             }
             (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("layer_norm", self, g)),
+        })
+    }
+
+    /// One pass of a 2-D convolution (see [`ConvPass`]): `self` and `rhs` are (x, kernel),
+    /// (dy, kernel) or (x, dy).
+    pub fn conv2d(&self, pass: ConvPass, la: &Layout, rhs: &Storage, lb: &Layout, g: &Window2d) -> Result<Storage> {
+        Ok(match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(match pass {
+                ConvPass::Forward => cpu::conv2d(a, la, b, lb, g)?,
+                ConvPass::InputGrad => cpu::conv2d_input_grad(a, la, b, lb, g)?,
+                ConvPass::KernelGrad => cpu::conv2d_kernel_grad(a, la, b, lb, g)?,
+            }),
+            (Storage::Gpu(a), Storage::Gpu(b)) => Storage::Gpu(gpu::conv2d(pass, a, la, b, lb, g)?.inherit(&[a, b])),
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("conv2d", self, rhs)),
+        })
+    }
+
+    /// Max or average pooling, or (with `dy`) its input gradient.
+    pub fn pool2d(&self, kind: PoolKind, l: &Layout, dy: Option<(&Storage, &Layout)>, g: &Window2d) -> Result<Storage> {
+        Ok(match (self, dy) {
+            (Storage::Cpu(x), None) => Storage::Cpu(cpu::pool2d(kind, x, l, g)?),
+            (Storage::Cpu(x), Some((Storage::Cpu(d), ld))) => Storage::Cpu(cpu::pool2d_grad(kind, x, l, d, ld, g)?),
+            (Storage::Gpu(x), None) => Storage::Gpu(gpu::pool2d(kind, x, l, g)?.inherit(&[x])),
+            (Storage::Gpu(x), Some((Storage::Gpu(d), ld))) => {
+                Storage::Gpu(gpu::pool2d_grad(kind, x, l, d, ld, g)?.inherit(&[x, d]))
+            }
+            (Storage::Meta, None | Some((Storage::Meta, _))) => Storage::Meta,
+            (_, Some((d, _))) => return Err(mismatch("pool2d", self, d)),
         })
     }
 

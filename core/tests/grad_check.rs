@@ -188,3 +188,24 @@ fn collective_ops_on_one_rank() {
     check("gather_from_parallel", &[&[2, 3]], &|x| gather_from_parallel(&x[0], c(), 1, &[3]));
     check("scatter_to_parallel", &[&[2, 3]], &|x| scatter_to_parallel(&x[0], c(), 0, &[2]));
 }
+
+#[test]
+fn convolution_and_pooling() {
+    use weft_core::conv::Padding::{Causal, Same, Valid};
+    let cases: Vec<(&str, Vec<&[usize]>, Box<Op<'static>>)> = vec![
+        ("conv2d valid", vec![&[2, 4, 5, 2], &[2, 3, 2, 3]], Box::new(|x| x[0].conv2d(&x[1], [1, 1], [1, 1], Valid))),
+        (
+            "conv2d same, strided, dilated",
+            vec![&[1, 5, 6, 2], &[3, 2, 2, 2]],
+            Box::new(|x| x[0].conv2d(&x[1], [2, 1], [1, 2], Same)),
+        ),
+        ("conv1d causal", vec![&[2, 6, 2], &[3, 2, 2]], Box::new(|x| x[0].conv1d(&x[1], 1, 2, Causal))),
+        ("max_pool2d same", vec![&[1, 5, 5, 2]], Box::new(|x| x[0].max_pool2d([2, 2], [2, 2], Same))),
+        ("max_pool2d overlapping", vec![&[2, 4, 4, 1]], Box::new(|x| x[0].max_pool2d([3, 3], [1, 1], Valid))),
+        ("avg_pool2d same", vec![&[1, 5, 4, 2]], Box::new(|x| x[0].avg_pool2d([3, 2], [2, 2], Same))),
+        ("avg_pool1d", vec![&[2, 7, 2]], Box::new(|x| x[0].avg_pool1d(3, 2, Valid))),
+    ];
+    for (name, shapes, f) in cases {
+        check(name, &shapes, f.as_ref());
+    }
+}

@@ -44,6 +44,15 @@ pub const INDEX_CHECK: &str = include_str!("../wgsl/index_check.wgsl");
 pub const MATMUL_VEC4: &str = include_str!("../wgsl/matmul_vec4.wgsl");
 /// Register-blocked batched matmul without workgroup memory.
 pub const MATMUL_DIRECT: &str = include_str!("../wgsl/matmul_direct.wgsl");
+/// 2-D convolution and its input and kernel gradients (entry points `forward`, `input_grad`,
+/// `kernel_grad`).
+pub const CONV: &str = include_str!("../wgsl/conv.wgsl");
+/// Max and average pooling (entry points `max_pool`, `avg_pool`).
+pub const POOL: &str = include_str!("../wgsl/pool.wgsl");
+/// The input gradient of pooling (entry points `max_grad`, `avg_grad`).
+pub const POOL_GRAD: &str = include_str!("../wgsl/pool_grad.wgsl");
+/// The window helpers both pooling kernels include.
+pub const POOL_TAPS: &str = include_str!("../wgsl/pool_taps.wgsl");
 /// Fused Adam update.
 pub const ADAM: &str = include_str!("../wgsl/adam.wgsl");
 /// A pure-FMA loop: the adapter's arithmetic ceiling, for benchmarks.
@@ -281,6 +290,9 @@ pub fn source(name: &str) -> Option<String> {
         }
         "fma_peak" if variant.is_empty() => FMA_PEAK.to_string(),
         "adam" if variant.is_empty() => ADAM.to_string(),
+        "conv" if variant.is_empty() => CONV.to_string(),
+        "pool" if variant.is_empty() => format!("{POOL}\n{POOL_TAPS}"),
+        "pool_grad" if variant.is_empty() => format!("{POOL_GRAD}\n{POOL_TAPS}"),
         _ => return None,
     };
     Some(with_common(&body))
@@ -307,7 +319,21 @@ pub fn all_kernels() -> Vec<String> {
         .map(String::from),
     );
     names.extend(
-        ["where", "copy", "fill", "rand", "layer_norm", "index", "index_add", "fma_peak", "adam"].map(String::from),
+        [
+            "where",
+            "copy",
+            "fill",
+            "rand",
+            "layer_norm",
+            "index",
+            "index_add",
+            "fma_peak",
+            "adam",
+            "conv",
+            "pool",
+            "pool_grad",
+        ]
+        .map(String::from),
     );
     names
 }

@@ -1,6 +1,7 @@
 //! The Cpu reference backend: every primitive op written plainly (rayon for the big loops).
 //! It is the oracle the GPU kernels are tested against, and the fallback device.
 
+mod conv;
 mod elementwise;
 mod gemm_engine;
 mod index;
@@ -10,6 +11,7 @@ mod pool;
 mod reduce;
 mod sum_columns;
 
+pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad, pool2d, pool2d_grad};
 pub use elementwise::{binary, cast, copy_into, rand_uniform, unary, where_cond};
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use matmul::matmul;

@@ -2,6 +2,7 @@
 //! dispatch of a WGSL kernel from weft-shaders.
 
 mod context;
+mod conv;
 mod elementwise;
 mod fault;
 mod index;
@@ -11,6 +12,7 @@ mod pool;
 mod rows;
 
 pub use context::GpuContext;
+pub(crate) use conv::{conv2d, pool2d, pool2d_grad};
 pub(crate) use elementwise::{binary, cast, copy_into, fill, rand_uniform, unary, where_cond};
 pub(crate) use index::{gather, index_add, index_check, index_select, scatter_add};
 pub(crate) use matmul::matmul;

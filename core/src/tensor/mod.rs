@@ -5,6 +5,7 @@
 //! `backward()` needs.
 
 mod arith;
+mod conv;
 mod create;
 mod host;
 mod index;

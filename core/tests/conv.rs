@@ -1,0 +1,276 @@
+//! Convolution and pooling: the Cpu (im2col + gemm) against a direct f64 loop written from the
+//! definition, and the GPU kernels against the Cpu, forward and both gradients, on random
+//! geometries (odd sizes, strides, dilations, every padding) and non-contiguous inputs.
+
+mod common;
+
+use common::{assert_close, gpu, vals};
+use proptest::prelude::*;
+use weft_core::conv::{Padding, Window2d};
+use weft_core::{Device, Result, Tensor, Var};
+
+/// A geometry drawn by proptest.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    batch: usize,
+    hw: [usize; 2],
+    c_in: usize,
+    c_out: usize,
+    kernel: [usize; 2],
+    strides: [usize; 2],
+    dilation: [usize; 2],
+    padding: Padding,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let pad = prop::sample::select(vec![Padding::Valid, Padding::Same, Padding::Causal]);
+    (
+        (1usize..4, 1usize..10, 1usize..10, 1usize..6, 1usize..6),
+        (1usize..4, 1usize..4, 1usize..3, 1usize..3, 1usize..3, 1usize..3),
+        (pad, 0u64..1000),
+    )
+        .prop_map(|((batch, h, w, c_in, c_out), (kh, kw, sh, sw, dh, dw), (padding, seed))| Case {
+            batch,
+            hw: [h, w],
+            c_in,
+            c_out,
+            kernel: [kh, kw],
+            strides: [sh, sw],
+            dilation: [dh, dw],
+            padding,
+            seed,
+        })
+        .prop_filter("the window fits with valid padding", |c| {
+            Window2d::new("t", &[c.batch, c.hw[0], c.hw[1], c.c_in], c.kernel, c.strides, c.dilation, c.padding).is_ok()
+        })
+}
+
+impl Case {
+    fn geometry(&self) -> Window2d {
+        let x = [self.batch, self.hw[0], self.hw[1], self.c_in];
+        Window2d::new("t", &x, self.kernel, self.strides, self.dilation, self.padding).unwrap()
+    }
+    fn x(&self, dev: &Device) -> Tensor {
+        Tensor::rand(-1.0, 1.0, &[self.batch, self.hw[0], self.hw[1], self.c_in], self.seed, dev).unwrap()
+    }
+    fn kernel(&self, dev: &Device) -> Tensor {
+        let [kh, kw] = self.kernel;
+        Tensor::rand(-1.0, 1.0, &[kh, kw, self.c_in, self.c_out], self.seed + 1, dev).unwrap()
+    }
+}
+
+/// y, dx and dk of the definition, in f64, for `sum(y * w)` with weights `w` shaped like y.
+fn reference(x: &[f32], k: &[f32], w: &[f32], g: &Window2d, c_out: usize) -> [Vec<f32>; 3] {
+    let [h, wd] = g.input;
+    let c = g.channels;
+    let [oh_n, ow_n] = g.output;
+    let mut y = vec![0f64; g.batch * oh_n * ow_n * c_out];
+    let mut dx = vec![0f64; x.len()];
+    let mut dk = vec![0f64; k.len()];
+    for n in 0..g.batch {
+        for oh in 0..oh_n {
+            for ow in 0..ow_n {
+                for co in 0..c_out {
+                    let yi = ((n * oh_n + oh) * ow_n + ow) * c_out + co;
+                    for ky in 0..g.kernel[0] {
+                        let iy = (oh * g.strides[0] + ky * g.dilation[0]) as isize - g.pad[0] as isize;
+                        for kx in 0..g.kernel[1] {
+                            let ix = (ow * g.strides[1] + kx * g.dilation[1]) as isize - g.pad[1] as isize;
+                            if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                continue;
+                            }
+                            for ci in 0..c {
+                                let xi = ((n * h + iy as usize) * wd + ix as usize) * c + ci;
+                                let ki = ((ky * g.kernel[1] + kx) * c + ci) * c_out + co;
+                                y[yi] += x[xi] as f64 * k[ki] as f64;
+                                dx[xi] += w[yi] as f64 * k[ki] as f64;
+                                dk[ki] += w[yi] as f64 * x[xi] as f64;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    [y, dx, dk].map(|v| v.into_iter().map(|a| a as f32).collect())
+}
+
+/// y, dx and dk of `sum(conv(x, k) * w)` through weft on `dev`; `x` is read through a transposed
+/// view when `strided`.
+fn run_conv(c: &Case, w: &[f32], strided: bool, dev: &Device) -> Result<[Vec<f32>; 3]> {
+    let x = if strided {
+        // The same values, laid out [batch, w, h, c] and viewed back as [batch, h, w, c].
+        let t = c.x(&Device::Cpu).transpose(1, 2)?.contiguous()?;
+        Tensor::from_slice(&vals(&t), t.dims(), dev)?.transpose(1, 2)?
+    } else {
+        c.x(dev)
+    };
+    let (xv, kv) = (Var::new(x.clone())?, Var::new(c.kernel(dev))?);
+    let y = xv.as_tensor().conv2d(kv.as_tensor(), c.strides, c.dilation, c.padding)?;
+    let wt = Tensor::from_slice(w, y.dims(), dev)?;
+    let grads = y.mul(&wt)?.sum_all()?.backward()?;
+    Ok([vals(&y), vals(grads.get(&xv).unwrap()), vals(grads.get(&kv).unwrap())])
+}
+
+fn weights(c: &Case) -> Vec<f32> {
+    let g = c.geometry();
+    let n = g.output_dims(c.c_out).iter().product();
+    vals(&Tensor::rand(0.5, 1.5, &[n], c.seed + 2, &Device::Cpu).unwrap())
+}
+
+/// Max or average pooling of `x` (`[n, h, w, c]`) from the definition, with `sum(y * w)`'s dx.
+fn pool_reference(x: &[f32], w: &[f32], g: &Window2d, max: bool) -> [Vec<f32>; 2] {
+    let [h, wd] = g.input;
+    let c = g.channels;
+    let [oh_n, ow_n] = g.output;
+    let mut y = vec![0f32; g.batch * oh_n * ow_n * c];
+    let mut dx = vec![0f32; x.len()];
+    for n in 0..g.batch {
+        for oh in 0..oh_n {
+            for ow in 0..ow_n {
+                for ch in 0..c {
+                    let mut taps = Vec::new();
+                    for ky in 0..g.kernel[0] {
+                        for kx in 0..g.kernel[1] {
+                            let iy = (oh * g.strides[0] + ky) as isize - g.pad[0] as isize;
+                            let ix = (ow * g.strides[1] + kx) as isize - g.pad[1] as isize;
+                            if iy >= 0 && ix >= 0 && iy < h as isize && ix < wd as isize {
+                                taps.push(((n * h + iy as usize) * wd + ix as usize) * c + ch);
+                            }
+                        }
+                    }
+                    let yi = ((n * oh_n + oh) * ow_n + ow) * c + ch;
+                    if max {
+                        let best = taps.iter().copied().fold(taps[0], |b, t| if x[t] > x[b] { t } else { b });
+                        y[yi] = x[best];
+                        dx[best] += w[yi];
+                    } else {
+                        y[yi] = taps.iter().map(|&t| x[t]).sum::<f32>() / taps.len() as f32;
+                        taps.iter().for_each(|&t| dx[t] += w[yi] / taps.len() as f32);
+                    }
+                }
+            }
+        }
+    }
+    [y, dx]
+}
+
+fn run_pool(c: &Case, max: bool, dev: &Device) -> Result<[Vec<f32>; 2]> {
+    let xv = Var::new(c.x(dev))?;
+    let pad = if c.padding == Padding::Causal { Padding::Same } else { c.padding };
+    let x = xv.as_tensor();
+    let y = if max { x.max_pool2d(c.kernel, c.strides, pad)? } else { x.avg_pool2d(c.kernel, c.strides, pad)? };
+    let w = Tensor::rand(0.5, 1.5, y.dims(), c.seed + 3, dev)?;
+    let grads = y.mul(&w)?.sum_all()?.backward()?;
+    Ok([vals(&y), vals(grads.get(&xv).unwrap())])
+}
+
+fn pool_case(c: &Case) -> Option<Window2d> {
+    let pad = if c.padding == Padding::Causal { Padding::Same } else { c.padding };
+    Window2d::new("t", &[c.batch, c.hw[0], c.hw[1], c.c_in], c.kernel, c.strides, [1, 1], pad).ok()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn cpu_convolution_matches_its_definition(c in case(), strided in any::<bool>()) {
+        let w = weights(&c);
+        let want = reference(&vals(&c.x(&Device::Cpu)), &vals(&c.kernel(&Device::Cpu)), &w, &c.geometry(), c.c_out);
+        let got = run_conv(&c, &w, strided, &Device::Cpu).unwrap();
+        for (name, (g, wt)) in ["y", "dx", "dkernel"].iter().zip(got.iter().zip(&want)) {
+            assert_close(g, wt, 1e-5, &format!("{name} of {c:?}"));
+        }
+    }
+
+    #[test]
+    fn cpu_pooling_matches_its_definition(c in case(), max in any::<bool>()) {
+        let Some(g) = pool_case(&c) else { return Ok(()) };
+        let got = run_pool(&c, max, &Device::Cpu).unwrap();
+        let x = vals(&c.x(&Device::Cpu));
+        let w = vals(&Tensor::rand(0.5, 1.5, &g.output_dims(c.c_in), c.seed + 3, &Device::Cpu).unwrap());
+        let want = pool_reference(&x, &w, &g, max);
+        for (name, (gt, wt)) in ["y", "dx"].iter().zip(got.iter().zip(&want)) {
+            assert_close(gt, wt, 1e-6, &format!("{name} of {} pooling {c:?}", if max { "max" } else { "avg" }));
+        }
+    }
+
+    #[test]
+    fn gpu_convolution_and_pooling_match_cpu(c in case(), strided in any::<bool>()) {
+        let Some(dev) = gpu() else { return Ok(()) };
+        let w = weights(&c);
+        let (want, got) = (run_conv(&c, &w, strided, &Device::Cpu).unwrap(), run_conv(&c, &w, strided, &dev).unwrap());
+        for (name, (g, wt)) in ["y", "dx", "dkernel"].iter().zip(got.iter().zip(&want)) {
+            assert_close(g, wt, 1e-5, &format!("GPU {name} of {c:?}"));
+        }
+        if pool_case(&c).is_some() {
+            for max in [true, false] {
+                let (want, got) = (run_pool(&c, max, &Device::Cpu).unwrap(), run_pool(&c, max, &dev).unwrap());
+                for (name, (g, wt)) in ["y", "dx"].iter().zip(got.iter().zip(&want)) {
+                    assert_close(g, wt, 1e-6, &format!("GPU {name} of pooling (max {max}) {c:?}"));
+                }
+            }
+        }
+    }
+}
+
+/// Enough samples that the Cpu builds its columns in several chunks: the result is still the
+/// definition's, and a 1x1 kernel (whose columns are the input itself) is too.
+#[test]
+fn chunked_and_pointwise_convolutions_match_their_definition() {
+    for (batch, kernel) in [(40, [3, 3]), (3, [1, 1])] {
+        let c = Case {
+            batch,
+            hw: [32, 32],
+            c_in: 12,
+            c_out: 4,
+            kernel,
+            strides: [1, 1],
+            dilation: [1, 1],
+            padding: Padding::Same,
+            seed: 5,
+        };
+        let w = weights(&c);
+        let want = reference(&vals(&c.x(&Device::Cpu)), &vals(&c.kernel(&Device::Cpu)), &w, &c.geometry(), c.c_out);
+        let got = run_conv(&c, &w, false, &Device::Cpu).unwrap();
+        for (name, (g, wt)) in ["y", "dx", "dkernel"].iter().zip(got.iter().zip(&want)) {
+            assert_close(g, wt, 1e-4, &format!("{name} of {c:?}"));
+        }
+    }
+}
+
+#[test]
+fn one_dimensional_forms_are_the_two_dimensional_ones_over_a_row() {
+    let x = Tensor::rand(-1.0, 1.0, &[2, 9, 3], 1, &Device::Cpu).unwrap();
+    let k = Tensor::rand(-1.0, 1.0, &[3, 3, 5], 2, &Device::Cpu).unwrap();
+    let y = x.conv1d(&k, 1, 2, Padding::Causal).unwrap();
+    assert_eq!(y.dims(), &[2, 9, 5]);
+    // Causal: output t sees inputs up to t only, so changing the last step changes only the last output.
+    let mut xv = vals(&x);
+    xv[8 * 3] += 1.0;
+    let y2 = Tensor::from_slice(&xv, &[2, 9, 3], &Device::Cpu).unwrap().conv1d(&k, 1, 2, Padding::Causal).unwrap();
+    let (a, b) = (vals(&y), vals(&y2));
+    assert_eq!(a[..8 * 5], b[..8 * 5]);
+    assert_ne!(a[8 * 5..9 * 5], b[8 * 5..9 * 5]);
+    let p = x.max_pool1d(2, 2, Padding::Valid).unwrap();
+    assert_eq!(p.dims(), &[2, 4, 3]);
+    assert_eq!(vals(&p)[0], vals(&x)[0].max(vals(&x)[3]));
+}
+
+#[test]
+fn bad_shapes_are_errs_that_name_them() {
+    let x = Tensor::ones(&[2, 5, 5, 3], &Device::Cpu).unwrap();
+    let k = Tensor::ones(&[3, 3, 4, 2], &Device::Cpu).unwrap();
+    let e = x.conv2d(&k, [1, 1], [1, 1], Padding::Valid).unwrap_err().to_string();
+    assert!(e.contains("[2, 5, 5, 3]") && e.contains("[3, 3, 4, 2]"), "{e}");
+    let k = Tensor::ones(&[7, 7, 3, 2], &Device::Cpu).unwrap();
+    let e = x.conv2d(&k, [1, 1], [1, 1], Padding::Valid).unwrap_err().to_string();
+    assert!(e.contains("smaller than the window"), "{e}");
+    let e = x.max_pool2d([2, 2], [0, 1], Padding::Valid).unwrap_err().to_string();
+    assert!(e.contains("strides"), "{e}");
+    let e = x.avg_pool2d([2, 2], [2, 2], Padding::Causal).unwrap_err().to_string();
+    assert!(e.contains("causal"), "{e}");
+    let e = Tensor::ones(&[5, 3], &Device::Cpu).unwrap().max_pool1d(2, 2, Padding::Valid).unwrap_err().to_string();
+    assert!(e.contains("[5, 3]"), "{e}");
+}
