@@ -406,6 +406,53 @@ for name, monitor, kw in plateau_cases:
     plateau.append({"name": name, "monitor": monitor, "args": kw, "values": plateau_series[monitor], "lr_after": lrs})
 out["reduce_lr_on_plateau"] = plateau
 
+# Convolution and pooling layers with given weights: the output, and the gradients of
+# sum(y * w) for fixed weights w with respect to the input and each variable.
+rng3 = np.random.default_rng(13)
+
+
+def arr3(*shape):
+    return rng3.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+conv_cases = [
+    ("conv2d_valid", keras.layers.Conv2D(3, (2, 3)), (2, 5, 6, 2)),
+    ("conv2d_same_strided", keras.layers.Conv2D(4, 3, strides=2, padding="same"), (2, 7, 6, 3)),
+    ("conv2d_same_dilated", keras.layers.Conv2D(2, 3, dilation_rate=2, padding="same"), (1, 7, 7, 2)),
+    ("conv2d_pointwise_relu_no_bias", keras.layers.Conv2D(3, 1, activation="relu", use_bias=False), (2, 3, 4, 5)),
+    ("conv1d_causal_dilated", keras.layers.Conv1D(3, 3, padding="causal", dilation_rate=2), (2, 9, 2)),
+    ("conv1d_same_strided", keras.layers.Conv1D(2, 4, strides=2, padding="same"), (2, 9, 3)),
+    ("max_pool2d", keras.layers.MaxPooling2D(2), (2, 5, 5, 3)),
+    ("max_pool2d_same", keras.layers.MaxPooling2D(3, strides=2, padding="same"), (2, 7, 6, 2)),
+    ("avg_pool2d_same", keras.layers.AveragePooling2D(3, strides=2, padding="same"), (2, 7, 6, 2)),
+    ("avg_pool2d_valid_strided", keras.layers.AveragePooling2D((2, 3), strides=(1, 2)), (1, 5, 7, 2)),
+    ("max_pool1d", keras.layers.MaxPooling1D(2), (2, 7, 3)),
+    ("avg_pool1d_same", keras.layers.AveragePooling1D(3, strides=1, padding="same"), (2, 6, 2)),
+    ("global_avg_pool2d", keras.layers.GlobalAveragePooling2D(), (2, 3, 4, 5)),
+    ("global_max_pool2d", keras.layers.GlobalMaxPooling2D(), (2, 3, 4, 5)),
+    ("global_max_pool1d", keras.layers.GlobalMaxPooling1D(), (2, 6, 3)),
+]
+conv_out = []
+for name, layer, shape in conv_cases:
+    xc = arr3(*shape)
+    layer.build(shape)
+    ws = [arr3(*w.shape) for w in layer.weights]
+    if ws:
+        layer.set_weights(ws)
+    yc = np.asarray(layer(xc))
+    wc = arr3(*yc.shape)
+
+    def objective(xv, *vs):
+        out_, _ = layer.stateless_call(list(vs), [], xv)
+        return jnp.sum(out_ * wc)
+
+    gs = jax.grad(objective, argnums=tuple(range(1 + len(ws))))(jnp.asarray(xc), *[jnp.asarray(v) for v in ws])
+    conv_out.append({
+        "name": name, "x": tolist(xc), "weights": [tolist(v) for v in ws], "y": tolist(yc), "w": tolist(wc),
+        "grad_x": tolist(gs[0]), "grad_weights": [tolist(g) for g in gs[1:]],
+    })
+out["conv_layers"] = conv_out
+
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)

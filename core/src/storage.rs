@@ -5,9 +5,9 @@
 //! with the values it spoiled (see `gpu/fault.rs`), and every GPU input layout is checked to fit
 //! the kernels' u32 indexing first.
 
+use crate::conv::{ConvPass, PoolKind, Window2d};
 use crate::cpu::{self, CpuStorage};
 use crate::gpu::{self, GpuStorage};
-use crate::conv::{ConvPass, PoolKind, Window2d};
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
 

@@ -192,7 +192,8 @@ fn collective_ops_on_one_rank() {
 #[test]
 fn convolution_and_pooling() {
     use weft_core::conv::Padding::{Causal, Same, Valid};
-    let cases: Vec<(&str, Vec<&[usize]>, Box<Op<'static>>)> = vec![
+    type Case = (&'static str, Vec<&'static [usize]>, Box<Op<'static>>);
+    let cases: Vec<Case> = vec![
         ("conv2d valid", vec![&[2, 4, 5, 2], &[2, 3, 2, 3]], Box::new(|x| x[0].conv2d(&x[1], [1, 1], [1, 1], Valid))),
         (
             "conv2d same, strided, dilated",

@@ -33,6 +33,10 @@ use weft_core::{Error, Result, Tensor, Var};
 pub enum Transform {
     /// Swap the two axes of a matrix (PyTorch `Linear` `[out, in]` to a kernel `[in, out]`).
     Transpose,
+    /// A PyTorch convolution weight `[out, in, k..]` to weft's (and Keras') kernel
+    /// `[k.., in, out]`: `Conv1d` `[out, in, k]` to `[k, in, out]`, `Conv2d` `[out, in, kh, kw]`
+    /// to `[kh, kw, in, out]`.
+    ConvKernel,
 }
 
 /// Strict: every model variable must be found and every source tensor used (or skipped).
@@ -193,6 +197,17 @@ impl Importer {
                         };
                         values = (0..r * c).map(|i| values[(i % r) * c + i / r]).collect();
                         shape = vec![c, r];
+                    }
+                    Transform::ConvKernel => {
+                        if shape.len() < 3 {
+                            problems.push(format!("{name}: a convolution weight has 3 or more axes, not {shape:?}"));
+                            continue;
+                        }
+                        let r = shape.len();
+                        let order: Vec<usize> = (2..r).chain([1, 0]).collect();
+                        let t = Tensor::from_vec(values, &shape, &weft_core::Device::Cpu)?.permute(&order)?;
+                        shape = t.dims().to_vec();
+                        values = t.contiguous()?.to_vec::<f32>()?;
                     }
                 }
                 applied.push(*t);

@@ -61,13 +61,19 @@ pub(crate) fn auto_name(kind: &'static str, counts: &mut HashMap<&'static str, u
     }
 }
 
+/// Keras' snake case: `_` before a capital that starts a word (`MultiHeadAttention` ->
+/// `multi_head_attention`) or follows a small letter; digits join the word before them
+/// (`Conv2D` -> `conv2d`).
 fn to_snake(kind: &str) -> String {
+    let c: Vec<char> = kind.chars().collect();
     let mut s = String::new();
-    for (i, c) in kind.chars().enumerate() {
-        if c.is_uppercase() && i > 0 {
+    for (i, &ch) in c.iter().enumerate() {
+        let starts_word = c.get(i + 1).is_some_and(|n| n.is_lowercase());
+        let after_small = i > 0 && c[i - 1].is_lowercase();
+        if ch.is_uppercase() && i > 0 && (starts_word || after_small) {
             s.push('_');
         }
-        s.push(c.to_ascii_lowercase());
+        s.push(ch.to_ascii_lowercase());
     }
     s
 }
@@ -95,5 +101,21 @@ impl Layer for Sequential {
     }
     fn sublayers(&self) -> Vec<&dyn Layer> {
         self.layers.iter().map(|l| l.as_ref()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn names_are_keras_snake_case() {
+        for (kind, want) in [
+            ("Dense", "dense"),
+            ("MultiHeadAttention", "multi_head_attention"),
+            ("Conv2D", "conv2d"),
+            ("GlobalAveragePooling1D", "global_average_pooling1d"),
+            ("HTTPServer", "http_server"),
+        ] {
+            assert_eq!(super::to_snake(kind), want);
+        }
     }
 }

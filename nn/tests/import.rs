@@ -150,3 +150,53 @@ fn reshape_to_fit_splits_heads() {
         }
     }
 }
+
+/// A PyTorch `Conv2d` weight `[out, in, kh, kw]` imports into a `Conv2D` kernel
+/// `[kh, kw, in, out]`, and the layer computes PyTorch's cross-correlation with it.
+#[test]
+fn a_pytorch_convolution_imports_with_its_axes_moved() {
+    use weft_nn::layers::Conv2D;
+    let (o, i, kh, kw) = (2usize, 3usize, 2usize, 3usize);
+    let w: Vec<f32> = (0..o * i * kh * kw).map(|v| ((v * 7) % 11) as f32 * 0.1 - 0.5).collect();
+    let b = [0.25f32, -0.75];
+    let file = common::raw_safetensors(&[
+        ("conv.weight", "F32", vec![o, i, kh, kw], f32s(&w)),
+        ("conv.bias", "F32", vec![o], f32s(&b)),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("conv.safetensors");
+    std::fs::write(&path, file).unwrap();
+    let m = Model::new(Sequential::new().add(Conv2D::new(o, [kh, kw]).named("conv")), &Device::Cpu);
+    m.build(&[4, 5, i]).unwrap();
+    let imp = Importer::new()
+        .rule("conv.weight", "sequential/conv/kernel")
+        .rule("conv.bias", "sequential/conv/bias")
+        .transform("conv.weight", Transform::ConvKernel);
+    let report = imp.load(&path, &m.variables()).unwrap();
+    assert_eq!(report.mapped.len(), 2, "{report}");
+    let x = Tensor::rand(-1.0, 1.0, &[1, 4, 5, i], 3, &Device::Cpu).unwrap();
+    let xv = x.to_vec::<f32>().unwrap();
+    let y = m.predict(&x, 1).unwrap().to_vec::<f32>().unwrap();
+    let (oh_n, ow_n) = (4 - kh + 1, 5 - kw + 1);
+    for oh in 0..oh_n {
+        for ow in 0..ow_n {
+            for oc in 0..o {
+                let mut want = b[oc];
+                for ic in 0..i {
+                    for ky in 0..kh {
+                        for kx in 0..kw {
+                            want += w[((oc * i + ic) * kh + ky) * kw + kx] * xv[((oh + ky) * 5 + ow + kx) * i + ic];
+                        }
+                    }
+                }
+                let got = y[(oh * ow_n + ow) * o + oc];
+                assert!((got - want).abs() < 1e-5, "y[{oh}, {ow}, {oc}]: {got} against PyTorch's {want}");
+            }
+        }
+    }
+    // A weight of too few axes is refused with its name, and nothing is set.
+    let flat = common::raw_safetensors(&[("conv.weight", "F32", vec![o, i], f32s(&w[..o * i]))]);
+    std::fs::write(&path, flat).unwrap();
+    let err = imp.load(&path, &m.variables()).unwrap_err().to_string();
+    assert!(err.contains("conv.weight") && err.contains("3 or more axes"), "{err}");
+}

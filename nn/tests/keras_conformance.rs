@@ -8,9 +8,13 @@
 mod common;
 use common::gpu;
 use serde_json::Value;
+use weft_core::conv::Padding;
 use weft_core::{Device, GradStore, Tensor, Var};
 use weft_nn::callback::{Callback, EarlyStopping, Mode, ReduceLROnPlateau};
-use weft_nn::layers::{AttentionMasks, Dense, EinsumDense, LayerNormalization, MultiHeadAttention};
+use weft_nn::layers::{
+    AttentionMasks, AveragePooling1D, AveragePooling2D, Conv1D, Conv2D, Dense, EinsumDense, GlobalAveragePooling2D,
+    GlobalMaxPooling1D, GlobalMaxPooling2D, LayerNormalization, MaxPooling1D, MaxPooling2D, MultiHeadAttention,
+};
 use weft_nn::optim::{Adagrad, Adam, AdamW, Adamax, LearningRate, Lion, Nadam, Optimizer, RMSprop, Sgd};
 use weft_nn::{Activation, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Sequential};
 
@@ -674,5 +678,57 @@ fn reduce_lr_on_plateau_matches_keras() {
         }
         let want: Vec<f32> = case["lr_after"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
         close(&got, &want, 1e-6, name);
+    }
+}
+
+/// The weft layer a conv golden case names, set as the Keras one was.
+fn conv_layer(name: &str) -> Box<dyn Layer> {
+    match name {
+        "conv2d_valid" => Box::new(Conv2D::new(3, [2, 3])),
+        "conv2d_same_strided" => Box::new(Conv2D::new(4, [3, 3]).strides([2, 2]).padding(Padding::Same)),
+        "conv2d_same_dilated" => Box::new(Conv2D::new(2, [3, 3]).dilation_rate([2, 2]).padding(Padding::Same)),
+        "conv2d_pointwise_relu_no_bias" => {
+            Box::new(Conv2D::new(3, [1, 1]).activation(Activation::Relu).use_bias(false))
+        }
+        "conv1d_causal_dilated" => Box::new(Conv1D::new(3, 3).padding(Padding::Causal).dilation_rate(2)),
+        "conv1d_same_strided" => Box::new(Conv1D::new(2, 4).strides(2).padding(Padding::Same)),
+        "max_pool2d" => Box::new(MaxPooling2D::new([2, 2])),
+        "max_pool2d_same" => Box::new(MaxPooling2D::new([3, 3]).strides([2, 2]).padding(Padding::Same)),
+        "avg_pool2d_same" => Box::new(AveragePooling2D::new([3, 3]).strides([2, 2]).padding(Padding::Same)),
+        "avg_pool2d_valid_strided" => Box::new(AveragePooling2D::new([2, 3]).strides([1, 2])),
+        "max_pool1d" => Box::new(MaxPooling1D::new(2)),
+        "avg_pool1d_same" => Box::new(AveragePooling1D::new(3).strides(1).padding(Padding::Same)),
+        "global_avg_pool2d" => Box::new(GlobalAveragePooling2D::new()),
+        "global_max_pool2d" => Box::new(GlobalMaxPooling2D::new()),
+        "global_max_pool1d" => Box::new(GlobalMaxPooling1D::new()),
+        other => panic!("no weft layer for golden case {other}"),
+    }
+}
+
+/// Conv1D/Conv2D and the pooling layers match Keras 3 forward (1e-5) and in the gradients of
+/// the input and every variable (1e-4), on the Cpu and on the GPU.
+#[test]
+fn conv_and_pooling_layers_match_keras() {
+    let cases = golden()["conv_layers"].as_array().unwrap().clone();
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    for dev in &devices {
+        for case in &cases {
+            let name = format!("{} on {}", case["name"].as_str().unwrap(), dev.describe());
+            let layer = conv_layer(case["name"].as_str().unwrap());
+            let x = Var::new(tensor(&case["x"]).to_device(dev).unwrap()).unwrap();
+            let weights: Vec<Tensor> =
+                case["weights"].as_array().unwrap().iter().map(|w| tensor(w).to_device(dev).unwrap()).collect();
+            with_weights(layer.as_ref(), x.as_tensor(), &weights);
+            let y = layer.call(x.as_tensor(), &mut Ctx::inference()).unwrap();
+            close(&vals(&y), &vals(&tensor(&case["y"])), 1e-5, &name);
+            let w = tensor(&case["w"]).to_device(dev).unwrap();
+            let grads = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+            close(&vals(grads.get(&x).unwrap()), &vals(&tensor(&case["grad_x"])), 1e-4, &format!("{name}: dx"));
+            let want = case["grad_weights"].as_array().unwrap();
+            for ((p, var), g) in layer.variables().iter().zip(want) {
+                close(&vals(grads.get(var).unwrap()), &vals(&tensor(g)), 1e-4, &format!("{name}: d{p}"));
+            }
+        }
     }
 }

@@ -10,8 +10,11 @@ mod common;
 #[path = "common/lm.rs"]
 mod lm;
 use lm::lm;
+use weft_core::conv::Padding;
 use weft_core::{DType, Device, Tensor};
-use weft_nn::layers::{Dense, Dropout, EinsumDense};
+use weft_nn::layers::{
+    AveragePooling2D, Conv1D, Conv2D, Dense, Dropout, EinsumDense, Flatten, GlobalMaxPooling1D, MaxPooling2D,
+};
 use weft_nn::optim::{Adam, LearningRate};
 use weft_nn::{Activation, Layer, Loss, Sequential};
 use weft_parallel::{AutoConfig, DeviceMesh, ShardingPlan, verify};
@@ -164,4 +167,45 @@ fn every_optimizer_and_activation_trains_split_as_on_one_device() {
     run("adam amsgrad", Adam::new(0.01).amsgrad(true), net, &x, &y);
     run("rmsprop centered, momentum", RMSprop::new(0.01).centered(true).momentum(0.5), net, &x, &y);
     run("sgd clip_value", Sgd::new(0.1).clip_value(0.05), net, &x, &y);
+}
+
+/// Convolutions split by output channels and paired through pooling and dropout (odd channel
+/// counts, so the parts are uneven), then a flatten and a Dense: as on one device.
+fn cnn() -> Sequential {
+    let conv = |f, k| Conv2D::new(f, [k, k]).padding(Padding::Same).activation(Activation::Relu);
+    Sequential::new()
+        .add(conv(7, 3))
+        .add(MaxPooling2D::new([2, 2]).padding(Padding::Same))
+        .add(Dropout::new(0.1))
+        .add(conv(5, 2))
+        .add(AveragePooling2D::new([2, 2]))
+        .add(Flatten::new())
+        .add(Dense::new(4))
+}
+
+#[test]
+fn a_convolutional_network_matches_one_device() {
+    let x = Tensor::rand(-1.0, 1.0, &[32, 5, 5, 3], 4, &Device::Cpu).unwrap();
+    let y = Tensor::from_vec((0..32u32).map(|i| i % 4).collect(), &[32], &Device::Cpu).unwrap();
+    check("cnn", cnn, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
+    // The first convolution pairs with the second through the pooling and the dropout.
+    let p = plan(&cnn(), &[8, 5, 5, 3], &DeviceMesh::cpus(2).unwrap(), DType::F32);
+    let style = |path: &str| p.layers.iter().find(|l| l.path == path).map(|l| l.style.name());
+    assert_eq!((style("sequential/conv2d"), style("sequential/conv2d_1")), (Some("column"), Some("row")), "{p}");
+}
+
+/// A causal Conv1D stack over time with global max pooling.
+fn temporal() -> Sequential {
+    Sequential::new()
+        .add(Conv1D::new(6, 3).padding(Padding::Causal).activation(Activation::Gelu))
+        .add(Conv1D::new(4, 2).dilation_rate(2).padding(Padding::Causal))
+        .add(GlobalMaxPooling1D::new())
+        .add(Dense::new(3))
+}
+
+#[test]
+fn a_temporal_convolution_matches_one_device() {
+    let x = Tensor::rand(-1.0, 1.0, &[32, 9, 2], 5, &Device::Cpu).unwrap();
+    let y = Tensor::from_vec((0..32u32).map(|i| i % 3).collect(), &[32], &Device::Cpu).unwrap();
+    check("temporal", temporal, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
 }

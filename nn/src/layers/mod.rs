@@ -1,6 +1,7 @@
 //! The built-in layers.
 
 mod attention;
+mod conv;
 mod dense;
 mod einsum_dense;
 mod embedding;
@@ -10,8 +11,10 @@ mod pooling;
 mod position;
 mod simple;
 mod transformer;
+mod window_pooling;
 
 pub use attention::{AttentionMasks, MultiHeadAttention};
+pub use conv::{Conv1D, Conv2D};
 pub use dense::Dense;
 pub use einsum_dense::EinsumDense;
 pub use embedding::{Embedding, TiedHead};
@@ -21,3 +24,7 @@ pub use pooling::{GlobalAveragePooling1D, UnitNormalization};
 pub use position::PositionEmbedding;
 pub use simple::{ActivationLayer, Cropping1D, Dropout, Flatten, Reshape};
 pub use transformer::TransformerBlock;
+pub use window_pooling::{
+    AveragePooling1D, AveragePooling2D, GlobalAveragePooling2D, GlobalMaxPooling1D, GlobalMaxPooling2D, MaxPooling1D,
+    MaxPooling2D,
+};

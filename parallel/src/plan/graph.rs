@@ -176,6 +176,8 @@ impl Graph {
                 let last_kept = self.shape(t).and_then(|s| s.last()).is_some_and(|l| n.shape.last() == Some(l));
                 let keeps = n.kind.starts_with("unary/")
                     || matches!(n.kind.as_str(), "copy" | "cast")
+                    // Pooling acts on each channel (the last axis) alone.
+                    || (matches!(n.kind.as_str(), "max_pool" | "avg_pool") && last_kept)
                     || (matches!(n.kind.as_str(), "narrow" | "reshape" | "broadcast") && last_kept)
                     || (n.kind.starts_with("binary/")
                         && drop_scope.is_some()
