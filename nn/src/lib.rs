@@ -38,6 +38,7 @@ mod outputs;
 pub mod scope;
 mod sequential;
 pub mod split;
+mod summary;
 pub mod tokenizer;
 pub mod tp;
 

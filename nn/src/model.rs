@@ -30,6 +30,10 @@ pub struct FitOptions {
     /// Validation data given explicitly (wins over `validation_split`): inputs and labels, each
     /// one tensor or several by name (`(x.into(), y.into())`).
     pub validation_data: Option<(Inputs, Inputs)>,
+    /// Validate after every `validation_freq`-th epoch only (Keras' `validation_freq`; 1: every
+    /// epoch). The History's validation series then hold those epochs' figures, and a callback
+    /// that monitors one skips the epochs without it.
+    pub validation_freq: usize,
     /// Show progress: a bar per epoch on a terminal, one line per epoch otherwise.
     pub verbose: bool,
     /// Called after every epoch (EarlyStopping, ModelCheckpoint, closures).
@@ -51,6 +55,7 @@ impl Default for FitOptions {
             seed: 0,
             validation_split: 0.0,
             validation_data: None,
+            validation_freq: 1,
             verbose: true,
             callbacks: Vec::new(),
             initial_epoch: 0,
@@ -70,6 +75,9 @@ pub struct History {
     pub val_loss: Vec<f32>,
     /// Validation metrics of each epoch, by name.
     pub val_metrics: BTreeMap<String, Vec<f32>>,
+    /// The epochs (indices into `loss`) the validation series hold, when `validation_freq`
+    /// skipped some; empty when every epoch was validated.
+    pub val_epochs: Vec<usize>,
 }
 
 impl History {
@@ -103,6 +111,18 @@ impl History {
     /// One series by its Keras key (`loss`, `val_loss`, `accuracy`, `val_accuracy`, ...).
     pub fn get(&self, key: &str) -> Option<Vec<f32>> {
         self.flat().remove(key)
+    }
+
+    /// The value of `key` at the latest epoch, if it was recorded then (validation figures are
+    /// not recorded at every epoch under `validation_freq`).
+    pub fn latest(&self, key: &str) -> Option<f32> {
+        let series = self.get(key)?;
+        let now = self.loss.len().checked_sub(1)?;
+        let recorded = match key.starts_with("val_") && !self.val_epochs.is_empty() {
+            true => self.val_epochs.last() == Some(&now),
+            false => series.len() == self.loss.len(),
+        };
+        recorded.then(|| series.last().copied()).flatten()
     }
 }
 
@@ -490,6 +510,9 @@ impl Model {
         if opts.batch_size == 0 {
             return Err(Error::invalid("fit", "batch_size must be at least 1"));
         }
+        if opts.validation_freq == 0 {
+            return Err(Error::invalid("fit", "validation_freq must be at least 1"));
+        }
         if opts.steps_per_epoch == Some(0) {
             return Err(Error::invalid("fit", "steps_per_epoch must be at least 1"));
         }
@@ -615,9 +638,12 @@ impl Model {
             for (name, c) in names.iter().zip(&counts) {
                 history.metrics.entry(name.clone()).or_default().push((c.0 / c.1.max(1.0)) as f32);
             }
-            if let Some(v) = &val {
+            if let Some(v) = val.as_ref().filter(|_| (epoch + 1) % opts.validation_freq == 0) {
                 let (vx, vy) = v.inputs();
                 let (vl, vm) = self.evaluate(vx, vy, opts.batch_size)?;
+                if opts.validation_freq > 1 {
+                    history.val_epochs.push(history.loss.len() - 1);
+                }
                 history.val_loss.push(vl);
                 for (name, v) in vm {
                     history.val_metrics.entry(name).or_default().push(v);
@@ -960,10 +986,12 @@ impl Model {
         Ok(())
     }
 
-    /// A Keras-style table: each layer's path and kind, its output shape for one sample
-    /// (`None` stands for the batch axis), and its parameter count; then the totals.
+    /// Keras' summary table: each of the model's layers by its own name and type, its output
+    /// shape (`None` for the batch and for every axis the model lets vary), and its parameters
+    /// (a layer's sublayers included); then the totals, with the optimizer's state once it has
+    /// trained. `input_shape` is one sample's.
     pub fn summary(&self, input_shape: &[usize]) -> Result<String> {
-        self.summary_for(&self.zeros_for(input_shape)?)
+        self.summary_with(&self.zeros_for(input_shape)?, false)
     }
 
     /// [`summary`](Self::summary) of the model run on `x`: one input, or a sample of each of
@@ -981,49 +1009,36 @@ impl Model {
     /// let model = Model::new(g.output(out)?, &Device::Cpu);
     /// let x = Inputs::from([("a", Tensor::zeros(&[1, 3], &Device::Cpu)?), ("b", Tensor::zeros(&[1, 4], &Device::Cpu)?)]);
     /// let table = model.summary_for(x)?;
-    /// assert!(table.contains("two/dense (Dense)") && table.contains("(None, 2)") && table.contains("Total params: 16"));
+    /// assert!(table.contains("│ dense (Dense)") && table.contains("(None, 2)") && table.contains("Total params: 16"));
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn summary_for(&self, x: impl Into<Inputs>) -> Result<String> {
+        self.summary_with(x, false)
+    }
+
+    /// The summary with, when `expand_nested`, every layer's sublayers on rows of their own
+    /// under it (Keras' `summary(expand_nested=True)`).
+    pub fn summary_with(&self, x: impl Into<Inputs>, expand_nested: bool) -> Result<String> {
         let x = x.into().to_device(&self.device)?;
-        let (_, nodes) = no_grad(|| trace::trace(|| self.forward(&x, &mut self.inference_ctx())))?;
-        let mut rows: Vec<(String, String, usize)> = Vec::new();
-        fn walk(l: &dyn Layer, prefix: &str, nodes: &[trace::TraceNode], rows: &mut Vec<(String, String, usize)>) {
-            let path = join(prefix, l.name());
-            let out = nodes.iter().rev().find(|n| n.scope == path || n.scope.starts_with(&format!("{path}/")));
-            let shape = out.map_or("?".to_string(), |n| {
-                let dims: Vec<String> = n.shape.iter().skip(1).map(|d| d.to_string()).collect();
-                format!("(None, {})", dims.join(", "))
-            });
-            let subs = l.sublayers();
-            let own: usize = if subs.is_empty() { l.variables().iter().map(|(_, v)| v.numel()).sum() } else { 0 };
-            if !subs.is_empty() && prefix.is_empty() {
-                // The root container is the table's title, not a row.
-            } else {
-                rows.push((format!("{path} ({})", l.kind()), shape, own));
-            }
-            for s in subs {
-                walk(s, &path, nodes, rows);
-            }
-        }
-        walk(self.net.as_ref(), "", &nodes, &mut rows);
-        let total: usize = self.variables().iter().map(|(_, v)| v.numel()).sum();
-        let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(12) + 2;
-        let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max(12) + 2;
-        let rule = "=".repeat(w0 + w1 + 12);
-        let mut s = format!(
-            "Model: \"{}\"\n{rule}\n{:<w0$}{:<w1$}{:>12}\n{rule}\n",
-            self.net.name(),
-            "Layer (type)",
-            "Output Shape",
-            "Param #"
-        );
-        for (name, shape, params) in &rows {
-            s += &format!("{name:<w0$}{shape:<w1$}{:>12}\n", thousands(*params));
-        }
-        s += &format!("{rule}\nTotal params: {} ({})\n", thousands(total), bytes(total * 4));
-        s += &format!("Trainable params: {} ({})\nNon-trainable params: 0 (0 B)\n", thousands(total), bytes(total * 4));
-        Ok(s)
+        let run = |x: &Inputs| no_grad(|| trace::trace(|| self.forward(x, &mut self.inference_ctx())));
+        let (_, nodes) = run(&x)?;
+        // The free axes: those whose size follows the input's. Every axis of every input grows
+        // by one; a model that takes only one size along some axis is run again with the
+        // batch alone grown.
+        let grown = |all: bool| {
+            x.map(|t| {
+                let dims: Vec<usize> =
+                    t.dims().iter().enumerate().map(|(a, &d)| if a == 0 || all { d + 1 } else { d }).collect();
+                Tensor::zeros(&dims, t.device())?.to_dtype(t.dtype())
+            })
+        };
+        let varied = match run(&grown(true)?) {
+            Ok((_, n)) => n,
+            Err(_) => run(&grown(false)?).map(|(_, n)| n).unwrap_or_default(),
+        };
+        let slots = self.optimizer.as_ref().map(|o| o.slots()).filter(|s| !s.is_empty());
+        let optimizer_params = slots.map(|s| s.iter().map(|(_, _, t)| t.numel()).sum::<usize>());
+        Ok(crate::summary::render(self.net.as_ref(), &nodes, &[&varied], expand_nested, optimizer_params))
     }
 }
 
@@ -1082,26 +1097,6 @@ fn as_f32(t: &Tensor) -> Result<Tensor> {
     if t.dtype() == DType::F32 { Ok(t.clone()) } else { t.to_dtype(DType::F32) }
 }
 
-fn thousands(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-fn bytes(n: usize) -> String {
-    match n {
-        n if n >= 1 << 20 => format!("{:.2} MB", n as f64 / (1 << 20) as f64),
-        n if n >= 1 << 10 => format!("{:.2} KB", n as f64 / (1 << 10) as f64),
-        n => format!("{n} B"),
-    }
-}
-
 fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(steps as u64);
     let style = indicatif::ProgressStyle::with_template(&format!(
@@ -1122,16 +1117,14 @@ fn running_line(loss: f64, names: &[String], counts: &[(f64, f64)]) -> String {
     s
 }
 
+/// The latest epoch's figures (the History starts at `initial_epoch`, and holds validation
+/// figures only for the epochs that ran it).
 fn epoch_line(epoch: usize, epochs: usize, h: &History, took: std::time::Duration) -> String {
-    let mut s = format!("Epoch {}/{epochs} - {:.1}s - loss: {:.4}", epoch + 1, took.as_secs_f32(), h.loss[epoch]);
-    for (k, v) in &h.metrics {
-        s += &format!(" - {k}: {:.4}", v[epoch]);
-    }
-    if let Some(v) = h.val_loss.get(epoch) {
-        s += &format!(" - val_loss: {v:.4}");
-    }
-    for (k, v) in &h.val_metrics {
-        s += &format!(" - val_{k}: {:.4}", v[epoch]);
+    let mut s = format!("Epoch {}/{epochs} - {:.1}s", epoch + 1, took.as_secs_f32());
+    for (k, _) in h.flat() {
+        if let Some(v) = h.latest(&k) {
+            s += &format!(" - {k}: {v:.4}");
+        }
     }
     s
 }

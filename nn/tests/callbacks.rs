@@ -259,3 +259,49 @@ fn terminate_on_nan_ends_fit_with_the_history_so_far() {
     n.fit(x.narrow(0, 0, 16).unwrap(), y.narrow(0, 0, 16).unwrap(), quiet(1, 8, vec![])).unwrap();
     assert_eq!(weights(&m), weights(&n));
 }
+
+#[test]
+fn validation_freq_validates_every_nth_epoch_and_callbacks_skip_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.csv");
+    let x = Tensor::rand(-1.0, 1.0, &[30, 2], 5, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[30, 1], 6, &Device::Cpu).unwrap();
+    let run = |freq: usize, callbacks: Vec<Box<dyn Callback>>| {
+        let mut m = model(0.1);
+        let opts = FitOptions { validation_split: 0.2, validation_freq: freq, callbacks, ..quiet(5, 8, vec![]) };
+        m.fit(&x, &y, opts).unwrap()
+    };
+    let every = run(1, vec![]);
+    let early = EarlyStopping::new("val_loss", 1).min_delta(10.0);
+    let second = run(2, vec![Box::new(CsvLogger::new(&path)), Box::new(early)]);
+    // Validation changes nothing in training; epochs 2 and 4 (1 and 3 from 0) are validated.
+    // EarlyStopping skips epochs 0 and 2, which have no val_loss: the first validated epoch sets
+    // the best, the second fails to beat it by min_delta and stops training.
+    assert_eq!(second.loss, every.loss[..4]);
+    assert_eq!(second.val_loss, [every.val_loss[1], every.val_loss[3]]);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(rows[0], "epoch,loss,val_loss");
+    assert!(rows[1].ends_with(",NA") && !rows[2].ends_with(",NA"), "{text}");
+    let mut m = model(0.1);
+    let err = m.fit(&x, &y, FitOptions { validation_freq: 0, ..quiet(1, 8, vec![]) }).unwrap_err().to_string();
+    assert!(err.contains("validation_freq"), "{err}");
+}
+
+#[test]
+fn a_verbose_resumed_run_prints_its_epochs() {
+    // The per-epoch line reads the latest figures: a History that starts at initial_epoch (and
+    // validation every other epoch) must not be indexed by the epoch number.
+    let (x, y) = data();
+    let mut m = model(0.1);
+    let opts = FitOptions {
+        epochs: 4,
+        initial_epoch: 2,
+        validation_split: 0.25,
+        validation_freq: 2,
+        verbose: true,
+        ..Default::default()
+    };
+    let h = m.fit(&x, &y, opts).unwrap();
+    assert_eq!((h.loss.len(), h.val_loss.len()), (2, 1));
+}

@@ -67,13 +67,9 @@ impl Callback for CsvLogger {
             text += &format!("epoch{sep}{}\n", self.keys.join(&sep));
             self.header_due = false;
         }
-        let last = history.loss.len().saturating_sub(1);
-        let flat = history.flat();
-        let values: Vec<String> = self
-            .keys
-            .iter()
-            .map(|k| flat.get(k).and_then(|s| s.get(last)).map_or(String::new(), |v| v.to_string()))
-            .collect();
+        // "NA" for a figure this epoch did not record (validation under validation_freq), as Keras.
+        let values: Vec<String> =
+            self.keys.iter().map(|k| history.latest(k).map_or("NA".to_string(), |v| v.to_string())).collect();
         text += &format!("{epoch}{sep}{}\n", values.join(&sep));
         let mut f = std::fs::OpenOptions::new()
             .create(true)

@@ -53,13 +53,11 @@ pub trait Callback: Send {
     }
 }
 
-/// The latest value of `monitor` (a History key: `loss`, `val_loss`, a metric name or `val_` + a
-/// metric name). The latest, not the one at the epoch's index: a run resumed with
-/// `initial_epoch` records from there.
-pub(crate) fn monitored(history: &History, monitor: &str) -> Result<f32> {
-    history.get(monitor).and_then(|s| s.last().copied()).ok_or_else(|| {
-        Error::invalid("callback", format!("nothing called {monitor:?} is recorded (is there validation data?)"))
-    })
+/// The value of `monitor` (a History key: `loss`, `val_loss`, a metric name or `val_` + a metric
+/// name) at the latest epoch; `None` at an epoch that did not record it (validation under
+/// `validation_freq`), which a callback skips, as Keras' do.
+pub(crate) fn monitored(history: &History, monitor: &str) -> Option<f32> {
+    history.latest(monitor)
 }
 
 /// `Err` unless `fit` will record `monitor`.
@@ -199,10 +197,9 @@ impl Callback for EarlyStopping {
     }
 
     fn on_epoch_end(&mut self, epoch: usize, history: &History, model: &Model) -> Result<Control> {
-        let v = monitored(history, &self.monitor)?;
-        if epoch < self.start_from_epoch {
+        let Some(v) = monitored(history, &self.monitor).filter(|_| epoch >= self.start_from_epoch) else {
             return Ok(Control::Continue);
-        }
+        };
         if self.restore_best_weights && self.best_weights.is_none() {
             self.best_weights = Some(snapshot(model));
         }
@@ -295,7 +292,7 @@ impl Callback for ModelCheckpoint {
     }
     fn on_epoch_end(&mut self, _epoch: usize, history: &History, model: &Model) -> Result<Control> {
         if self.save_best_only {
-            let v = monitored(history, &self.monitor)?;
+            let Some(v) = monitored(history, &self.monitor) else { return Ok(Control::Continue) };
             if !self.mode.improves(&self.monitor, v, self.best, 0.0)? {
                 return Ok(Control::Continue);
             }

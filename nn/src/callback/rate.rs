@@ -99,10 +99,7 @@ impl Callback for ReduceLROnPlateau {
 
     /// Keras' `on_epoch_end`, run before the next epoch with the last epoch's figure.
     fn learning_rate(&mut self, _epoch: usize, current: f32, history: &History) -> Result<Option<f32>> {
-        if history.loss.is_empty() {
-            return Ok(None);
-        }
-        let value = monitored(history, &self.monitor)?;
+        let Some(value) = monitored(history, &self.monitor) else { return Ok(None) };
         if self.cooling > 0 {
             self.cooling -= 1;
             self.wait = 0;

@@ -370,7 +370,7 @@ impl ShardedModel {
         let prepared = self.prepare_fit(x, y, opts);
         let (per_rank, opts) = all_ok(&self.mesh, "ShardedModel::fit: checking the data and callbacks", prepared)?;
         let (epochs, batch_size, shuffle, seed) = (opts.epochs, opts.batch_size, opts.shuffle, opts.seed);
-        let (validation_split, verbose) = (opts.validation_split, opts.verbose);
+        let (validation_split, validation_freq, verbose) = (opts.validation_split, opts.validation_freq, opts.verbose);
         let (initial_epoch, steps_per_epoch) = (opts.initial_epoch, opts.steps_per_epoch);
         let validation_data = &opts.validation_data;
         let global = self.global.clone();
@@ -383,6 +383,7 @@ impl ShardedModel {
                 seed,
                 validation_split,
                 validation_data: validation_data.clone(),
+                validation_freq,
                 verbose: verbose && global[r] == 0,
                 callbacks,
                 initial_epoch,
