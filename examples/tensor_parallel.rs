@@ -150,7 +150,7 @@ fn main() -> Result<()> {
         decay_steps: steps as u64,
         alpha: 0.05,
     };
-    model.compile(Adam::new(schedule.clone()).clip_global_norm(1.0), loss, &[])?;
+    model.compile(Adam::new(schedule.clone()).clip_global_norm(1.0), loss.clone(), &[])?;
     let (x, y) = data(steps * batch, 1, false)?;
     let start = std::time::Instant::now();
     let epochs = 1;

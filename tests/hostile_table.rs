@@ -381,12 +381,14 @@ fn loss_cases(cases: &mut Vec<Case>) {
     ];
     for (i, loss) in sparse.into_iter().enumerate() {
         for (what, v) in [("-1", -1.0f32), ("3", 3.0), ("1.5", 1.5), ("NaN", f32::NAN), ("inf", f32::INFINITY)] {
+            let loss = loss.clone();
             cases.push(case(format!("sparse cross-entropy #{i} with label {what} of 3 classes"), move || {
                 err_with(loss.compute(&rand(&[2, 3], 0).abs().unwrap(), &t(vec![0.0, v], &[2])), &["labels"])
             }));
         }
+        let l2 = loss.clone();
         cases.push(case(format!("sparse cross-entropy #{i} of a scalar"), move || {
-            err_with(loss.compute(&Tensor::scalar(1.0, &cpu()).unwrap(), &t(vec![0.0], &[1])), &["class"])
+            err_with(l2.compute(&Tensor::scalar(1.0, &cpu()).unwrap(), &t(vec![0.0], &[1])), &["class"])
         }));
         cases.push(case(format!("sparse cross-entropy #{i} with labels for another batch"), move || {
             err_with(loss.compute(&rand(&[2, 3], 0).abs().unwrap(), &t(vec![0.0, 1.0, 2.0], &[3])), &["[2, 3]"])
@@ -400,6 +402,7 @@ fn loss_cases(cases: &mut Vec<Case>) {
         Loss::CategoricalCrossentropy { from_logits: false },
     ] {
         for (p, y) in [(vec![2, 3], vec![2, 4]), (vec![2, 3], vec![3, 3]), (vec![2, 3], vec![6])] {
+            let loss = loss.clone();
             cases.push(case(format!("{loss:?} of {p:?} against {y:?}"), move || {
                 err_with(loss.compute(&rand(&p, 0).abs().unwrap(), &rand(&y, 1).abs().unwrap()), &[&format!("{p:?}")])
             }));
@@ -407,6 +410,7 @@ fn loss_cases(cases: &mut Vec<Case>) {
     }
     for metric in [Metric::SparseCategoricalAccuracy, Metric::Accuracy] {
         for v in [-1.0f32, 3.0, 0.5] {
+            let metric = metric.clone();
             cases.push(case(format!("{metric:?} with label {v} of 3 classes"), move || {
                 err_with(metric.count(&rand(&[2, 3], 0), &t(vec![0.0, v], &[2])), &["labels"])
             }));

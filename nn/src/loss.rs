@@ -1,9 +1,10 @@
 //! Losses: mean over the batch of a per-sample loss.
 
+use std::sync::Arc;
 use weft_core::{Error, Result, Tensor};
 
-/// A loss function of `(y_pred, y_true)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A loss function of `(y_pred, y_true)`. `Loss::custom` makes one of any function.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Loss {
     /// mean((y_pred - y_true)^2)
     MeanSquaredError,
@@ -50,6 +51,40 @@ pub enum Loss {
     SquaredHinge,
     /// max(max((1 - y_true) * y_pred) - sum(y_true * y_pred) + 1, 0) per row, for one-hot y_true.
     CategoricalHinge,
+    /// A loss of one's own (see [`Loss::custom`]).
+    Custom(CustomLoss),
+}
+
+/// The function of (y_true, y_pred) a custom loss computes (Keras' argument order).
+pub type LossFn = dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync;
+
+/// A loss of one's own: a name (shown in errors) and a function of `(y_true, y_pred)`, in
+/// Keras' order, giving a loss per sample (or any tensor), which `fit` averages, as Keras'
+/// default reduction does. It is differentiated like any other tensor code.
+#[derive(Clone)]
+pub struct CustomLoss {
+    name: String,
+    f: Arc<LossFn>,
+}
+
+impl std::fmt::Debug for CustomLoss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Custom({:?})", self.name)
+    }
+}
+
+/// Two custom losses are equal when they are the same function (copies of one `Loss`).
+impl PartialEq for CustomLoss {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && Arc::ptr_eq(&self.f, &other.f)
+    }
+}
+
+impl CustomLoss {
+    /// The name it was given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 /// Probabilities are clipped to [EPS, 1 - EPS] before a log, as Keras does.
@@ -87,6 +122,25 @@ fn unit(x: &Tensor) -> Result<Tensor> {
 }
 
 impl Loss {
+    /// A loss of one's own, `f(y_true, y_pred)` (Keras' order) giving a loss per sample, which
+    /// is averaged. Inside a `ShardedModel` it runs on the whole (gathered) prediction.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// use weft_nn::Loss;
+    /// // Mean squared error with the positive errors counted twice.
+    /// let loss = Loss::custom("asymmetric", |y_true, y_pred| {
+    ///     let e = y_pred.sub(y_true)?;
+    ///     e.square()?.mul(&e.relu()?.sign()?.add_scalar(1.0)?)
+    /// });
+    /// let (p, t) = (Tensor::from_vec(vec![1f32, -1.0], &[2], &Device::Cpu)?, Tensor::zeros(&[2], &Device::Cpu)?);
+    /// assert_eq!(loss.compute(&p, &t)?.to_scalar::<f32>()?, 1.5);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn custom(name: &str, f: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync + 'static) -> Loss {
+        Loss::Custom(CustomLoss { name: name.to_string(), f: Arc::new(f) })
+    }
+
     /// The mean loss over the batch, as a 0-dimensional tensor.
     pub fn compute(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<Tensor> {
         let same_shape = || {
@@ -99,7 +153,22 @@ impl Loss {
             }
             Ok(())
         };
-        match *self {
+        match self {
+            Loss::Custom(c) => {
+                let per = (c.f)(y_true, y_pred).map_err(|e| Error::invalid("loss", format!("{}: {e}", c.name)))?;
+                if per.dtype() != weft_core::DType::F32 || per.numel() == 0 {
+                    return Err(Error::invalid(
+                        "loss",
+                        format!(
+                            "{} gave a {:?} tensor of shape {:?}; a loss is f32 values",
+                            c.name,
+                            per.dtype(),
+                            per.dims()
+                        ),
+                    ));
+                }
+                per.mean_all()
+            }
             Loss::MeanSquaredError => {
                 same_shape()?;
                 y_pred.sub(y_true)?.square()?.mean_all()
@@ -126,7 +195,7 @@ impl Loss {
             Loss::CategoricalCrossentropy { from_logits } => {
                 same_shape()?;
                 let classes = class_count("categorical cross-entropy", y_pred)?;
-                let logp = if from_logits { y_pred.log_softmax(-1)? } else { prob_log(y_pred)? };
+                let logp = if *from_logits { y_pred.log_softmax(-1)? } else { prob_log(y_pred)? };
                 let rows = (y_pred.numel() / classes) as f32;
                 y_true.mul(&logp)?.sum_all()?.mul_scalar(-1.0 / rows)
             }
@@ -149,7 +218,7 @@ impl Loss {
                 }
                 // Every label must be a whole number in 0..classes: -1 or 2.7 is an error, never class 0 or 2.
                 let labels = y.to_index("labels", Some(classes))?;
-                if from_logits {
+                if *from_logits {
                     Tensor::cross_entropy(y_pred, &labels)
                 } else {
                     let rows = y_pred.numel() / classes;
@@ -173,12 +242,12 @@ impl Loss {
             }
             Loss::Huber { delta } => {
                 same_shape()?;
-                if !(delta > 0.0 && delta.is_finite()) {
+                if !(*delta > 0.0 && delta.is_finite()) {
                     return Err(Error::invalid("Huber loss", format!("delta {delta} must be a positive number")));
                 }
                 let a = y_pred.sub(y_true)?.abs()?;
-                let q = a.clamp(f32::NEG_INFINITY, delta)?;
-                q.square()?.mul_scalar(0.5)?.add(&a.sub(&q)?.mul_scalar(delta)?)?.mean_all()
+                let q = a.clamp(f32::NEG_INFINITY, *delta)?;
+                q.square()?.mul_scalar(0.5)?.add(&a.sub(&q)?.mul_scalar(*delta)?)?.mean_all()
             }
             Loss::LogCosh => {
                 same_shape()?;
@@ -245,7 +314,7 @@ impl Loss {
             (&["categorical_crossentropy", "cce"], Loss::CategoricalCrossentropy { from_logits: false }),
             (&["sparse_categorical_crossentropy", "scce"], Loss::SparseCategoricalCrossentropy { from_logits: false }),
         ];
-        known.iter().find(|(names, _)| names.contains(&name)).map(|(_, l)| *l).ok_or_else(|| {
+        known.iter().find(|(names, _)| names.contains(&name)).map(|(_, l)| l.clone()).ok_or_else(|| {
             let all: Vec<&str> = known.iter().map(|(n, _)| n[n.len().min(2) - 1]).collect();
             Error::invalid("Loss::from_name", format!("no loss {name:?}; known: {}", all.join(", ")))
         })

@@ -1,10 +1,11 @@
 //! Metrics, accumulated over an epoch (a running count, not a mean of batch means).
 
+use std::sync::Arc;
 use weft_core::ops::BinaryOp;
 use weft_core::{DType, Error, Result, Tensor, no_grad};
 
-/// A metric of `(y_pred, y_true)`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A metric of `(y_pred, y_true)`. `Metric::custom` makes one of any function.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Metric {
     /// Keras' `"accuracy"`: resolved from the shapes alone, as Keras 3 does
     /// (`compile_utils.get_metric`): a single output is binary, integer labels (one fewer axis
@@ -34,13 +35,41 @@ pub enum Metric {
     MeanAbsoluteError,
     /// mean((y_pred - y_true)^2)
     MeanSquaredError,
+    /// A metric of one's own (see [`Metric::custom`]).
+    Custom(CustomMetric),
+}
+
+/// The function of (y_true, y_pred) a custom metric computes (Keras' argument order).
+pub type MetricFn = dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync;
+
+/// A metric of one's own: a name (its History key) and a function of `(y_true, y_pred)` giving
+/// a value per sample (or any tensor of values); the epoch's figure is the mean over every value
+/// of every batch, as Keras' `MeanMetricWrapper`.
+#[derive(Clone)]
+pub struct CustomMetric {
+    name: String,
+    f: Arc<MetricFn>,
+}
+
+impl std::fmt::Debug for CustomMetric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Custom({:?})", self.name)
+    }
+}
+
+/// Two custom metrics are equal when they are the same function (copies of one `Metric`).
+impl PartialEq for CustomMetric {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && Arc::ptr_eq(&self.f, &other.f)
+    }
 }
 
 impl Metric {
     /// Name used in histories and progress lines (the name the user chose: `accuracy` stays
     /// `accuracy` whatever it resolves to).
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
+            Metric::Custom(c) => &c.name,
             Metric::Accuracy => "accuracy",
             Metric::BinaryAccuracy => "binary_accuracy",
             Metric::CategoricalAccuracy => "categorical_accuracy",
@@ -78,16 +107,32 @@ impl Metric {
             (&["mae", "mean_absolute_error"], Metric::MeanAbsoluteError),
             (&["mse", "mean_squared_error"], Metric::MeanSquaredError),
         ];
-        known.iter().find(|(names, _)| names.contains(&name)).map(|(_, m)| *m).ok_or_else(|| {
+        known.iter().find(|(names, _)| names.contains(&name)).map(|(_, m)| m.clone()).ok_or_else(|| {
             let all: Vec<&str> = known.iter().map(|(n, _)| n[0]).collect();
             Error::invalid("Metric::from_name", format!("no metric {name:?}; known: {}", all.join(", ")))
         })
     }
 
+    /// A metric of one's own named `name` (its History key), `f(y_true, y_pred)` (Keras'
+    /// order) giving a value per sample; the epoch's figure is their mean.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// use weft_nn::Metric;
+    /// let within = Metric::custom("within_0.5", |t, p| p.sub(t)?.abs()?.cmp_scalar(weft_core::ops::BinaryOp::Lt, 0.5));
+    /// let (p, t) = (Tensor::from_vec(vec![0.1f32, 0.9], &[2], &Device::Cpu)?, Tensor::zeros(&[2], &Device::Cpu)?);
+    /// assert_eq!(within.count(&p, &t)?, (1.0, 2.0));
+    /// assert_eq!(within.name(), "within_0.5");
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn custom(name: &str, f: impl Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync + 'static) -> Metric {
+        Metric::Custom(CustomMetric { name: name.to_string(), f: Arc::new(f) })
+    }
+
     /// The concrete metric `Accuracy` stands for, given the shapes.
-    pub fn resolve(self, y_pred: &Tensor, y_true: &Tensor) -> Metric {
-        if self != Metric::Accuracy {
-            return self;
+    pub fn resolve(&self, y_pred: &Tensor, y_true: &Tensor) -> Metric {
+        if *self != Metric::Accuracy {
+            return self.clone();
         }
         let (p_last, t_last) = (y_pred.dims().last().copied(), y_true.dims().last().copied());
         if p_last == Some(1) {
@@ -101,12 +146,22 @@ impl Metric {
 
     /// (correct, total) for one batch. A label that is not a class (negative, fractional, too
     /// large) is an `Err`, and shapes that do not fit are an `Err` naming both.
-    pub fn count(self, y_pred: &Tensor, y_true: &Tensor) -> Result<(f64, f64)> {
+    pub fn count(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<(f64, f64)> {
         no_grad(|| {
+            if let Metric::Custom(c) = self {
+                let v = (c.f)(y_true, y_pred).map_err(|e| Error::invalid("metric", format!("{}: {e}", c.name)))?;
+                let v = v.to_dtype(DType::F32)?;
+                return Ok((v.sum_all()?.to_scalar::<f32>()? as f64, v.numel() as f64));
+            }
             let misfit = || {
                 Error::invalid(
-                    self.name(),
-                    format!("targets of shape {:?} do not fit predictions of shape {:?}", y_true.dims(), y_pred.dims()),
+                    "metric",
+                    format!(
+                        "{}: targets of shape {:?} do not fit predictions of shape {:?}",
+                        self.name(),
+                        y_true.dims(),
+                        y_pred.dims()
+                    ),
                 )
             };
             let r = y_pred.rank();
@@ -132,7 +187,7 @@ impl Metric {
                     if y_true.dims() != y_pred.dims() {
                         return Err(misfit());
                     }
-                    let threshold = if let Metric::BinaryAccuracyAt(t) = self { t } else { 0.5 };
+                    let threshold = if let Metric::BinaryAccuracyAt(t) = self { *t } else { 0.5 };
                     let y = y_true.to_dtype(DType::F32)?;
                     (y_pred.cmp_scalar(BinaryOp::Gt, threshold)?.eq(&y)?, y.numel())
                 }
@@ -176,7 +231,7 @@ impl Metric {
                         return Err(misfit());
                     }
                     let e = y_pred.sub(&y_true.to_dtype(DType::F32)?)?;
-                    let e = if self == Metric::MeanAbsoluteError { e.abs()? } else { e.square()? };
+                    let e = if *self == Metric::MeanAbsoluteError { e.abs()? } else { e.square()? };
                     return Ok((e.sum_all()?.to_scalar::<f32>()? as f64, e.numel() as f64));
                 }
                 _ => {

@@ -184,7 +184,7 @@ impl Model {
 
     /// The loss chosen at compile (of the first output with a loss, on a model of several).
     pub fn loss(&self) -> Option<Loss> {
-        self.heads.as_ref().and_then(|h| h.list.first()).map(|(_, o)| o.loss)
+        self.heads.as_ref().and_then(|h| h.list.first()).map(|(_, o)| o.loss.clone())
     }
 
     fn inference_ctx(&self) -> Ctx {
@@ -201,7 +201,7 @@ impl Model {
 
     /// The loss of a prediction; on a split output, sparse cross-entropy from logits runs on the
     /// shards (vocabulary-parallel), any other loss on the gathered output.
-    fn loss_of(&self, loss_fn: Loss, pred: &Tensor, y: &Tensor) -> Result<Tensor> {
+    fn loss_of(&self, loss_fn: &Loss, pred: &Tensor, y: &Tensor) -> Result<Tensor> {
         if let (Some(tp), Loss::SparseCategoricalCrossentropy { from_logits: true }) = (&self.tp, loss_fn)
             && let Some(sizes) = &tp.output
         {
@@ -403,7 +403,7 @@ impl Model {
                     format!("the model gave {} outputs, the loss of {:?} wants #{at}", preds.len(), o.output),
                 )
             })?;
-            let mut l = self.loss_of(o.loss, pred, y)?;
+            let mut l = self.loss_of(&o.loss, pred, y)?;
             if part != 1.0 {
                 // On a data axis each rank's loss is weighted by its share of the batch, so that
                 // the sum over the axis (which the optimizer takes of the gradients) is the mean.

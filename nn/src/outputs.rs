@@ -55,7 +55,8 @@ impl Heads {
     /// The same loss and metrics on every output of a model with outputs `names` (empty: one).
     pub fn every(names: &[String], loss: Loss, metrics: &[Metric]) -> Self {
         let names: Vec<String> = if names.is_empty() { vec![String::new()] } else { names.to_vec() };
-        let list = names.iter().enumerate().map(|(i, n)| (i, OutputLoss::new(n, loss).metrics(metrics))).collect();
+        let list =
+            names.iter().enumerate().map(|(i, n)| (i, OutputLoss::new(n, loss.clone()).metrics(metrics))).collect();
         Heads { list, named: names.len() > 1 || !names[0].is_empty() }
     }
 

@@ -185,14 +185,14 @@ pub fn verify_with<L: Layer + 'static>(
     mut options: VerifyOptions<'_>,
 ) -> Result<VerifyReport> {
     plan.check_model(&net())?;
-    plan.check_loss(loss)?;
+    plan.check_loss(&loss)?;
     let dev = &mesh.devices()[0];
     let mut one = Model::new(net(), dev);
     let last = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let recording = Recording { inner: Box::new(optimizer.clone()), last: last.clone() };
     let mut sharded = ShardedModel::new(&net, mesh, plan)?;
     if options.outputs.is_empty() {
-        one.compile(recording, loss, &[])?;
+        one.compile(recording, loss.clone(), &[])?;
         sharded.compile(optimizer, loss, &[])?;
     } else {
         one.compile_outputs(recording, &options.outputs)?;

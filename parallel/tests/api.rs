@@ -235,3 +235,26 @@ fn rate_callbacks_and_resumed_epochs_match_one_device() {
     assert_eq!(a.lines().count(), 3, "the resumed run's epochs 3 and 4: {a}");
     assert_eq!(a.lines().next(), b.lines().next());
 }
+
+/// A metric of one's own is counted over every data rank's rows as on one device.
+#[test]
+fn a_custom_metric_reports_as_on_one_device() {
+    let (x, y) = data();
+    let top = || {
+        Metric::custom("label_logit", |y_true, y_pred| {
+            let ids = y_true.to_index("labels", Some(3))?.reshape(&[y_true.numel(), 1])?;
+            y_pred.gather(1, &ids)
+        })
+    };
+    let mut one = Model::new(net(), &Device::Cpu);
+    one.compile(Adam::new(1e-2), LOSS, &[top()]).unwrap();
+    one.build(&[6]).unwrap();
+    let h1 = one.fit(&x, &y, opts()).unwrap();
+    let mesh = DeviceMesh::cpus(4).unwrap().reshape(&[2, 2], &["data", "model"]).unwrap();
+    let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], 2, 2).unwrap();
+    let mut m = ShardedModel::new(net, &mesh, &plan).unwrap();
+    m.compile(Adam::new(1e-2), LOSS, &[top()]).unwrap();
+    let h2 = m.fit(&x, &y, opts()).unwrap();
+    assert!(h1.metrics.contains_key("label_logit"));
+    same_history(&h1, &h2);
+}

@@ -82,7 +82,7 @@ fn run_step<L: Layer + 'static>(
         m.set_tensor_parallel(Arc::new(tp));
         let opt =
             CoordinatedOptimizer::new(Box::new(Adam::new(0.01).clip_global_norm(1.0)), model, data, split.clone());
-        m.compile(opt, loss, &[])?;
+        m.compile(opt, loss.clone(), &[])?;
         m.build(&sample)?;
         log.lock().unwrap().clear();
         m.train_on_batch(x, y)?;
@@ -127,10 +127,10 @@ fn an_mse_model_whose_last_layer_is_split_lists_what_it_runs() {
     assert_eq!((plan.collectives.len(), conditional), (6, 3), "{plan}");
     assert!(plan.to_string().contains("planned without a loss"), "{plan}");
     assert_eq!(run_step(net, &plan, Loss::MeanSquaredError, &x, &y).len(), 4);
-    assert!(plan.check_loss(Loss::MeanSquaredError).is_ok(), "a plan without a loss takes any");
+    assert!(plan.check_loss(&Loss::MeanSquaredError).is_ok(), "a plan without a loss takes any");
     // A plan made for the vocabulary-parallel loss refuses another.
     let lm_plan = cfg.loss(Loss::SparseCategoricalCrossentropy { from_logits: true }).plan(&net(), &[4, 16], 2, 1);
-    let e = lm_plan.unwrap().check_loss(Loss::MeanSquaredError).unwrap_err().to_string();
+    let e = lm_plan.unwrap().check_loss(&Loss::MeanSquaredError).unwrap_err().to_string();
     assert!(e.contains("AutoConfig::loss(MeanSquaredError)"), "{e}");
 }
 
@@ -165,13 +165,13 @@ fn a_language_model_with_the_vocabulary_parallel_loss_lists_what_it_runs() {
             .add(head)
     };
     let loss = Loss::SparseCategoricalCrossentropy { from_logits: true };
-    let cfg = AutoConfig::new().min_params(0).input_dtype(DType::U32).loss(loss);
+    let cfg = AutoConfig::new().min_params(0).input_dtype(DType::U32).loss(loss.clone());
     let plan = cfg.plan(&lm(), &[2, 6], 2, 1).unwrap();
     assert!(plan.output.is_some(), "{plan}");
     let ids: Vec<u32> = (0..12).map(|i| (i * 5 + 1) % 13).collect();
     let x = Tensor::from_vec(ids.clone(), &[2, 6], &Device::Cpu).unwrap();
     let y = Tensor::from_vec(ids.iter().map(|i| (i + 1) % 13).collect(), &[2, 6], &Device::Cpu).unwrap();
-    assert_eq!(listed(&plan), run_step(lm, &plan, loss, &x, &y), "{plan}");
+    assert_eq!(listed(&plan), run_step(lm, &plan, loss.clone(), &x, &y), "{plan}");
 
     // The same model planned for a loss that needs whole logits: its head is gathered instead.
     let plan =

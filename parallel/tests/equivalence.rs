@@ -43,7 +43,7 @@ fn check<L: Layer + 'static>(name: &str, net: impl Fn() -> L + Copy, x: &Tensor,
     batch[0] /= 4;
     for mesh in meshes() {
         let plan = plan(&net(), &batch, &mesh, dtype);
-        let report = verify(net, &mesh, &plan, adam(), loss, (x, y), STEPS).unwrap();
+        let report = verify(net, &mesh, &plan, adam(), loss.clone(), (x, y), STEPS).unwrap();
         println!(
             "{name} on {}: largest relative difference {:.2e} (zero-gradient variables: {:.2e} absolute)",
             mesh.describe(),
@@ -125,12 +125,12 @@ fn fifty_steps_on_fresh_batches_agree_within_1e_4() {
     for n in [2, 3] {
         let mesh = DeviceMesh::cpus(n).unwrap();
         let p = plan(&small_mlp(), &[8, 7], &mesh, DType::F32);
-        let report = verify(small_mlp, &mesh, &p, Adam::new(0.01), loss, (&x, &y), 50).unwrap();
+        let report = verify(small_mlp, &mesh, &p, Adam::new(0.01), loss.clone(), (&x, &y), 50).unwrap();
         assert!(report.max_rel() < TOLERANCE, "mlp on {n}:\n{report}");
         // Fresh batches: consecutive steps see different rows, so their losses differ.
         assert!(report.losses.windows(2).all(|w| w[0].0 != w[1].0), "{:?}", report.losses);
         let p = plan(&lm(), &[8, 6], &mesh, DType::U32);
-        let report = verify(lm, &mesh, &p, adam(), loss, (&tokens, &next), 50).unwrap();
+        let report = verify(lm, &mesh, &p, adam(), loss.clone(), (&tokens, &next), 50).unwrap();
         assert!(report.max_rel() < TOLERANCE, "lm on {n}:\n{report}");
         assert!(report.zero_gradient_max_abs() < 1e-3, "lm on {n}:\n{report}");
     }
@@ -208,4 +208,18 @@ fn a_temporal_convolution_matches_one_device() {
     let x = Tensor::rand(-1.0, 1.0, &[32, 9, 2], 5, &Device::Cpu).unwrap();
     let y = Tensor::from_vec((0..32u32).map(|i| i % 3).collect(), &[32], &Device::Cpu).unwrap();
     check("temporal", temporal, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
+}
+
+/// A loss of one's own runs on the whole (gathered) output on every rank: trained split as on
+/// one device.
+#[test]
+fn a_custom_loss_trains_split_as_on_one_device() {
+    let x = Tensor::rand(-1.0, 1.0, &[32, 7], 1, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[32, 5], 2, &Device::Cpu).unwrap();
+    // Pseudo-Huber on each sample's worst error: not elementwise across the output.
+    let loss = Loss::custom("worst_pseudo_huber", |y_true, y_pred| {
+        let e = y_pred.sub(y_true)?.square()?.max(&[-1], false)?;
+        e.add_scalar(1.0)?.sqrt()?.add_scalar(-1.0)
+    });
+    check("custom loss", mlp, &x, &y, loss, DType::F32);
 }

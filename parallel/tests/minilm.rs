@@ -141,7 +141,7 @@ fn fine_tuning_minilm_split_over_2_and_3_devices_equals_one_device() {
         (x.index_select(&sel).unwrap(), labels.index_select(&sel, 0).unwrap())
     };
     let mut reference = Model::new(classifier(), &Device::Cpu);
-    reference.compile(opt(), loss, &[]).unwrap();
+    reference.compile(opt(), loss.clone(), &[]).unwrap();
     reference.call(x.narrow(0, 1).unwrap()).unwrap();
     for ((_, v), (_, w)) in reference.variables().iter().zip(&start) {
         v.set(w).unwrap();
@@ -159,7 +159,7 @@ fn fine_tuning_minilm_split_over_2_and_3_devices_equals_one_device() {
             ShardedModel::auto_inputs(classifier, &DeviceMesh::cpus(n).unwrap(), &specs(4, t), &AutoConfig::new())
                 .unwrap();
         sharded.set_state(&start).unwrap();
-        sharded.compile(opt(), loss, &[]).unwrap();
+        sharded.compile(opt(), loss.clone(), &[]).unwrap();
         for (s, w) in want.iter().enumerate() {
             let (bx, by) = batch(s);
             let l = sharded.train_on_batch(bx, &by).unwrap();

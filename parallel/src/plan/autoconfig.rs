@@ -182,7 +182,7 @@ impl AutoConfig {
             layers: plan_layers,
             output,
             optimizer_slots: self.optimizer_slots,
-            loss: self.loss.map(|l| format!("{l:?}")),
+            loss: self.loss.as_ref().map(|l| format!("{l:?}")),
             memory: Vec::new(),
             collectives: Vec::new(),
         };
@@ -719,7 +719,7 @@ impl<'a> Planner<'a> {
         if self.graph.outputs.len() > 1 {
             return Some(format!("the model has {} outputs, each leaves whole", self.graph.outputs.len()));
         }
-        let loss = self.cfg.loss.filter(|l| !super::vocab_parallel(l))?;
+        let loss = self.cfg.loss.as_ref().filter(|l| !super::vocab_parallel(l))?;
         Some(format!("the loss ({loss:?}) needs the whole output"))
     }
 

@@ -277,9 +277,9 @@ impl ShardingPlan {
 
     /// Refuse a loss that would run differently from what the plan lists: a plan made for
     /// vocabulary-parallel cross-entropy keeps the output split, and any other loss would gather it.
-    pub fn check_loss(&self, loss: Loss) -> Result<()> {
+    pub fn check_loss(&self, loss: &Loss) -> Result<()> {
         let planned_vocab = self.loss.as_deref().map(|l| l == format!("{:?}", vocab_loss()));
-        if self.output.is_some() && planned_vocab.is_some() && planned_vocab != Some(vocab_parallel(&loss)) {
+        if self.output.is_some() && planned_vocab.is_some() && planned_vocab != Some(vocab_parallel(loss)) {
             return Err(Error::invalid(
                 "ShardingPlan",
                 format!(

@@ -309,7 +309,9 @@ impl ShardedModel {
         loss: Loss,
         metrics: &[Metric],
     ) -> Result<()> {
-        self.compile_with(optimizer, &[loss], |model, opt| model.compile(opt, loss, metrics))
+        self.compile_with(optimizer, std::slice::from_ref(&loss), |model, opt| {
+            model.compile(opt, loss.clone(), metrics)
+        })
     }
 
     /// Choose the optimizer and each output's loss, weight and metrics, as
@@ -319,7 +321,7 @@ impl ShardedModel {
         optimizer: impl Optimizer + Clone + 'static,
         outputs: &[OutputLoss],
     ) -> Result<()> {
-        let losses: Vec<Loss> = outputs.iter().map(|o| o.loss).collect();
+        let losses: Vec<Loss> = outputs.iter().map(|o| o.loss.clone()).collect();
         self.compile_with(optimizer, &losses, |model, opt| model.compile_outputs(opt, outputs))
     }
 
@@ -333,7 +335,7 @@ impl ShardedModel {
         // to the coordinated wrapper).
         optimizer.validate()?;
         for loss in losses {
-            self.plan.check_loss(*loss)?;
+            self.plan.check_loss(loss)?;
         }
         let split: HashSet<String> =
             self.placements.iter().filter(|(_, p)| **p != Placement::Replicate).map(|(k, _)| k.clone()).collect();
