@@ -453,6 +453,62 @@ for name, layer, shape in conv_cases:
     })
 out["conv_layers"] = conv_out
 
+# Normalization options with given weights, as the convolution cases: LayerNormalization's
+# axis, center and scale, and RMSNormalization.
+rng4 = np.random.default_rng(17)
+
+
+def arr4(*shape):
+    return rng4.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+norm_cases = [
+    ("layer_norm_axis_1", keras.layers.LayerNormalization(axis=1), (2, 3, 4)),
+    ("layer_norm_no_center", keras.layers.LayerNormalization(center=False, epsilon=1e-5), (2, 3, 4)),
+    ("layer_norm_no_scale", keras.layers.LayerNormalization(scale=False), (2, 3, 4)),
+    ("layer_norm_plain", keras.layers.LayerNormalization(center=False, scale=False), (2, 5)),
+    ("rms_norm", keras.layers.RMSNormalization(), (2, 3, 4)),
+    ("rms_norm_eps", keras.layers.RMSNormalization(epsilon=1e-3), (2, 5)),
+]
+norm_out = []
+for name, layer, shape in norm_cases:
+    xc = arr4(*shape)
+    layer.build(shape)
+    ws = [arr4(*w.shape) for w in layer.weights]
+    if ws:
+        layer.set_weights(ws)
+    yc = np.asarray(layer(xc))
+    wc = arr4(*yc.shape)
+
+    def objective(xv, *vs):
+        out_, _ = layer.stateless_call(list(vs), [], xv)
+        return jnp.sum(out_ * wc)
+
+    gs = jax.grad(objective, argnums=tuple(range(1 + len(ws))))(jnp.asarray(xc), *[jnp.asarray(v) for v in ws])
+    norm_out.append({
+        "name": name, "x": tolist(xc), "weights": [tolist(v) for v in ws], "weight_names": [w.name for w in layer.weights],
+        "y": tolist(yc), "w": tolist(wc), "grad_x": tolist(gs[0]), "grad_weights": [tolist(g) for g in gs[1:]],
+    })
+out["norm_layers"] = norm_out
+
+# Label smoothing: the loss and its gradient with respect to y_pred.
+rng5 = np.random.default_rng(19)
+ls_onehot = np.eye(4, dtype=np.float32)[[0, 3, 1]]
+ls_bits = (rng5.uniform(size=(3, 4)) > 0.5).astype(np.float32)
+ls_logits = rng5.uniform(-2.0, 2.0, size=(3, 4)).astype(np.float32)
+ls_probs = np.asarray(keras.activations.softmax(ls_logits))
+ls_sig = np.asarray(keras.activations.sigmoid(ls_logits))
+smoothing = []
+for name, fn, yt, yp in [
+    ("bce_logits_0.1", keras.losses.BinaryCrossentropy(from_logits=True, label_smoothing=0.1), ls_bits, ls_logits),
+    ("bce_probs_0.3", keras.losses.BinaryCrossentropy(label_smoothing=0.3), ls_bits, ls_sig),
+    ("cce_logits_0.1", keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1), ls_onehot, ls_logits),
+    ("cce_probs_0.2", keras.losses.CategoricalCrossentropy(label_smoothing=0.2), ls_onehot, ls_probs),
+]:
+    value, grad = jax.value_and_grad(lambda p: fn(jnp.asarray(yt), p))(jnp.asarray(yp))
+    smoothing.append({"name": name, "y_true": tolist(yt), "y_pred": tolist(yp), "value": float(value), "grad": tolist(grad)})
+out["label_smoothing"] = smoothing
+
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)

@@ -53,6 +53,14 @@ pub enum Loss {
     CategoricalHinge,
     /// A loss of one's own (see [`Loss::custom`]).
     Custom(CustomLoss),
+    /// A binary or categorical cross-entropy against smoothed targets (see
+    /// [`Loss::with_label_smoothing`]).
+    LabelSmoothing {
+        /// The cross-entropy.
+        loss: Box<Loss>,
+        /// How much of each target moves to the uniform distribution, in [0, 1].
+        smoothing: f32,
+    },
 }
 
 /// The function of (y_true, y_pred) a custom loss computes (Keras' argument order).
@@ -141,6 +149,32 @@ impl Loss {
         Loss::Custom(CustomLoss { name: name.to_string(), f: Arc::new(f) })
     }
 
+    /// This cross-entropy against targets smoothed by `smoothing` (Keras' `label_smoothing`):
+    /// binary targets become `y (1 - s) + s / 2`, one-hot targets `y (1 - s) + s / classes`.
+    /// Any other loss, or `smoothing` outside [0, 1], is an `Err`.
+    ///
+    /// ```
+    /// use weft_nn::Loss;
+    /// let loss = Loss::CategoricalCrossentropy { from_logits: true }.with_label_smoothing(0.1)?;
+    /// assert!(Loss::MeanSquaredError.with_label_smoothing(0.1).is_err());
+    /// # let _ = loss;
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn with_label_smoothing(self, smoothing: f32) -> Result<Loss> {
+        if !(0.0..=1.0).contains(&smoothing) {
+            return Err(Error::invalid("label_smoothing", format!("must be in [0, 1], got {smoothing}")));
+        }
+        match self {
+            Loss::BinaryCrossentropy { .. } | Loss::CategoricalCrossentropy { .. } => {
+                Ok(Loss::LabelSmoothing { loss: Box::new(self), smoothing })
+            }
+            other => Err(Error::invalid(
+                "label_smoothing",
+                format!("smooths binary and categorical cross-entropy targets, not those of {other:?}"),
+            )),
+        }
+    }
+
     /// The mean loss over the batch, as a 0-dimensional tensor.
     pub fn compute(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<Tensor> {
         let same_shape = || {
@@ -154,6 +188,20 @@ impl Loss {
             Ok(())
         };
         match self {
+            Loss::LabelSmoothing { loss, smoothing } => {
+                let share = match **loss {
+                    Loss::BinaryCrossentropy { .. } => 0.5,
+                    Loss::CategoricalCrossentropy { .. } => 1.0 / class_count("label smoothing", y_pred)? as f32,
+                    ref other => {
+                        return Err(Error::invalid(
+                            "label_smoothing",
+                            format!("cannot smooth the targets of {other:?}"),
+                        ));
+                    }
+                };
+                let y = y_true.to_dtype(weft_core::DType::F32)?.affine(1.0 - smoothing, smoothing * share)?;
+                loss.compute(y_pred, &y)
+            }
             Loss::Custom(c) => {
                 let per = (c.f)(y_true, y_pred).map_err(|e| Error::invalid("loss", format!("{}: {e}", c.name)))?;
                 if per.dtype() != weft_core::DType::F32 || per.numel() == 0 {

@@ -14,6 +14,7 @@ use weft_nn::callback::{Callback, EarlyStopping, Mode, ReduceLROnPlateau};
 use weft_nn::layers::{
     AttentionMasks, AveragePooling1D, AveragePooling2D, Conv1D, Conv2D, Dense, EinsumDense, GlobalAveragePooling2D,
     GlobalMaxPooling1D, GlobalMaxPooling2D, LayerNormalization, MaxPooling1D, MaxPooling2D, MultiHeadAttention,
+    RMSNormalization,
 };
 use weft_nn::optim::{Adagrad, Adam, AdamW, Adamax, LearningRate, Lion, Nadam, Optimizer, RMSprop, Sgd};
 use weft_nn::{Activation, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Sequential};
@@ -709,13 +710,39 @@ fn conv_layer(name: &str) -> Box<dyn Layer> {
 /// the input and every variable (1e-4), on the Cpu and on the GPU.
 #[test]
 fn conv_and_pooling_layers_match_keras() {
-    let cases = golden()["conv_layers"].as_array().unwrap().clone();
+    layers_with_gradients_match_keras("conv_layers", conv_layer);
+}
+
+/// The weft layer a normalization golden case names.
+fn norm_layer(name: &str) -> Box<dyn Layer> {
+    match name {
+        "layer_norm_axis_1" => Box::new(LayerNormalization::new().axis(1)),
+        "layer_norm_no_center" => Box::new(LayerNormalization::new().center(false).epsilon(1e-5)),
+        "layer_norm_no_scale" => Box::new(LayerNormalization::new().scale(false)),
+        "layer_norm_plain" => Box::new(LayerNormalization::new().center(false).scale(false)),
+        "rms_norm" => Box::new(RMSNormalization::new()),
+        "rms_norm_eps" => Box::new(RMSNormalization::new().epsilon(1e-3)),
+        other => panic!("no weft layer for golden case {other}"),
+    }
+}
+
+/// LayerNormalization's axis, center and scale, and RMSNormalization, match Keras 3 as the
+/// convolutions do.
+#[test]
+fn normalization_options_match_keras() {
+    layers_with_gradients_match_keras("norm_layers", norm_layer);
+}
+
+/// Every case of golden section `section`: the layer `make` names, given Keras' weights, gives
+/// Keras' output and gradients on the Cpu and on the GPU.
+fn layers_with_gradients_match_keras(section: &str, make: fn(&str) -> Box<dyn Layer>) {
+    let cases = golden()[section].as_array().unwrap().clone();
     let mut devices = vec![Device::Cpu];
     devices.extend(gpu());
     for dev in &devices {
         for case in &cases {
             let name = format!("{} on {}", case["name"].as_str().unwrap(), dev.describe());
-            let layer = conv_layer(case["name"].as_str().unwrap());
+            let layer = make(case["name"].as_str().unwrap());
             let x = Var::new(tensor(&case["x"]).to_device(dev).unwrap()).unwrap();
             let weights: Vec<Tensor> =
                 case["weights"].as_array().unwrap().iter().map(|w| tensor(w).to_device(dev).unwrap()).collect();
@@ -731,4 +758,37 @@ fn conv_and_pooling_layers_match_keras() {
             }
         }
     }
+}
+
+/// Label smoothing of binary and categorical cross-entropy matches Keras 3 in value (1e-5) and
+/// gradient (1e-4), on the Cpu and the GPU.
+#[test]
+fn label_smoothing_matches_keras() {
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    for dev in &devices {
+        for case in golden()["label_smoothing"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let (base, s) = name.rsplit_once('_').unwrap();
+            let loss = match base {
+                "bce_logits" => Loss::BinaryCrossentropy { from_logits: true },
+                "bce_probs" => Loss::BinaryCrossentropy { from_logits: false },
+                "cce_logits" => Loss::CategoricalCrossentropy { from_logits: true },
+                "cce_probs" => Loss::CategoricalCrossentropy { from_logits: false },
+                other => panic!("no loss for {other}"),
+            }
+            .with_label_smoothing(s.parse().unwrap())
+            .unwrap();
+            let p = Var::new(tensor(&case["y_pred"]).to_device(dev).unwrap()).unwrap();
+            let value = loss.compute(p.as_tensor(), &tensor(&case["y_true"]).to_device(dev).unwrap()).unwrap();
+            let what = format!("{name} on {}", dev.describe());
+            close(&vals(&value), &[case["value"].as_f64().unwrap() as f32], 1e-5, &what);
+            let grads = value.backward().unwrap();
+            close(&vals(grads.get(&p).unwrap()), &vals(&tensor(&case["grad"])), 1e-4, &format!("{what}: gradient"));
+        }
+    }
+    let e = Loss::SparseCategoricalCrossentropy { from_logits: true }.with_label_smoothing(0.1).unwrap_err();
+    assert!(e.to_string().contains("SparseCategoricalCrossentropy"), "{e}");
+    let e = Loss::CategoricalCrossentropy { from_logits: true }.with_label_smoothing(1.5).unwrap_err();
+    assert!(e.to_string().contains("1.5"), "{e}");
 }

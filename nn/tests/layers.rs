@@ -285,3 +285,33 @@ fn einsum_dense_fans_come_from_its_input_and_output_axes() {
     let want = (2.0f32 / 128.0).sqrt();
     assert!((std - want).abs() < 0.03 * want, "std {std}, Keras' {want}");
 }
+
+/// Normalizing over an inner axis is normalizing over the last axis of the transposed input
+/// (Keras 3.15's RMSNormalization cannot broadcast its scale over an inner axis; weft's can),
+/// and a variable built for one width refuses another with both shapes.
+#[test]
+fn normalization_over_an_inner_axis_and_a_refit() {
+    use weft_nn::layers::RMSNormalization;
+    let x = Tensor::rand(-1.0, 1.0, &[2, 3, 4], 9, &Device::Cpu).unwrap();
+    let xt = x.transpose(1, 2).unwrap().contiguous().unwrap();
+    let ctx = &mut Ctx::inference();
+    let pairs: [(Box<dyn Layer>, Box<dyn Layer>); 2] = [
+        (Box::new(RMSNormalization::new().axis(1)), Box::new(RMSNormalization::new())),
+        (Box::new(LayerNormalization::new().axis(-2)), Box::new(LayerNormalization::new())),
+    ];
+    for (inner, last) in pairs {
+        // Built on a first call, then given the same random scales.
+        inner.call(&x, ctx).unwrap();
+        last.call(&xt, ctx).unwrap();
+        for ((_, va), (_, vb)) in inner.variables().iter().zip(last.variables()) {
+            let w = Tensor::rand(0.5, 1.5, va.dims(), 4, &Device::Cpu).unwrap();
+            va.set(&w).unwrap();
+            vb.set(&w).unwrap();
+        }
+        let a = inner.call(&x, ctx).unwrap();
+        let b = last.call(&xt, ctx).unwrap().transpose(1, 2).unwrap().contiguous().unwrap();
+        close(&a, &b);
+        let e = inner.call(&Tensor::ones(&[2, 5, 4], &Device::Cpu).unwrap(), ctx).unwrap_err().to_string();
+        assert!(e.contains("[2, 5, 4]") && e.contains("[3]"), "{e}");
+    }
+}

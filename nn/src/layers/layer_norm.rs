@@ -1,14 +1,31 @@
-//! LayerNormalization over the last axis.
+//! LayerNormalization (over one axis, with or without its offset and scale) and
+//! RMSNormalization.
 
 use crate::{Ctx, Layer};
 use std::sync::OnceLock;
+use weft_core::layout::resolve_axis;
 use weft_core::{Error, Result, Tensor, Var, trace};
 
-/// `(x - mean) / sqrt(var + epsilon) * gamma + beta` over the last axis (Keras' default epsilon 1e-3).
+/// `(x - mean) / sqrt(var + epsilon) * gamma + beta` over one axis (the last by default), as
+/// Keras' `LayerNormalization`: epsilon 1e-3, `gamma` only with `scale`, `beta` only with
+/// `center` (both on by default).
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::{layers::LayerNormalization, Ctx, Layer};
+/// let ln = LayerNormalization::new().axis(1).center(false);
+/// let y = ln.call(&Tensor::rand(-1.0, 1.0, &[2, 3, 4], 0, &Device::Cpu)?, &mut Ctx::inference())?;
+/// assert_eq!(y.dims(), &[2, 3, 4]);
+/// assert_eq!(ln.variables().len(), 1); // gamma [3] only
+/// # Ok::<(), weft_core::Error>(())
+/// ```
 pub struct LayerNormalization {
     name: String,
     epsilon: f32,
-    vars: OnceLock<(Var, Var)>,
+    axis: isize,
+    center: bool,
+    scale: bool,
+    vars: OnceLock<(Option<Var>, Option<Var>)>,
 }
 
 impl Default for LayerNormalization {
@@ -18,13 +35,35 @@ impl Default for LayerNormalization {
 }
 
 impl LayerNormalization {
-    /// Layer norm with epsilon 1e-3, gamma ones and beta zeros.
+    /// Layer norm over the last axis with epsilon 1e-3, gamma ones and beta zeros.
     pub fn new() -> Self {
-        LayerNormalization { name: String::new(), epsilon: 1e-3, vars: OnceLock::new() }
+        LayerNormalization {
+            name: String::new(),
+            epsilon: 1e-3,
+            axis: -1,
+            center: true,
+            scale: true,
+            vars: OnceLock::new(),
+        }
     }
     /// Set epsilon.
     pub fn epsilon(mut self, eps: f32) -> Self {
         self.epsilon = eps;
+        self
+    }
+    /// The axis normalized over (negative counts from the end).
+    pub fn axis(mut self, axis: isize) -> Self {
+        self.axis = axis;
+        self
+    }
+    /// Whether to add the offset `beta`.
+    pub fn center(mut self, on: bool) -> Self {
+        self.center = on;
+        self
+    }
+    /// Whether to multiply by the scale `gamma`.
+    pub fn scale(mut self, on: bool) -> Self {
+        self.scale = on;
         self
     }
     /// Give the layer a name.
@@ -34,33 +73,59 @@ impl LayerNormalization {
     }
 }
 
+/// The size of `axis` of `x`, or an `Err` naming the layer.
+fn axis_size(kind: &'static str, x: &Tensor, axis: isize) -> Result<(usize, usize)> {
+    let a = resolve_axis(kind, axis, x.rank()).map_err(|_| {
+        Error::invalid(kind, format!("{}: no axis {axis} in shape {:?}", trace::current_scope(), x.dims()))
+    })?;
+    Ok((a, x.dims()[a]))
+}
+
+/// `v`, or an `Err` when a variable built for another input does not fit this one.
+fn fits<'a>(kind: &'static str, v: &'a Var, n: usize, x: &Tensor) -> Result<&'a Var> {
+    if v.dims() != [n] {
+        return Err(Error::invalid(
+            kind,
+            format!(
+                "{}: input of shape {:?} does not fit a variable of shape {:?}",
+                trace::current_scope(),
+                x.dims(),
+                v.dims()
+            ),
+        ));
+    }
+    Ok(v)
+}
+
 impl Layer for LayerNormalization {
     fn call(&self, x: &Tensor, _ctx: &mut Ctx) -> Result<Tensor> {
         let _scope = crate::scope::enter(self);
-        let n = *x.dims().last().ok_or_else(|| {
-            Error::invalid("LayerNormalization", format!("{}: input has no axes", trace::current_scope()))
-        })?;
+        const KIND: &str = "LayerNormalization";
+        let (a, n) = axis_size(KIND, x, self.axis)?;
         let (gamma, beta) = match self.vars.get() {
             Some(v) => v,
             None => {
-                let _ = self
-                    .vars
-                    .set((Var::new(Tensor::ones(&[n], x.device())?)?, Var::new(Tensor::zeros(&[n], x.device())?)?));
+                let g = if self.scale { Some(Var::new(Tensor::ones(&[n], x.device())?)?) } else { None };
+                let b = if self.center { Some(Var::new(Tensor::zeros(&[n], x.device())?)?) } else { None };
+                let _ = self.vars.set((g, b));
                 self.vars.get().expect("just set")
             }
         };
-        if gamma.dims() != [n] {
-            return Err(Error::invalid(
-                "LayerNormalization",
-                format!(
-                    "{}: input of shape {:?} does not fit gamma of shape {:?}",
-                    trace::current_scope(),
-                    x.dims(),
-                    gamma.dims()
-                ),
-            ));
+        let gamma = match gamma {
+            Some(g) => fits(KIND, g, n, x)?.as_tensor().clone(),
+            None => Tensor::ones(&[n], x.device())?,
+        };
+        let beta = match beta {
+            Some(b) => fits(KIND, b, n, x)?.as_tensor().clone(),
+            None => Tensor::zeros(&[n], x.device())?,
+        };
+        // The fused kernel normalizes the last axis: another axis is moved there and back.
+        let last = x.rank() - 1;
+        if a == last {
+            return x.layer_norm(&gamma, &beta, self.epsilon);
         }
-        x.layer_norm(gamma, beta, self.epsilon)
+        let (a, last) = (a as isize, last as isize);
+        x.transpose(a, last)?.layer_norm(&gamma, &beta, self.epsilon)?.transpose(a, last)
     }
     fn name(&self) -> &str {
         &self.name
@@ -75,9 +140,92 @@ impl Layer for LayerNormalization {
         crate::SplitRule::Whole { why: "normalizes over the whole width".into() }
     }
     fn variables(&self) -> Vec<(String, Var)> {
-        match self.vars.get() {
-            Some((g, b)) => vec![("gamma".to_string(), g.clone()), ("beta".to_string(), b.clone())],
-            None => Vec::new(),
-        }
+        let Some((g, b)) = self.vars.get() else { return Vec::new() };
+        let named = |n: &str, v: &Option<Var>| v.as_ref().map(|v| (n.to_string(), v.clone()));
+        named("gamma", g).into_iter().chain(named("beta", b)).collect()
+    }
+}
+
+/// `x * rsqrt(mean(x^2) + epsilon) * scale` over one axis (the last by default), as Keras'
+/// `RMSNormalization` (epsilon 1e-6, `scale` ones): the normalization of Llama and Gemma.
+///
+/// ```
+/// use weft_core::{Device, Tensor};
+/// use weft_nn::{layers::RMSNormalization, Ctx, Layer};
+/// let x = Tensor::from_vec(vec![3f32, 4.], &[1, 2], &Device::Cpu)?;
+/// let y = RMSNormalization::new().epsilon(0.0).call(&x, &mut Ctx::inference())?;
+/// let rms = (12.5f32).sqrt();
+/// assert_eq!(y.to_vec::<f32>()?, vec![3.0 / rms, 4.0 / rms]);
+/// # Ok::<(), weft_core::Error>(())
+/// ```
+pub struct RMSNormalization {
+    name: String,
+    epsilon: f32,
+    axis: isize,
+    scale: OnceLock<Var>,
+}
+
+impl Default for RMSNormalization {
+    fn default() -> Self {
+        RMSNormalization::new()
+    }
+}
+
+impl RMSNormalization {
+    /// RMS normalization over the last axis, epsilon 1e-6.
+    pub fn new() -> Self {
+        RMSNormalization { name: String::new(), epsilon: 1e-6, axis: -1, scale: OnceLock::new() }
+    }
+    /// Set epsilon.
+    pub fn epsilon(mut self, eps: f32) -> Self {
+        self.epsilon = eps;
+        self
+    }
+    /// The axis normalized over (negative counts from the end).
+    pub fn axis(mut self, axis: isize) -> Self {
+        self.axis = axis;
+        self
+    }
+    /// Give the layer a name.
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+}
+
+impl Layer for RMSNormalization {
+    fn call(&self, x: &Tensor, _ctx: &mut Ctx) -> Result<Tensor> {
+        let _scope = crate::scope::enter(self);
+        const KIND: &str = "RMSNormalization";
+        let (a, n) = axis_size(KIND, x, self.axis)?;
+        let scale = match self.scale.get() {
+            Some(s) => s,
+            None => {
+                let _ = self.scale.set(Var::new(Tensor::ones(&[n], x.device())?)?);
+                self.scale.get().expect("just set")
+            }
+        };
+        let scale = fits(KIND, scale, n, x)?;
+        // The scale lies along axis `a`: shaped [n, 1, ..] to broadcast there.
+        let mut shape = vec![1; x.rank() - a];
+        shape[0] = n;
+        let s = scale.as_tensor().reshape(&shape)?;
+        let ms = x.square()?.mean(&[a as isize], true)?.add_scalar(self.epsilon)?;
+        x.mul(&ms.rsqrt()?)?.mul(&s)
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+    fn kind(&self) -> &'static str {
+        "RMSNormalization"
+    }
+    fn split_rule(&self) -> crate::SplitRule {
+        crate::SplitRule::Whole { why: "normalizes over the whole width".into() }
+    }
+    fn variables(&self) -> Vec<(String, Var)> {
+        self.scale.get().map(|s| vec![("scale".to_string(), s.clone())]).unwrap_or_default()
     }
 }

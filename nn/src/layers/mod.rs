@@ -18,7 +18,7 @@ pub use conv::{Conv1D, Conv2D};
 pub use dense::Dense;
 pub use einsum_dense::EinsumDense;
 pub use embedding::{Embedding, TiedHead};
-pub use layer_norm::LayerNormalization;
+pub use layer_norm::{LayerNormalization, RMSNormalization};
 pub use merge::{Add, Concatenate, Multiply};
 pub use pooling::{GlobalAveragePooling1D, UnitNormalization};
 pub use position::PositionEmbedding;
