@@ -74,6 +74,9 @@ impl Window2d {
         let &[batch, h, w, channels] = input else {
             return Err(Error::invalid(op, format!("input must be [batch, height, width, channels], got {input:?}")));
         };
+        if h == 0 || w == 0 || channels == 0 {
+            return Err(Error::invalid(op, format!("input {input:?} has an empty axis")));
+        }
         for (what, v) in [("kernel", kernel), ("strides", strides), ("dilation", dilation)] {
             if v.contains(&0) {
                 return Err(Error::invalid(op, format!("{what} must be at least 1, got {v:?}")));
@@ -81,7 +84,9 @@ impl Window2d {
         }
         let (mut pad, mut output) = ([0; 2], [0; 2]);
         for (a, size) in [h, w].into_iter().enumerate() {
-            let reach = (kernel[a] - 1) * dilation[a] + 1;
+            let reach = (kernel[a] - 1).checked_mul(dilation[a]).and_then(|r| r.checked_add(1)).ok_or_else(|| {
+                Error::invalid(op, format!("a window of {kernel:?} dilated by {dilation:?} is too large"))
+            })?;
             let (p, o) = match padding {
                 Padding::Valid if size < reach => {
                     return Err(Error::invalid(

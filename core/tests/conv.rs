@@ -274,3 +274,17 @@ fn bad_shapes_are_errs_that_name_them() {
     let e = Tensor::ones(&[5, 3], &Device::Cpu).unwrap().max_pool1d(2, 2, Padding::Valid).unwrap_err().to_string();
     assert!(e.contains("[5, 3]"), "{e}");
 }
+
+#[test]
+fn empty_axes_and_huge_windows_are_errs_not_panics() {
+    let dev = Device::Cpu;
+    let e = Tensor::zeros(&[1, 4, 4, 0], &dev).unwrap().max_pool2d([2, 2], [2, 2], Padding::Valid).unwrap_err();
+    assert!(e.to_string().contains("empty axis"), "{e}");
+    let e = Tensor::zeros(&[1, 0, 5, 1], &dev).unwrap().avg_pool2d([2, 2], [1, 1], Padding::Same).unwrap_err();
+    assert!(e.to_string().contains("empty axis"), "{e}");
+    let x = Tensor::zeros(&[1, 4, 4, 2], &dev).unwrap();
+    let e = x.conv2d(&Tensor::zeros(&[1, 1, 2, 0], &dev).unwrap(), [1, 1], [1, 1], Padding::Valid).unwrap_err();
+    assert!(e.to_string().contains("c_out > 0"), "{e}");
+    let e = x.conv2d(&Tensor::zeros(&[2, 2, 2, 1], &dev).unwrap(), [1, 1], [usize::MAX, 1], Padding::Same).unwrap_err();
+    assert!(e.to_string().contains("too large"), "{e}");
+}

@@ -158,6 +158,14 @@ pub struct Batches<'a> {
     batch_size: usize,
 }
 
+impl Batches<'_> {
+    /// The same batches from batch `n` on (the first `n` skipped without being gathered).
+    pub fn starting_at(mut self, n: usize) -> Self {
+        self.pos = n.saturating_mul(self.batch_size).min(self.order.len());
+        self
+    }
+}
+
 impl Iterator for Batches<'_> {
     type Item = Result<(Inputs, Inputs)>;
     fn next(&mut self) -> Option<Self::Item> {

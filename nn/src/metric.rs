@@ -213,6 +213,8 @@ impl Metric {
                     let rows = y_pred.numel() / classes.max(1);
                     let p = y_pred.reshape(&[rows, classes])?;
                     let at = p.gather(1, &labels.reshape(&[rows, 1])?)?;
+                    // A NaN at the label is never in the top k (Keras' in_top_k takes it as -inf).
+                    let at = Tensor::where_cond(&at.ne(&at)?, &Tensor::scalar(f32::NEG_INFINITY, at.device())?, &at)?;
                     let higher = p.gt(&at)?.sum(&[-1], false)?;
                     (higher.cmp_scalar(BinaryOp::Lt, k as f32)?, rows)
                 }
@@ -220,7 +222,8 @@ impl Metric {
                     if y_true.dims() != y_pred.dims() {
                         return Err(misfit());
                     }
-                    let y = y_true.to_dtype(DType::F32)?;
+                    // Any non-zero label is a positive (Keras casts the labels to bool).
+                    let y = y_true.to_dtype(DType::F32)?.cmp_scalar(BinaryOp::Ne, 0.0)?;
                     let predicted = y_pred.cmp_scalar(BinaryOp::Gt, t)?;
                     let true_pos = predicted.mul(&y)?.sum_all()?.to_scalar::<f32>()? as f64;
                     let of = if matches!(self, Metric::Precision(_)) { predicted } else { y };

@@ -42,7 +42,9 @@ pub struct FitOptions {
     /// `epochs - 1`, each shuffled as it would be in an uninterrupted run, so a run resumed from a
     /// checkpoint of epoch k continues with `initial_epoch: k`.
     pub initial_epoch: usize,
-    /// Batches per epoch (`None`: all of them): the first ones of each epoch's order.
+    /// Batches per epoch (`None`: all of them). As in Keras, the epochs walk on through the data:
+    /// each takes the batches after the last one's, a new (reshuffled) pass starting where one
+    /// ends.
     pub steps_per_epoch: Option<usize>,
 }
 
@@ -305,6 +307,19 @@ impl Model {
             && tp.output.is_some()
         {
             return Err(Error::invalid("compile", "a model of several outputs cannot leave one split"));
+        }
+        // Each figure has its own History key: two metrics of one name would share a series
+        // (and one named like a loss would hide it).
+        let mut seen = std::collections::HashSet::new();
+        for name in heads.metric_names() {
+            let reserved = name == "loss" || name.ends_with("_loss") || name.starts_with("val_");
+            if reserved || !seen.insert(name.clone()) {
+                let why = if reserved { "is a name fit gives losses and validation figures" } else { "is given twice" };
+                return Err(Error::invalid(
+                    "compile",
+                    format!("the metric name {name:?} {why}: give each metric (Metric::custom) a name of its own"),
+                ));
+            }
         }
         self.optimizer = Some(optimizer);
         self.heads = Some(Arc::new(heads));
@@ -594,12 +609,19 @@ impl Model {
             let mut loss_sum = 0f64;
             let mut head_sums = vec![0f64; if per_output { heads.list.len() } else { 0 }];
             let mut counts = vec![(0f64, 0f64); heads.metric_count()];
-            let steps = train_n.div_ceil(opts.batch_size).min(opts.steps_per_epoch.unwrap_or(usize::MAX));
+            let per_pass = train_n.div_ceil(opts.batch_size);
+            let steps = per_pass.min(opts.steps_per_epoch.unwrap_or(usize::MAX));
             let bar =
                 (opts.verbose && std::io::stdout().is_terminal()).then(|| progress_bar(epoch, opts.epochs, steps));
             let mut seen = 0usize;
-            let shuffle = opts.shuffle.then(|| opts.seed.wrapping_add(epoch as u64));
-            for b in train.batches(opts.batch_size, shuffle).take(steps) {
+            // With steps_per_epoch, epochs walk on through the data, as Keras' do: epoch e takes
+            // batches e * steps onward of passes that are each shuffled afresh (without it, pass
+            // and epoch are one). Derived from the epoch, so a resumed run continues exactly.
+            let first = epoch * steps;
+            let (pass, skip) = (first / per_pass.max(1), first % per_pass.max(1));
+            let order_of =
+                |p: usize| train.batches(opts.batch_size, opts.shuffle.then(|| opts.seed.wrapping_add(p as u64)));
+            for b in order_of(pass).starting_at(skip).chain(order_of(pass + 1)).take(steps) {
                 let (bx, by) = b?;
                 let len = bx.rows()?;
                 let (l, per) = match self.step(&bx, &by, &mut counts) {
@@ -987,11 +1009,11 @@ impl Model {
     }
 
     /// Keras' summary table: each of the model's layers by its own name and type, its output
-    /// shape (`None` for the batch and for every axis the model lets vary), and its parameters
-    /// (a layer's sublayers included); then the totals, with the optimizer's state once it has
-    /// trained. `input_shape` is one sample's.
+    /// shape (`None` for the batch, as for a Keras model whose `Input` has `input_shape`), and
+    /// its parameters (a layer's sublayers included); then the totals, with the optimizer's
+    /// state once it has trained. `input_shape` is one sample's.
     pub fn summary(&self, input_shape: &[usize]) -> Result<String> {
-        self.summary_with(&self.zeros_for(input_shape)?, false)
+        self.summary_probing(&self.zeros_for(input_shape)?.into(), false, false)
     }
 
     /// [`summary`](Self::summary) of the model run on `x`: one input, or a sample of each of
@@ -1013,13 +1035,21 @@ impl Model {
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn summary_for(&self, x: impl Into<Inputs>) -> Result<String> {
-        self.summary_with(x, false)
+        self.summary_probing(&x.into(), false, true)
     }
 
     /// The summary with, when `expand_nested`, every layer's sublayers on rows of their own
-    /// under it (Keras' `summary(expand_nested=True)`).
+    /// under it (Keras' `summary(expand_nested=True)`). From a sample `x` the shapes show `None`
+    /// for every axis the model accepts at other sizes (a sequence length), as for a Keras
+    /// `Input` declared with `None` there.
     pub fn summary_with(&self, x: impl Into<Inputs>, expand_nested: bool) -> Result<String> {
-        let x = x.into().to_device(&self.device)?;
+        self.summary_probing(&x.into(), expand_nested, true)
+    }
+
+    /// The summary; `probe` runs the model again with every axis one longer to find the free
+    /// ones, else only the batch is free.
+    fn summary_probing(&self, x: &Inputs, expand_nested: bool, probe: bool) -> Result<String> {
+        let x = x.to_device(&self.device)?;
         let run = |x: &Inputs| no_grad(|| trace::trace(|| self.forward(x, &mut self.inference_ctx())));
         let (_, nodes) = run(&x)?;
         // The free axes: those whose size follows the input's. Every axis of every input grows
@@ -1032,9 +1062,10 @@ impl Model {
                 Tensor::zeros(&dims, t.device())?.to_dtype(t.dtype())
             })
         };
-        let varied = match run(&grown(true)?) {
-            Ok((_, n)) => n,
-            Err(_) => run(&grown(false)?).map(|(_, n)| n).unwrap_or_default(),
+        let probed = if probe { run(&grown(true)?).ok() } else { None };
+        let varied = match probed {
+            Some((_, n)) => n,
+            None => run(&grown(false)?).map(|(_, n)| n).unwrap_or_default(),
         };
         let slots = self.optimizer.as_ref().map(|o| o.slots()).filter(|s| !s.is_empty());
         let optimizer_params = slots.map(|s| s.iter().map(|(_, _, t)| t.numel()).sum::<usize>());

@@ -85,3 +85,20 @@ fn a_custom_metric_reports_as_the_built_in_one_it_restates() {
     let err = m.evaluate(&x, &y, 8).unwrap_err().to_string();
     assert!(err.contains("broken"), "{err}");
 }
+
+#[test]
+fn metric_names_must_be_unique_and_not_a_loss() {
+    use weft_nn::Metric;
+    let cases = [
+        (vec![Metric::Precision(0.5), Metric::Precision(0.8)], "\"precision\" is given twice"),
+        (vec![Metric::custom("accuracy", |t, _| Ok(t.clone())), Metric::Accuracy], "\"accuracy\" is given twice"),
+        (vec![Metric::custom("loss", |t, _| Ok(t.clone()))], "\"loss\" is a name"),
+        (vec![Metric::custom("val_x", |t, _| Ok(t.clone()))], "\"val_x\" is a name"),
+    ];
+    for (metrics, want) in cases {
+        let mut m = Model::new(Sequential::new().add(Dense::new(2)), &Device::Cpu);
+        let err = m.compile(Adam::new(0.02), Loss::MeanSquaredError, &metrics).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+        assert!(m.optimizer().is_none(), "nothing compiled");
+    }
+}

@@ -497,19 +497,22 @@ fn a_monitor_of_unknown_direction_is_an_err_before_training() {
     let y = Tensor::zeros(&[4, 1], &Device::Cpu).unwrap();
     m.build(&[1, 2]).unwrap();
     let before = vals(m.variables()[0].1.as_tensor());
-    let opts =
-        FitOptions { verbose: false, callbacks: vec![Box::new(EarlyStopping::new("auc", 1))], ..Default::default() };
+    let opts = FitOptions {
+        verbose: false,
+        callbacks: vec![Box::new(EarlyStopping::new("my_score", 1))],
+        ..Default::default()
+    };
     let err = m.fit(&x, &y, opts).unwrap_err().to_string();
-    assert!(err.contains("\"auc\"") && err.contains("Mode::Max"), "{err}");
+    assert!(err.contains("\"my_score\"") && err.contains("Mode::Max"), "{err}");
     assert_eq!(vals(m.variables()[0].1.as_tensor()), before, "nothing trained");
     // Told the direction, the same monitor is accepted (and then missing from the history: an Err naming it).
     let opts = FitOptions {
         verbose: false,
-        callbacks: vec![Box::new(EarlyStopping::new("auc", 1).mode(Mode::Max))],
+        callbacks: vec![Box::new(EarlyStopping::new("my_score", 1).mode(Mode::Max))],
         ..Default::default()
     };
     let err = m.fit(&x, &y, opts).unwrap_err().to_string();
-    assert!(err.contains("nothing called \"auc\""), "{err}");
+    assert!(err.contains("nothing called \"my_score\""), "{err}");
 }
 
 #[test]
@@ -791,4 +794,17 @@ fn label_smoothing_matches_keras() {
     assert!(e.to_string().contains("SparseCategoricalCrossentropy"), "{e}");
     let e = Loss::CategoricalCrossentropy { from_logits: true }.with_label_smoothing(1.5).unwrap_err();
     assert!(e.to_string().contains("1.5"), "{e}");
+}
+
+/// Keras casts the labels of Precision and Recall to bool (0.9 is one positive, not 0.9), and
+/// in_top_k never counts a NaN prediction at the label as in the top k.
+#[test]
+fn precision_labels_are_booleans_and_a_nan_is_never_in_the_top_k() {
+    let p = Tensor::from_vec(vec![0.9f32, 0.8, 0.2, 0.7], &[4], &Device::Cpu).unwrap();
+    let t = Tensor::from_vec(vec![0.9f32, 0.0, 2.0, 1.0], &[4], &Device::Cpu).unwrap();
+    assert_eq!(Metric::Precision(0.5).count(&p, &t).unwrap(), (2.0, 3.0));
+    assert_eq!(Metric::Recall(0.5).count(&p, &t).unwrap(), (2.0, 3.0));
+    let p = Tensor::from_vec(vec![f32::NAN, 0.1, 0.2, 0.5, 0.1, 0.2], &[2, 3], &Device::Cpu).unwrap();
+    let labels = Tensor::from_vec(vec![0u32, 0], &[2], &Device::Cpu).unwrap();
+    assert_eq!(Metric::SparseTopKCategoricalAccuracy(2).count(&p, &labels).unwrap(), (1.0, 2.0));
 }

@@ -103,11 +103,11 @@ impl Tensor {
         kernel.expect_f32("conv2d")?;
         self.same_device(kernel, "conv2d")?;
         let (x, k) = (self.dims(), kernel.dims());
-        if x.len() != 4 || k.len() != 4 || k[2] != x[3] {
+        if x.len() != 4 || k.len() != 4 || k[2] != x[3] || k[3] == 0 {
             return Err(Error::invalid(
                 "conv2d",
                 format!(
-                    "input {x:?} must be [batch, h, w, c_in] and kernel {k:?} [kh, kw, c_in, c_out] with the same c_in"
+                    "input {x:?} must be [batch, h, w, c_in] and kernel {k:?} [kh, kw, c_in, c_out] with the same c_in and c_out > 0"
                 ),
             ));
         }

@@ -72,8 +72,9 @@ pub(crate) fn will_record(monitor: &str, keys: &[String]) -> Result<()> {
 /// Which way a monitored figure improves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Mode {
-    /// From the name, as Keras does: a loss (`loss`, `val_loss`, `{output}_loss`) goes down, an
-    /// accuracy goes up; any other name is an `Err` asking for `Min` or `Max`.
+    /// From the name, as Keras does from the metric: a loss or an error (`loss`, `val_loss`,
+    /// `{output}_loss`, `mean_absolute_error`, `mae`) goes down; an accuracy, `precision`,
+    /// `recall` or `auc` goes up; any other name is an `Err` asking for `Min` or `Max`.
     #[default]
     Auto,
     /// Lower is better.
@@ -89,10 +90,17 @@ impl Mode {
             Mode::Min => Ok(false),
             Mode::Max => Ok(true),
             Mode::Auto => {
+                // Keras reads the direction from the metric: losses and errors fall, accuracies,
+                // precision, recall and AUC rise.
                 let name = monitor.strip_prefix("val_").unwrap_or(monitor);
-                if name == "loss" || name.ends_with("_loss") {
+                let falls = name == "loss"
+                    || name.ends_with("_loss")
+                    || name.ends_with("error")
+                    || ["mae", "mse", "mape", "msle"].contains(&name);
+                let rises = name.ends_with("accuracy") || ["precision", "recall", "auc"].contains(&name);
+                if falls {
                     Ok(false)
-                } else if name.ends_with("accuracy") {
+                } else if rises {
                     Ok(true)
                 } else {
                     Err(Error::invalid(
