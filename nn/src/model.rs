@@ -112,13 +112,25 @@ impl History {
 
     /// One series by its Keras key (`loss`, `val_loss`, `accuracy`, `val_accuracy`, ...).
     pub fn get(&self, key: &str) -> Option<Vec<f32>> {
-        self.flat().remove(key)
+        self.series(key).map(<[f32]>::to_vec)
+    }
+
+    /// The series of `key`, borrowed (what `flat` holds under it, without copying them all).
+    fn series(&self, key: &str) -> Option<&[f32]> {
+        match key {
+            "loss" => Some(&self.loss),
+            "val_loss" => (!self.val_loss.is_empty()).then_some(&self.val_loss[..]),
+            _ => match key.strip_prefix("val_").and_then(|k| self.val_metrics.get(k)) {
+                Some(v) => Some(v),
+                None => self.metrics.get(key).map(Vec::as_slice),
+            },
+        }
     }
 
     /// The value of `key` at the latest epoch, if it was recorded then (validation figures are
     /// not recorded at every epoch under `validation_freq`).
     pub fn latest(&self, key: &str) -> Option<f32> {
-        let series = self.get(key)?;
+        let series = self.series(key)?;
         let now = self.loss.len().checked_sub(1)?;
         let recorded = match key.starts_with("val_") && !self.val_epochs.is_empty() {
             true => self.val_epochs.last() == Some(&now),
@@ -621,7 +633,9 @@ impl Model {
             let (pass, skip) = (first / per_pass.max(1), first % per_pass.max(1));
             let order_of =
                 |p: usize| train.batches(opts.batch_size, opts.shuffle.then(|| opts.seed.wrapping_add(p as u64)));
-            for b in order_of(pass).starting_at(skip).chain(order_of(pass + 1)).take(steps) {
+            // The next pass's order is drawn only when this epoch runs into it.
+            let spill = (skip + steps > per_pass).then(|| order_of(pass + 1));
+            for b in order_of(pass).starting_at(skip).chain(spill.into_iter().flatten()).take(steps) {
                 let (bx, by) = b?;
                 let len = bx.rows()?;
                 let (l, per) = match self.step(&bx, &by, &mut counts) {

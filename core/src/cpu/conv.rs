@@ -49,6 +49,15 @@ fn im2col(x: &[f32], g: &Window2d, n0: usize, n1: usize) -> Vec<f32> {
     cols
 }
 
+/// `s` laid out contiguously from element 0: itself (shared) when it already is, else a copy.
+/// Tensor-level callers pass packed operands, so for them nothing is copied.
+fn packed(s: &CpuStorage, l: &Layout, op: &'static str) -> Result<CpuStorage> {
+    if l.is_contiguous() && l.offset() == 0 {
+        return Ok(s.clone());
+    }
+    Ok(f32_storage(strided(s.f32s(op)?, l).into_owned()))
+}
+
 /// `a @ b` for row-major views given by shape and strides.
 fn product(a: Vec<f32>, la: Layout, b: &CpuStorage, lb: &Layout) -> Result<Vec<f32>> {
     let out = matmul(&f32_storage(a), &la, b, lb)?;
@@ -58,7 +67,7 @@ fn product(a: Vec<f32>, la: Layout, b: &CpuStorage, lb: &Layout) -> Result<Vec<f
 /// `y = conv(x, kernel)`: `x` `[n, h, w, c_in]`, `kernel` `[kh, kw, c_in, c_out]`.
 pub fn conv2d(x: &CpuStorage, lx: &Layout, k: &CpuStorage, lk: &Layout, g: &Window2d) -> Result<CpuStorage> {
     let xs = strided(x.f32s("conv2d")?, lx);
-    let kernel = f32_storage(strided(k.f32s("conv2d")?, lk).into_owned());
+    let kernel = packed(k, lk, "conv2d")?;
     let (per, kk) = sizes(g);
     let c_out = lk.shape()[3];
     let lw = Layout::contiguous(&[kk, c_out]);
@@ -85,8 +94,8 @@ pub fn conv2d_input_grad(
     lk: &Layout,
     g: &Window2d,
 ) -> Result<CpuStorage> {
-    let d = f32_storage(strided(dy.f32s("conv2d backward")?, ldy).into_owned());
-    let kernel = f32_storage(strided(k.f32s("conv2d backward")?, lk).into_owned());
+    let d = packed(dy, ldy, "conv2d backward")?;
+    let kernel = packed(k, lk, "conv2d backward")?;
     let (per, kk) = sizes(g);
     let c_out = lk.shape()[3];
     // The kernel transposed, `[c_out, kh * kw * c_in]`, read in place.
@@ -136,7 +145,7 @@ pub fn conv2d_kernel_grad(
     g: &Window2d,
 ) -> Result<CpuStorage> {
     let xs = strided(x.f32s("conv2d backward")?, lx);
-    let d = f32_storage(strided(dy.f32s("conv2d backward")?, ldy).into_owned());
+    let d = packed(dy, ldy, "conv2d backward")?;
     let (per, kk) = sizes(g);
     let c_out = ldy.shape()[3];
     let mut dw = vec![0f32; kk * c_out];
