@@ -406,6 +406,32 @@ for name, monitor, kw in plateau_cases:
     plateau.append({"name": name, "monitor": monitor, "args": kw, "values": plateau_series[monitor], "lr_after": lrs})
 out["reduce_lr_on_plateau"] = plateau
 
+def with_gradients(cases, draw, names=True):
+    """Each (name, layer, input shape) with weights from `draw`: the output, and the gradients of
+    sum(y * w) for fixed weights w with respect to the input and each variable."""
+    result = []
+    for name, layer, shape in cases:
+        xc = draw(*shape)
+        layer.build(shape)
+        ws = [draw(*w.shape) for w in layer.weights]
+        if ws:
+            layer.set_weights(ws)
+        yc = np.asarray(layer(xc))
+        wc = draw(*yc.shape)
+
+        def objective(xv, *vs):
+            out_, _ = layer.stateless_call(list(vs), [], xv)
+            return jnp.sum(out_ * wc)
+
+        gs = jax.grad(objective, argnums=tuple(range(1 + len(ws))))(jnp.asarray(xc), *[jnp.asarray(v) for v in ws])
+        case = {"name": name, "x": tolist(xc), "weights": [tolist(v) for v in ws]}
+        if names:
+            case["weight_names"] = [w.name for w in layer.weights]
+        case.update({"y": tolist(yc), "w": tolist(wc), "grad_x": tolist(gs[0]), "grad_weights": [tolist(g) for g in gs[1:]]})
+        result.append(case)
+    return result
+
+
 # Convolution and pooling layers with given weights: the output, and the gradients of
 # sum(y * w) for fixed weights w with respect to the input and each variable.
 rng3 = np.random.default_rng(13)
@@ -432,25 +458,7 @@ conv_cases = [
     ("global_max_pool2d", keras.layers.GlobalMaxPooling2D(), (2, 3, 4, 5)),
     ("global_max_pool1d", keras.layers.GlobalMaxPooling1D(), (2, 6, 3)),
 ]
-conv_out = []
-for name, layer, shape in conv_cases:
-    xc = arr3(*shape)
-    layer.build(shape)
-    ws = [arr3(*w.shape) for w in layer.weights]
-    if ws:
-        layer.set_weights(ws)
-    yc = np.asarray(layer(xc))
-    wc = arr3(*yc.shape)
-
-    def objective(xv, *vs):
-        out_, _ = layer.stateless_call(list(vs), [], xv)
-        return jnp.sum(out_ * wc)
-
-    gs = jax.grad(objective, argnums=tuple(range(1 + len(ws))))(jnp.asarray(xc), *[jnp.asarray(v) for v in ws])
-    conv_out.append({
-        "name": name, "x": tolist(xc), "weights": [tolist(v) for v in ws], "y": tolist(yc), "w": tolist(wc),
-        "grad_x": tolist(gs[0]), "grad_weights": [tolist(g) for g in gs[1:]],
-    })
+conv_out = with_gradients(conv_cases, arr3, names=False)
 out["conv_layers"] = conv_out
 
 # Normalization options with given weights, as the convolution cases: LayerNormalization's
@@ -470,25 +478,7 @@ norm_cases = [
     ("rms_norm", keras.layers.RMSNormalization(), (2, 3, 4)),
     ("rms_norm_eps", keras.layers.RMSNormalization(epsilon=1e-3), (2, 5)),
 ]
-norm_out = []
-for name, layer, shape in norm_cases:
-    xc = arr4(*shape)
-    layer.build(shape)
-    ws = [arr4(*w.shape) for w in layer.weights]
-    if ws:
-        layer.set_weights(ws)
-    yc = np.asarray(layer(xc))
-    wc = arr4(*yc.shape)
-
-    def objective(xv, *vs):
-        out_, _ = layer.stateless_call(list(vs), [], xv)
-        return jnp.sum(out_ * wc)
-
-    gs = jax.grad(objective, argnums=tuple(range(1 + len(ws))))(jnp.asarray(xc), *[jnp.asarray(v) for v in ws])
-    norm_out.append({
-        "name": name, "x": tolist(xc), "weights": [tolist(v) for v in ws], "weight_names": [w.name for w in layer.weights],
-        "y": tolist(yc), "w": tolist(wc), "grad_x": tolist(gs[0]), "grad_weights": [tolist(g) for g in gs[1:]],
-    })
+norm_out = with_gradients(norm_cases, arr4)
 out["norm_layers"] = norm_out
 
 # Label smoothing: the loss and its gradient with respect to y_pred.
@@ -508,6 +498,157 @@ for name, fn, yt, yp in [
     value, grad = jax.value_and_grad(lambda p: fn(jnp.asarray(yt), p))(jnp.asarray(yp))
     smoothing.append({"name": name, "y_true": tolist(yt), "y_pred": tolist(yp), "value": float(value), "grad": tolist(grad)})
 out["label_smoothing"] = smoothing
+
+# BatchNormalization in training mode (batch statistics, with and without a mask): the output,
+# the gradients of sum(y * w) with respect to the input, gamma and beta, the moving statistics
+# the call leaves, and the output in inference mode (the given moving statistics).
+rng6 = np.random.default_rng(23)
+
+
+def arr6(*shape, lo=-1.0, hi=1.0):
+    return rng6.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+bn_cases = [
+    ("batch_norm", keras.layers.BatchNormalization(), (6, 3), None),
+    ("batch_norm_axis_1", keras.layers.BatchNormalization(axis=1, momentum=0.9, epsilon=1e-5), (3, 4, 2), None),
+    ("batch_norm_no_center", keras.layers.BatchNormalization(center=False), (2, 3, 4), None),
+    ("batch_norm_no_scale", keras.layers.BatchNormalization(scale=False, momentum=0.5), (5, 2), None),
+    ("batch_norm_masked", keras.layers.BatchNormalization(momentum=0.8), (2, 5, 3), (2, 5)),
+]
+bn_out = []
+for name, layer, shape, mask_shape in bn_cases:
+    xc = arr6(*shape, lo=-2.0, hi=3.0)
+    mask = None if mask_shape is None else (rng6.uniform(size=mask_shape) > 0.4)
+    layer.build(shape)
+    ws = []
+    for w in layer.weights:
+        lo = 0.2 if "variance" in w.name else -1.0
+        ws.append(arr6(*w.shape, lo=lo, hi=1.5))
+    layer.set_weights(ws)
+    tv = [jnp.asarray(v) for v in ws[: len(layer.trainable_weights)]]
+    ntv = [jnp.asarray(v) for v in ws[len(layer.trainable_weights):]]
+    kw = {} if mask is None else {"mask": jnp.asarray(mask)}
+    y_train, new_ntv = layer.stateless_call(tv, ntv, jnp.asarray(xc), training=True, **kw)
+    y_infer, _ = layer.stateless_call(tv, ntv, jnp.asarray(xc), training=False, **kw)
+    wc = arr6(*y_train.shape)
+
+    def objective(xv, *vs):
+        out_, _ = layer.stateless_call(list(vs), ntv, xv, training=True, **kw)
+        return jnp.sum(out_ * wc)
+
+    gs = jax.grad(objective, argnums=tuple(range(1 + len(tv))))(jnp.asarray(xc), *tv)
+    bn_out.append({
+        "name": name, "x": tolist(xc), "mask": None if mask is None else tolist(mask.astype(np.float32)),
+        "weights": [tolist(v) for v in ws], "weight_names": [w.name for w in layer.weights],
+        "y_train": tolist(y_train), "y_infer": tolist(y_infer), "moving_after": [tolist(v) for v in new_ntv],
+        "w": tolist(wc), "grad_x": tolist(gs[0]), "grad_weights": [tolist(g) for g in gs[1:]],
+    })
+out["batch_norm"] = bn_out
+
+# GroupNormalization, as the normalization cases above.
+gn_cases = [
+    ("group_norm_2", keras.layers.GroupNormalization(groups=2), (2, 3, 4)),
+    ("group_norm_instance", keras.layers.GroupNormalization(groups=-1, epsilon=1e-5), (2, 5, 3)),
+    ("group_norm_axis_1", keras.layers.GroupNormalization(groups=2, axis=1, center=False), (2, 4, 3)),
+    ("group_norm_4_of_8", keras.layers.GroupNormalization(groups=4, scale=False), (3, 8)),
+    ("group_norm_image", keras.layers.GroupNormalization(groups=3), (2, 2, 3, 6)),
+]
+gn_out = with_gradients(gn_cases, arr6)
+out["group_norm"] = gn_out
+
+# fit through a BatchNormalization: Dense, BatchNormalization, relu, Dense; SGD, 2 epochs of
+# batches of 4 (the last of 3) without shuffling: the History, every weight after it (the moving
+# statistics included) and predict's output (inference mode, the moving statistics).
+bn_w = [arr6(5, 4), arr6(4), arr6(4, lo=0.5, hi=1.5), arr6(4), np.zeros(4, np.float32), np.ones(4, np.float32), arr6(4, 3), arr6(3)]
+bn_model = keras.Sequential([
+    keras.Input((5,)), keras.layers.Dense(4), keras.layers.BatchNormalization(momentum=0.7),
+    keras.layers.Activation("relu"), keras.layers.Dense(3),
+])
+bn_model.set_weights(bn_w)
+bn_model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+bn_h = bn_model.fit(xf, yf, batch_size=4, epochs=2, shuffle=False, verbose=0)
+out["batch_norm_fit"] = {
+    "weights": [tolist(w) for w in bn_w],
+    "loss": [float(v) for v in bn_h.history["loss"]],
+    "after": [tolist(w) for w in bn_model.get_weights()],
+    "predict": tolist(bn_model.predict(xf, verbose=0)),
+}
+
+# Sample weights, reductions and ignore_class: the loss and its gradient with respect to y_pred.
+rng7 = np.random.default_rng(29)
+
+
+def arr7(*shape, lo=-1.0, hi=1.0):
+    return rng7.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+sw_labels = np.array([0, 2, -1, 1, 2], np.int32)
+sw_logits = arr7(5, 3, lo=-2.0, hi=2.0)
+sw_temporal = (arr7(2, 3, 4) > 0).astype(np.float32)
+weighted = []
+for name, fn, yt, yp, sw in [
+    ("mse_weighted", keras.losses.MeanSquaredError(), arr7(4, 3), arr7(4, 3), arr7(4, lo=0.0, hi=2.0)),
+    ("mae_sum", keras.losses.MeanAbsoluteError(reduction="sum"), arr7(4, 3), arr7(4, 3), None),
+    ("mae_sum_weighted", keras.losses.MeanAbsoluteError(reduction="sum"), arr7(4, 3), arr7(4, 3), arr7(4, lo=0.0, hi=2.0)),
+    ("huber_mean_with_sample_weight", keras.losses.Huber(reduction="mean_with_sample_weight"), arr7(4, 2, lo=-3.0, hi=3.0), arr7(4, 2), arr7(4, lo=0.0, hi=2.0)),
+    ("cce_logits_weighted", keras.losses.CategoricalCrossentropy(from_logits=True), np.eye(3, dtype=np.float32)[[0, 2, 1, 1]], arr7(4, 3), arr7(4, lo=0.0, hi=2.0)),
+    ("scce_logits_ignore", keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1), sw_labels, sw_logits, None),
+    ("scce_logits_ignore_weighted", keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=-1), sw_labels, sw_logits, arr7(5, lo=0.0, hi=2.0)),
+    ("scce_probs_ignore_sum", keras.losses.SparseCategoricalCrossentropy(ignore_class=2, reduction="sum"), np.array([0, 2, 1, 2], np.int32), np.asarray(keras.activations.softmax(arr7(4, 3))), None),
+    ("bce_logits_temporal_weighted", keras.losses.BinaryCrossentropy(from_logits=True), sw_temporal, arr7(2, 3, 4), arr7(2, 3, lo=0.0, hi=2.0)),
+    ("kld_mean_with_sample_weight", keras.losses.KLDivergence(reduction="mean_with_sample_weight"), np.asarray(keras.activations.softmax(arr7(3, 4))), np.asarray(keras.activations.softmax(arr7(3, 4))), arr7(3, lo=0.0, hi=2.0)),
+]:
+    kw = {} if sw is None else {"sample_weight": jnp.asarray(sw)}
+    value, grad = jax.value_and_grad(lambda p: fn(jnp.asarray(yt), p, **kw))(jnp.asarray(yp))
+    weighted.append({
+        "name": name, "y_true": tolist(yt), "y_pred": tolist(yp), "sample_weight": None if sw is None else tolist(sw),
+        "value": float(value), "grad": tolist(grad),
+    })
+out["weighted_losses"] = weighted
+
+# fit with sample_weight (and validation_split, which splits them) and with class_weight: the
+# model, data and starting weights of the fit cases above, SGD, batches of 4, no shuffling.
+def weighted_fit(**kw):
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(3)])
+    model.set_weights(w_init)
+    model.compile(keras.optimizers.SGD(0.2), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    h = model.fit(xf, yf, batch_size=4, epochs=3, shuffle=False, verbose=0, **kw)
+    return {"history": {k: [float(v) for v in vs] for k, vs in h.history.items()}, "weights": [tolist(w) for w in model.get_weights()]}
+
+
+fit_sw = arr7(11, lo=0.0, hi=2.0)
+out["weighted_fit"] = {
+    "sample_weight": tolist(fit_sw),
+    "class_weight": {"0": 2.0, "2": 0.5},
+    "sample_weighted": weighted_fit(sample_weight=fit_sw, validation_split=0.2),
+    "class_weighted": weighted_fit(class_weight={0: 2.0, 2: 0.5}),
+}
+
+# AUC accumulated over two batches (ties at the thresholds included), for each curve and a
+# coarse row of thresholds.
+rng8 = np.random.default_rng(31)
+auc_batches = []
+for rows in (7, 5):
+    p = rng8.uniform(0.0, 1.0, size=(rows, 2)).astype(np.float32)
+    p[0, 0] = 0.5  # exactly a threshold of the 51-threshold row
+    y = (rng8.uniform(size=(rows, 2)) > 0.5).astype(np.float32)
+    auc_batches.append((p, y))
+auc_logits = [(rng8.uniform(-3.0, 3.0, size=(6, 1)).astype(np.float32), (rng8.uniform(size=(6, 1)) > 0.5).astype(np.float32)) for _ in range(2)]
+auc_out = []
+for name, metric, batches in [
+    ("roc", keras.metrics.AUC(), auc_batches),
+    ("pr", keras.metrics.AUC(curve="PR"), auc_batches),
+    ("roc_51", keras.metrics.AUC(num_thresholds=51), auc_batches),
+    ("pr_51", keras.metrics.AUC(num_thresholds=51, curve="PR"), auc_batches),
+    ("roc_logits", keras.metrics.AUC(from_logits=True), auc_logits),
+]:
+    for p, y in batches:
+        metric.update_state(y, p)
+    auc_out.append({
+        "name": name, "batches": [{"y_pred": tolist(p), "y_true": tolist(y)} for p, y in batches], "value": float(metric.result()),
+    })
+out["auc"] = auc_out
 
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:

@@ -5,7 +5,9 @@ use crate::tensor::{TensorId, TensorInner};
 use crate::{DType, Error, Result, Tensor};
 use std::sync::{Arc, RwLock};
 
-/// A trainable f32 tensor.
+/// An f32 variable: trainable (what an optimizer updates), or, made with
+/// [`Var::non_trainable`], state a layer keeps that no gradient reaches (a batch norm's moving
+/// statistics).
 ///
 /// ```
 /// use weft_core::{Device, Tensor, Var};
@@ -15,24 +17,49 @@ use std::sync::{Arc, RwLock};
 /// # Ok::<(), weft_core::Error>(())
 /// ```
 #[derive(Clone, Debug)]
-pub struct Var(Tensor);
+pub struct Var(Tensor, bool);
 
 impl Var {
     /// A variable holding a contiguous copy of `t`'s values (detached from any graph).
     pub fn new(t: Tensor) -> Result<Var> {
+        Var::make(t, true)
+    }
+
+    /// A variable an optimizer never updates: state a layer sets itself (a batch norm's moving
+    /// mean and variance). It is saved and split like any variable.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor, Var};
+    /// let v = Var::non_trainable(Tensor::zeros(&[3], &Device::Cpu)?)?;
+    /// assert!(!v.is_trainable());
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn non_trainable(t: Tensor) -> Result<Var> {
+        Var::make(t, false)
+    }
+
+    /// Whether an optimizer updates this variable.
+    pub fn is_trainable(&self) -> bool {
+        self.1
+    }
+
+    fn make(t: Tensor, trainable: bool) -> Result<Var> {
         if t.dtype() != DType::F32 {
             return Err(Error::DType { op: "Var::new", expected: "f32", got: t.dtype() });
         }
         let c = crate::no_grad(|| t.contiguous_from_zero())?;
-        Ok(Var(Tensor(Arc::new(TensorInner {
-            id: TensorId::new(),
-            storage: Arc::new(RwLock::new(c.storage())),
-            layout: c.layout().clone(),
-            dtype: c.dtype(),
-            device: c.device().clone(),
-            op: None,
-            is_var: true,
-        }))))
+        Ok(Var(
+            Tensor(Arc::new(TensorInner {
+                id: TensorId::new(),
+                storage: Arc::new(RwLock::new(c.storage())),
+                layout: c.layout().clone(),
+                dtype: c.dtype(),
+                device: c.device().clone(),
+                op: None,
+                is_var: true,
+            })),
+            trainable,
+        ))
     }
 
     /// The variable as a tensor (for use in ops; gradients flow to it).

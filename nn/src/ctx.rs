@@ -1,4 +1,7 @@
-//! The context a layer is called with: training or inference, and where its randomness comes from.
+//! The context a layer is called with: training or inference, where its randomness comes from,
+//! and the state updates its training calls record.
+
+use weft_core::{Tensor, Var};
 
 /// Passed to every `Layer::call`.
 #[derive(Debug, Clone)]
@@ -14,17 +17,62 @@ pub struct Ctx {
     /// On a data axis: (first row, rows of the whole batch) of this rank's part of the batch, so
     /// that dropout draws the whole batch's mask and keeps its rows.
     pub batch_part: Option<(usize, usize)>,
+    /// New values for non-trainable variables (a batch norm's moving statistics) that training
+    /// calls recorded: `fit` puts them in place only once the step they belong to is applied,
+    /// so a failed or skipped step changes no state. A training loop of one's own calls
+    /// [`commit_updates`](Ctx::commit_updates) after its optimizer step.
+    pub updates: Vec<(Var, Tensor)>,
 }
 
 impl Ctx {
     /// Inference context.
     pub fn inference() -> Self {
-        Ctx { training: false, seed: 0, step: 0, tp: None, batch_part: None }
+        Ctx { training: false, seed: 0, step: 0, tp: None, batch_part: None, updates: Vec::new() }
     }
 
     /// Training context with a seed.
     pub fn training(seed: u64) -> Self {
-        Ctx { training: true, seed, step: 0, tp: None, batch_part: None }
+        Ctx { training: true, seed, step: 0, tp: None, batch_part: None, updates: Vec::new() }
+    }
+
+    /// Record `value` as the next value of the non-trainable `var` (put in place by
+    /// [`commit_updates`](Ctx::commit_updates)).
+    pub fn record_update(&mut self, var: &Var, value: Tensor) {
+        self.updates.push((var.clone(), value));
+    }
+
+    /// Put every recorded update in place, in the order recorded, and forget them.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor, Var};
+    /// use weft_nn::Ctx;
+    /// let v = Var::non_trainable(Tensor::zeros(&[2], &Device::Cpu)?)?;
+    /// let mut ctx = Ctx::training(0);
+    /// ctx.record_update(&v, Tensor::ones(&[2], &Device::Cpu)?);
+    /// assert_eq!(v.to_vec::<f32>()?, vec![0.0; 2]); // not yet
+    /// ctx.commit_updates()?;
+    /// assert_eq!(v.to_vec::<f32>()?, vec![1.0; 2]);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn commit_updates(&mut self) -> weft_core::Result<()> {
+        let updates = std::mem::take(&mut self.updates);
+        // Checked first, so an update that does not fit changes no variable.
+        if let Some((v, t)) = updates.iter().find(|(v, t)| t.dims() != v.dims() || t.device() != v.device()) {
+            return Err(weft_core::Error::invalid(
+                "commit_updates",
+                format!(
+                    "a value of shape {:?} on {} for a variable of shape {:?} on {}",
+                    t.dims(),
+                    t.device().describe(),
+                    v.dims(),
+                    v.device().describe()
+                ),
+            ));
+        }
+        for (v, t) in updates {
+            v.set(&t)?;
+        }
+        Ok(())
     }
 
     /// The seed of the initial weights of the layer at `path`: per path and base seed, never per

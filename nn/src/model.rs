@@ -6,6 +6,7 @@ use crate::data::Dataset;
 use crate::layer::join;
 use crate::optim::Optimizer;
 use crate::outputs::Heads;
+use crate::sample_weights;
 use crate::tp::{Placement, TpCtx, split_sizes, split_start, vocab_parallel_cross_entropy};
 use crate::{Ctx, Inputs, Layer, Loss, Metric, OutputLoss};
 use std::collections::{BTreeMap, HashMap};
@@ -46,6 +47,14 @@ pub struct FitOptions {
     /// each takes the batches after the last one's, a new (reshuffled) pass starting where one
     /// ends.
     pub steps_per_epoch: Option<usize>,
+    /// A weight for each training sample (Keras' `sample_weight`, `[samples]`): each loss is
+    /// reduced with them as its [`Reduction`](crate::Reduction) says (the weighted sum over the
+    /// number of values, by default). `validation_split` splits them with the samples, so the
+    /// validation loss is weighted too. The metrics are not weighted, as Keras' `metrics`.
+    pub sample_weight: Option<Tensor>,
+    /// A weight for each class (Keras' `class_weight`), on a model of one output: each sample
+    /// weighs its class's weight (1 for a class not listed). Not together with `sample_weight`.
+    pub class_weight: Option<HashMap<usize, f32>>,
 }
 
 impl Default for FitOptions {
@@ -62,6 +71,8 @@ impl Default for FitOptions {
             callbacks: Vec::new(),
             initial_epoch: 0,
             steps_per_epoch: None,
+            sample_weight: None,
+            class_weight: None,
         }
     }
 }
@@ -138,6 +149,17 @@ impl History {
         };
         recorded.then(|| series.last().copied()).flatten()
     }
+}
+
+/// How a rank's loss on its part of a batch makes its share of the whole batch's loss (the sum
+/// over a data axis).
+enum Share {
+    /// A mean over the part: weighted by the part's fraction of the batch.
+    Part,
+    /// A sum: as it is.
+    Sum,
+    /// A sum, to be divided by this divisor summed over the axis.
+    Over(Tensor),
 }
 
 /// A trainable model.
@@ -225,12 +247,30 @@ impl Model {
         loss_fn.compute(&self.whole(pred)?, y)
     }
 
+    /// The loss of a prediction (the batch's mean: [`Share::Part`]), or, for a loss with weights
+    /// or options, its weighted sum and what it is divided by (see [`Loss::weighted_parts`]).
+    fn loss_parts(
+        &self,
+        loss_fn: &Loss,
+        pred: &Tensor,
+        y: &Tensor,
+        weights: Option<&Tensor>,
+    ) -> Result<(Tensor, Share)> {
+        if weights.is_none() && !loss_fn.has_options() {
+            return Ok((self.loss_of(loss_fn, pred, y)?, Share::Part));
+        }
+        Ok(match loss_fn.weighted_parts(&self.whole(pred)?, y, weights)? {
+            (sum, Some(over)) => (sum, Share::Over(over)),
+            (sum, None) => (sum, Share::Sum),
+        })
+    }
+
     /// Every label of a sparse loss must name a class of its output: checked over all of them
     /// before anything trains, so that a bad label in the last batch (or in the validation data,
     /// read after the first epoch) cannot fail `fit` after steps were applied. One row goes
     /// through the model to learn how many classes each output has.
     fn check_label_values(&self, op: &'static str, heads: &Heads, x: &Inputs, y: &Inputs, seed: u64) -> Result<()> {
-        let sparse = |l: &Loss| matches!(l, Loss::SparseCategoricalCrossentropy { .. });
+        let sparse = |l: &Loss| matches!(l.base().0, Loss::SparseCategoricalCrossentropy { .. });
         if !heads.list.iter().any(|(_, o)| sparse(&o.loss)) {
             return Ok(());
         }
@@ -246,6 +286,14 @@ impl Model {
                 // Logits left split over the vocabulary: their whole width.
                 Some(sizes) => sizes.iter().sum(),
                 None => pred.dims().last().copied().unwrap_or(0),
+            };
+            // Labels left out by `ignore_class` need name no class.
+            let y = match o.loss.base().1 {
+                Some(c) => {
+                    let y = as_f32(y)?;
+                    y.mul(&y.cmp_scalar(weft_core::ops::BinaryOp::Ne, c as f32)?)?
+                }
+                None => y.clone(),
             };
             y.to_index(&format!("{op}: labels"), Some(classes))?;
         }
@@ -353,6 +401,12 @@ impl Model {
         self.net.variables().into_iter().map(|(p, v)| (join(self.net.name(), &p), v)).collect()
     }
 
+    /// The variables an optimizer trains (all but the non-trainable state, such as a batch
+    /// norm's moving statistics), with their full paths.
+    pub fn trainable_variables(&self) -> Vec<(String, Var)> {
+        self.variables().into_iter().filter(|(_, v)| v.is_trainable()).collect()
+    }
+
     /// The forward pass in inference mode, on one input or several named ones.
     pub fn call(&self, x: impl Into<Inputs>) -> Result<Tensor> {
         let mut ctx = self.inference_ctx();
@@ -399,7 +453,7 @@ impl Model {
 
     /// Forward, loss, backward and update; returns the loss and, on a model of several outputs,
     /// each output's loss.
-    fn step(&mut self, x: &Inputs, y: &Inputs, counts: &mut [(f64, f64)]) -> Result<(f32, Vec<f32>)> {
+    fn step(&mut self, x: &Inputs, y: &Inputs, counts: &mut [Vec<f64>]) -> Result<(f32, Vec<f32>)> {
         self.ctx.training = true;
         self.ctx.step += 1;
         self.loss_not_finite = false;
@@ -412,14 +466,16 @@ impl Model {
         out
     }
 
-    /// The loss of each head on `preds` (weighted by `part` on a data axis), and their weighted
-    /// sum.
+    /// The loss of each head on `preds`, and their weighted sum. On a data axis (`part` of the
+    /// batch here) each rank's loss is its share of the whole batch's: scaled by `part`, or,
+    /// for a loss with weights or options, divided by the divisor summed over the axis (`sync`).
     fn head_losses(
         &self,
         heads: &Heads,
         preds: &[Tensor],
         labels: &[Tensor],
-        part: f32,
+        weights: Option<&Tensor>,
+        (part, sync): (f32, bool),
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let mut per = Vec::with_capacity(heads.list.len());
         let mut total: Option<Tensor> = None;
@@ -430,11 +486,19 @@ impl Model {
                     format!("the model gave {} outputs, the loss of {:?} wants #{at}", preds.len(), o.output),
                 )
             })?;
-            let mut l = self.loss_of(&o.loss, pred, y)?;
-            if part != 1.0 {
+            let (mut l, share) = self.loss_parts(&o.loss, pred, y, weights)?;
+            match share {
+                Share::Over(over) => {
+                    let over = match self.tp.as_ref().filter(|_| sync) {
+                        Some(tp) => no_grad(|| tp.data.all_reduce(&over, ReduceKind::Sum))?,
+                        None => over,
+                    };
+                    l = l.div(&over)?;
+                }
                 // On a data axis each rank's loss is weighted by its share of the batch, so that
                 // the sum over the axis (which the optimizer takes of the gradients) is the mean.
-                l = l.mul_scalar(part)?;
+                Share::Part if part != 1.0 => l = l.mul_scalar(part)?,
+                Share::Part | Share::Sum => {}
             }
             let w = if o.weight == 1.0 { l.clone() } else { l.mul_scalar(o.weight)? };
             total = Some(match total {
@@ -447,15 +511,19 @@ impl Model {
         Ok((total, per))
     }
 
-    fn step_inner(&mut self, x: &Inputs, y: &Inputs, counts: &mut [(f64, f64)]) -> Result<(f32, Vec<f32>)> {
+    fn step_inner(&mut self, x: &Inputs, y: &Inputs, counts: &mut [Vec<f64>]) -> Result<(f32, Vec<f32>)> {
         let heads = self.parts()?.1;
         let (x, y, part) = self.data_part(x, y)?;
+        let (y, weights) = sample_weights::take(&y);
         let labels = heads.labels("fit", &y)?;
         let mut ctx = std::mem::replace(&mut self.ctx, Ctx::inference());
         let preds = self.forward(&x, &mut ctx);
+        // State updates (moving statistics) wait for the step to be applied.
+        let updates = std::mem::take(&mut ctx.updates);
         self.ctx = ctx;
         let preds = preds?;
-        let (loss, per) = self.head_losses(&heads, &preds, &labels, part)?;
+        let sync = self.tp.as_ref().is_some_and(|tp| tp.data.world_size() > 1);
+        let (loss, per) = self.head_losses(&heads, &preds, &labels, weights.as_ref(), (part, sync))?;
         let grads = loss.backward()?;
         // Everything that can fail runs before the update, so a step that returns `Err` has
         // changed nothing: the losses are read back (which also reports a bad label or id found
@@ -470,7 +538,7 @@ impl Model {
         if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
             losses = tp.data.all_reduce(&losses, ReduceKind::Sum)?;
         }
-        let vars = self.variables();
+        let vars = self.trainable_variables();
         // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
         // one device it is refused rather than written into every weight (a sharded model's
         // coordinated optimizer skips such a step on every rank instead). The losses and each
@@ -499,27 +567,28 @@ impl Model {
                 // Metrics need the whole output; without metrics a split output is never gathered.
                 let pred = no_grad(|| self.whole(&preds[*at]))?;
                 for m in &o.metrics {
-                    let (hit, total) = m.count(&pred, y)?;
-                    batch_counts.push(self.sum_over_data(hit, total)?);
+                    batch_counts.push(self.sum_over_data(m.update(&pred, y)?)?);
                 }
             }
         }
-        self.parts()?.0.apply(&vars, &grads)?;
-        for (c, (hit, total)) in counts.iter_mut().zip(batch_counts) {
-            c.0 += hit;
-            c.1 += total;
+        let optimizer = self.parts()?.0;
+        optimizer.apply(&vars, &grads)?;
+        if !optimizer.last_step_skipped() {
+            self.ctx.updates = updates;
+            self.ctx.commit_updates()?;
+        }
+        for (c, b) in counts.iter_mut().zip(batch_counts) {
+            c.iter_mut().zip(b).for_each(|(c, b)| *c += b);
         }
         Ok((value, figures[1..k].to_vec()))
     }
 
-    /// Metric counts summed over the data axis.
-    fn sum_over_data(&self, hit: f64, total: f64) -> Result<(f64, f64)> {
-        let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) else { return Ok((hit, total)) };
-        let t = tp
-            .data
-            .all_reduce(&Tensor::from_vec(vec![hit as f32, total as f32], &[2], &Device::Cpu)?, ReduceKind::Sum)?;
-        let v = t.to_vec::<f32>()?;
-        Ok((v[0] as f64, v[1] as f64))
+    /// A metric's running state summed over the data axis.
+    fn sum_over_data(&self, state: Vec<f64>) -> Result<Vec<f64>> {
+        let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) else { return Ok(state) };
+        let v: Vec<f32> = state.iter().map(|s| *s as f32).collect();
+        let t = tp.data.all_reduce(&Tensor::from_vec(v, &[state.len()], &Device::Cpu)?, ReduceKind::Sum)?;
+        Ok(t.to_vec::<f32>()?.into_iter().map(f64::from).collect())
     }
 
     /// Train for `opts.epochs` passes over `(x, y)` (first axis: samples): one input and one
@@ -555,6 +624,26 @@ impl Model {
             heads.labels("fit (validation_data)", vy)?;
             self.check_label_values("fit (validation_data)", &heads, vx, vy, opts.seed)?;
         }
+        let weights = match (&opts.sample_weight, &opts.class_weight) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid("fit", "give sample_weight or class_weight, not both (as Keras)"));
+            }
+            (Some(w), None) => Some(sample_weights::check("fit", w, x.rows()?)?),
+            (None, Some(cw)) => match heads.labels("fit", &y)?.as_slice() {
+                [labels] => Some(sample_weights::from_classes(labels, cw)?),
+                _ => {
+                    return Err(Error::invalid(
+                        "fit",
+                        "class_weight weighs the classes of a model of one output; give sample_weight instead",
+                    ));
+                }
+            },
+            (None, None) => None,
+        };
+        let y = match weights {
+            Some(w) => sample_weights::attach(&y, w),
+            None => y,
+        };
         // Data moves to the device once; each batch is then one gather there.
         let all = Dataset::new(x.to_device(&self.device)?, &y)?;
         let n = all.len();
@@ -620,7 +709,7 @@ impl Model {
             }
             let mut loss_sum = 0f64;
             let mut head_sums = vec![0f64; if per_output { heads.list.len() } else { 0 }];
-            let mut counts = vec![(0f64, 0f64); heads.metric_count()];
+            let mut counts: Vec<Vec<f64>> = heads.metrics().map(|m| vec![0.0; m.state_len()]).collect();
             let per_pass = train_n.div_ceil(opts.batch_size);
             let steps = per_pass.min(opts.steps_per_epoch.unwrap_or(usize::MAX));
             let bar =
@@ -659,7 +748,8 @@ impl Model {
                 }
                 seen += len;
                 if let Some(bar) = &bar {
-                    bar.set_message(running_line(loss_sum / seen as f64, &names, &counts));
+                    let now: Vec<f32> = heads.metrics().zip(&counts).map(|(m, c)| m.result(c)).collect();
+                    bar.set_message(running_line(loss_sum / seen as f64, &names, &now));
                     bar.inc(1);
                 }
             }
@@ -671,8 +761,8 @@ impl Model {
             for ((_, o), s) in heads.list.iter().zip(&head_sums) {
                 history.metrics.entry(heads.figure(o, "loss")).or_default().push((s / seen) as f32);
             }
-            for (name, c) in names.iter().zip(&counts) {
-                history.metrics.entry(name.clone()).or_default().push((c.0 / c.1.max(1.0)) as f32);
+            for ((name, m), c) in names.iter().zip(heads.metrics()).zip(&counts) {
+                history.metrics.entry(name.clone()).or_default().push(m.result(c));
             }
             if let Some(v) = val.as_ref().filter(|_| (epoch + 1) % opts.validation_freq == 0) {
                 let (vx, vy) = v.inputs();
@@ -721,24 +811,42 @@ impl Model {
         let heads = self.parts()?.1;
         check_rows("evaluate", &x, &y)?;
         check_batch_size("evaluate", batch_size)?;
+        let (y, weights) = sample_weights::take(&y);
         let labels = heads.labels("evaluate", &y)?;
+        let weights = weights.map(|w| w.to_device(&self.device)).transpose()?;
         let x = x.to_device(&self.device)?;
         let labels: Vec<Tensor> = labels.iter().map(|l| as_f32(&l.to_device(&self.device)?)).collect::<Result<_>>()?;
         let n = x.rows()?;
-        // On a data axis each rank evaluates its own rows; the sums are added up at the end.
-        let rows = self.data_rows(n);
-        let (lo, hi) = rows.unwrap_or((0, n));
+        // On a data axis each batch is split over the ranks as in `fit` (a batch smaller than
+        // the axis is taken whole by every rank and counted by the first), so that a loss whose
+        // value depends on the batch (a sum, a weighted mean) is the one device's; the sums are
+        // added up at the end.
+        let data =
+            self.tp.as_ref().filter(|tp| tp.data.world_size() > 1).map(|tp| (tp.data.rank(), tp.data.world_size()));
         let per_output = heads.list.len() > 1;
-        // [total, each output's loss (several outputs), hits and totals of each metric]
-        let mut sums = vec![0f64; 1 + if per_output { heads.list.len() } else { 0 } + 2 * heads.metric_count()];
+        // [total, each output's loss (several outputs), each metric's running state]
+        let states: usize = heads.metrics().map(Metric::state_len).sum();
+        let mut sums = vec![0f64; 1 + if per_output { heads.list.len() } else { 0 } + states];
         no_grad(|| -> Result<()> {
             let mut ctx = self.inference_ctx();
-            for s in (lo..hi).step_by(batch_size.max(1)) {
-                let len = batch_size.min(hi - s);
-                let bx = x.narrow(s, len)?;
-                let by: Vec<Tensor> = labels.iter().map(|l| l.narrow(0, s, len)).collect::<Result<_>>()?;
+            for s in (0..n).step_by(batch_size.max(1)) {
+                let len = batch_size.min(n - s);
+                let (lo, mine, part, sync, counted) = match data {
+                    Some((r, d)) if len >= d => {
+                        let sizes = split_sizes(len, d);
+                        (s + split_start(&sizes, r), sizes[r], sizes[r] as f32 / len as f32, true, true)
+                    }
+                    Some((r, _)) => (s, len, 1.0, false, r == 0),
+                    None => (s, len, 1.0, false, true),
+                };
+                let bx = x.narrow(lo, mine)?;
+                let by: Vec<Tensor> = labels.iter().map(|l| l.narrow(0, lo, mine)).collect::<Result<_>>()?;
+                let bw = weights.as_ref().map(|w| w.narrow(0, lo, mine)).transpose()?;
                 let preds = self.forward(&bx, &mut ctx)?;
-                let (total, per) = self.head_losses(&heads, &preds, &by, 1.0)?;
+                let (total, per) = self.head_losses(&heads, &preds, &by, bw.as_ref(), (part, sync))?;
+                if !counted {
+                    continue;
+                }
                 sums[0] += total.to_scalar::<f32>()? as f64 * len as f64;
                 let mut i = 1;
                 if per_output {
@@ -753,18 +861,16 @@ impl Model {
                     }
                     let pred = self.whole(&preds[*at])?;
                     for m in &o.metrics {
-                        let (hit, total) = m.count(&pred, y)?;
-                        sums[i] += hit;
-                        sums[i + 1] += total;
-                        i += 2;
+                        for v in m.update(&pred, y)? {
+                            sums[i] += v;
+                            i += 1;
+                        }
                     }
                 }
             }
             Ok(())
         })?;
-        // Only when each rank took its own rows (too few rows for the axis: every rank took
-        // all of them, and their sums are already whole).
-        if let (Some(_), Some(tp)) = (rows, self.tp.as_ref().filter(|tp| tp.data.world_size() > 1)) {
+        if let Some(tp) = self.tp.as_ref().filter(|_| data.is_some()) {
             let v: Vec<f32> = sums.iter().map(|s| *s as f32).collect();
             let total = tp.data.all_reduce(&Tensor::from_vec(v, &[sums.len()], &Device::Cpu)?, ReduceKind::Sum)?;
             sums = total.to_vec::<f32>()?.into_iter().map(f64::from).collect();
@@ -778,11 +884,36 @@ impl Model {
                 i += 1;
             }
         }
-        for name in heads.metric_names() {
-            figures.push((name, (sums[i] / sums[i + 1].max(1.0)) as f32));
-            i += 2;
+        for (name, m) in heads.metric_names().into_iter().zip(heads.metrics()) {
+            figures.push((name, m.result(&sums[i..i + m.state_len()])));
+            i += m.state_len();
         }
         Ok((mean(sums[0]), figures))
+    }
+
+    /// [`evaluate`](Self::evaluate) with a weight per sample (Keras' `sample_weight`): the loss
+    /// is reduced with them, the metrics are not weighted.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// use weft_nn::{layers::Dense, optim::Sgd, Loss, Model, Sequential};
+    /// let mut m = Model::new(Sequential::new().add(Dense::new(1)), &Device::Cpu);
+    /// m.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[])?;
+    /// let (x, y) = (Tensor::ones(&[4, 2], &Device::Cpu)?, Tensor::zeros(&[4, 1], &Device::Cpu)?);
+    /// let none = Tensor::zeros(&[4], &Device::Cpu)?;
+    /// assert_eq!(m.evaluate_weighted(&x, &y, &none, 2)?.0, 0.0);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn evaluate_weighted(
+        &mut self,
+        x: impl Into<Inputs>,
+        y: impl Into<Inputs>,
+        sample_weight: &Tensor,
+        batch_size: usize,
+    ) -> Result<(f32, Vec<(String, f32)>)> {
+        let (x, y): (Inputs, Inputs) = (x.into(), y.into());
+        let w = sample_weights::check("evaluate", sample_weight, x.rows()?)?;
+        self.evaluate(x, sample_weights::attach(&y, w), batch_size)
     }
 
     /// On a data axis: this rank's rows `lo..hi` of `n` (`None` off a data axis, or when `n` is
@@ -1154,10 +1285,10 @@ fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::Progres
     bar
 }
 
-fn running_line(loss: f64, names: &[String], counts: &[(f64, f64)]) -> String {
+fn running_line(loss: f64, names: &[String], figures: &[f32]) -> String {
     let mut s = format!("loss: {loss:.4}");
-    for (m, c) in names.iter().zip(counts) {
-        s += &format!(" - {m}: {:.4}", c.0 / c.1.max(1.0));
+    for (m, v) in names.iter().zip(figures) {
+        s += &format!(" - {m}: {v:.4}");
     }
     s
 }

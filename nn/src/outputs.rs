@@ -137,8 +137,8 @@ impl Heads {
         self.list.iter().flat_map(|(_, o)| o.metrics.iter().map(move |m| self.figure(o, m.name()))).collect()
     }
 
-    /// How many metrics there are over every head.
-    pub fn metric_count(&self) -> usize {
-        self.list.iter().map(|(_, o)| o.metrics.len()).sum()
+    /// Every metric of every head, in the order of [`metric_names`](Self::metric_names).
+    pub fn metrics(&self) -> impl Iterator<Item = &crate::Metric> {
+        self.list.iter().flat_map(|(_, o)| o.metrics.iter())
     }
 }

@@ -35,8 +35,10 @@ pub(crate) fn render(
                 add_rows(s, net.name(), 0, nodes, varied, expand_nested, previous.filter(|_| sequential), &mut rows);
         }
     }
-    let trainable: usize = net.variables().iter().map(|(_, v)| v.numel()).sum();
-    table(net.name(), &rows, trainable, optimizer_params)
+    let count = |trainable: bool| -> usize {
+        net.variables().iter().filter(|(_, v)| v.is_trainable() == trainable).map(|(_, v)| v.numel()).sum()
+    };
+    table(net.name(), &rows, (count(true), count(false)), optimizer_params)
 }
 
 /// The row of `l` (and, expanded, its sublayers'); returns its output shape. A layer that
@@ -89,7 +91,7 @@ fn output_shape(path: &str, nodes: &[TraceNode], varied: &[&[TraceNode]]) -> Opt
 }
 
 /// The boxed table and the totals, drawn as Keras draws them.
-fn table(name: &str, rows: &[Row], trainable: usize, optimizer_params: Option<usize>) -> String {
+fn table(name: &str, rows: &[Row], (trainable, fixed): (usize, usize), optimizer_params: Option<usize>) -> String {
     let header = ["Layer (type)", "Output Shape", "Param #"];
     let cells: Vec<[String; 3]> = rows.iter().map(|r| [r.name.clone(), r.shape.clone(), thousands(r.params)]).collect();
     // Keras' widths when it does not print to a terminal (76 columns), wider where a cell needs it.
@@ -118,9 +120,10 @@ fn table(name: &str, rows: &[Row], trainable: usize, optimizer_params: Option<us
     }
     s += &line("└", "─", "┴", "┘");
     let opt = optimizer_params.unwrap_or(0);
-    s += &format!(" Total params: {} ({})\n", thousands(trainable + opt), bytes(4 * (trainable + opt)));
+    let total = trainable + fixed + opt;
+    s += &format!(" Total params: {} ({})\n", thousands(total), bytes(4 * total));
     s += &format!(" Trainable params: {} ({})\n", thousands(trainable), bytes(4 * trainable));
-    s += " Non-trainable params: 0 (0.00 B)\n";
+    s += &format!(" Non-trainable params: {} ({})\n", thousands(fixed), bytes(4 * fixed));
     if let Some(n) = optimizer_params {
         s += &format!(" Optimizer params: {} ({})\n", thousands(n), bytes(4 * n));
     }

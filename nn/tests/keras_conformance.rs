@@ -12,12 +12,14 @@ use weft_core::conv::Padding;
 use weft_core::{Device, GradStore, Tensor, Var};
 use weft_nn::callback::{Callback, EarlyStopping, Mode, ReduceLROnPlateau};
 use weft_nn::layers::{
-    AttentionMasks, AveragePooling1D, AveragePooling2D, Conv1D, Conv2D, Dense, EinsumDense, GlobalAveragePooling2D,
-    GlobalMaxPooling1D, GlobalMaxPooling2D, LayerNormalization, MaxPooling1D, MaxPooling2D, MultiHeadAttention,
-    RMSNormalization,
+    ActivationLayer, AttentionMasks, AveragePooling1D, AveragePooling2D, BatchNormalization, Conv1D, Conv2D, Dense,
+    EinsumDense, GlobalAveragePooling2D, GlobalMaxPooling1D, GlobalMaxPooling2D, GroupNormalization,
+    LayerNormalization, MaxPooling1D, MaxPooling2D, MultiHeadAttention, RMSNormalization,
 };
 use weft_nn::optim::{Adagrad, Adam, AdamW, Adamax, LearningRate, Lion, Nadam, Optimizer, RMSprop, Sgd};
-use weft_nn::{Activation, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Sequential};
+use weft_nn::{
+    Activation, Auc, AucCurve, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Reduction, Sequential,
+};
 
 fn golden() -> Value {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/keras/golden.json");
@@ -807,4 +809,242 @@ fn precision_labels_are_booleans_and_a_nan_is_never_in_the_top_k() {
     let p = Tensor::from_vec(vec![f32::NAN, 0.1, 0.2, 0.5, 0.1, 0.2], &[2, 3], &Device::Cpu).unwrap();
     let labels = Tensor::from_vec(vec![0u32, 0], &[2], &Device::Cpu).unwrap();
     assert_eq!(Metric::SparseTopKCategoricalAccuracy(2).count(&p, &labels).unwrap(), (1.0, 2.0));
+}
+
+fn batch_norm_layer(name: &str) -> BatchNormalization {
+    match name {
+        "batch_norm" => BatchNormalization::new(),
+        "batch_norm_axis_1" => BatchNormalization::new().axis(1).momentum(0.9).epsilon(1e-5),
+        "batch_norm_no_center" => BatchNormalization::new().center(false),
+        "batch_norm_no_scale" => BatchNormalization::new().scale(false).momentum(0.5),
+        "batch_norm_masked" => BatchNormalization::new().momentum(0.8),
+        other => panic!("no weft layer for golden case {other}"),
+    }
+}
+
+/// BatchNormalization matches Keras 3 on the Cpu and the GPU: at inference (moving statistics),
+/// and in training (batch statistics, masked or not) in output, gradients and the moving
+/// statistics it leaves, which change only when the step's updates are committed.
+#[test]
+fn batch_normalization_matches_keras() {
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    for dev in &devices {
+        for case in golden()["batch_norm"].as_array().unwrap() {
+            let name = format!("{} on {}", case["name"].as_str().unwrap(), dev.describe());
+            let layer = batch_norm_layer(case["name"].as_str().unwrap());
+            let x = Var::new(tensor(&case["x"]).to_device(dev).unwrap()).unwrap();
+            let mask = case["mask"].as_array().map(|_| tensor(&case["mask"]).to_device(dev).unwrap());
+            let weights: Vec<Tensor> =
+                case["weights"].as_array().unwrap().iter().map(|w| tensor(w).to_device(dev).unwrap()).collect();
+            with_weights(&layer, x.as_tensor(), &weights);
+            let names: Vec<String> = layer.variables().into_iter().map(|(p, _)| p).collect();
+            let keras_names: Vec<String> =
+                case["weight_names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect();
+            assert_eq!(names, keras_names, "{name}: variables");
+            let call = |ctx: &mut Ctx| {
+                layer.call_with(std::slice::from_ref(x.as_tensor()), std::slice::from_ref(&mask), ctx).unwrap()
+            };
+            close(
+                &vals(&call(&mut Ctx::inference())),
+                &vals(&tensor(&case["y_infer"])),
+                1e-5,
+                &format!("{name}: inference"),
+            );
+            let mut ctx = Ctx::training(0);
+            let y = call(&mut ctx);
+            close(&vals(&y), &vals(&tensor(&case["y_train"])), 1e-5, &format!("{name}: training"));
+            let w = tensor(&case["w"]).to_device(dev).unwrap();
+            let grads = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+            close(&vals(grads.get(&x).unwrap()), &vals(&tensor(&case["grad_x"])), 1e-4, &format!("{name}: dx"));
+            let vars = layer.variables();
+            let (trainable, state): (Vec<_>, Vec<_>) = vars.iter().partition(|(_, v)| v.is_trainable());
+            for ((p, var), g) in trainable.iter().zip(case["grad_weights"].as_array().unwrap()) {
+                close(&vals(grads.get(var).unwrap()), &vals(&tensor(g)), 1e-4, &format!("{name}: d{p}"));
+            }
+            assert_eq!(state.len(), 2, "{name}: moving statistics");
+            for ((p, var), before) in state.iter().zip(&weights[trainable.len()..]) {
+                assert!(grads.get(var).is_none(), "{name}: {p} has a gradient");
+                assert_eq!(vals(var), vals(before), "{name}: {p} changed before the commit");
+            }
+            ctx.commit_updates().unwrap();
+            for ((p, var), want) in state.iter().zip(case["moving_after"].as_array().unwrap()) {
+                close(&vals(var), &vals(&tensor(want)), 1e-5, &format!("{name}: {p} after the step"));
+            }
+        }
+    }
+}
+
+fn group_norm_layer(name: &str) -> Box<dyn Layer> {
+    match name {
+        "group_norm_2" => Box::new(GroupNormalization::new(2)),
+        "group_norm_instance" => Box::new(GroupNormalization::new(-1).epsilon(1e-5)),
+        "group_norm_axis_1" => Box::new(GroupNormalization::new(2).axis(1).center(false)),
+        "group_norm_4_of_8" => Box::new(GroupNormalization::new(4).scale(false)),
+        "group_norm_image" => Box::new(GroupNormalization::new(3)),
+        other => panic!("no weft layer for golden case {other}"),
+    }
+}
+
+/// GroupNormalization (groups, instance normalization, another axis, center and scale) matches
+/// Keras 3 as the other normalizations do.
+#[test]
+fn group_normalization_matches_keras() {
+    layers_with_gradients_match_keras("group_norm", group_norm_layer);
+}
+
+/// `fit` through a BatchNormalization matches Keras 3: the losses of 2 epochs, every weight
+/// after them (moving statistics included: updated once per applied step) and `predict` (which
+/// normalizes by the moving statistics).
+#[test]
+fn fit_through_batch_normalization_matches_keras() {
+    let g = &golden()["batch_norm_fit"];
+    let f = &golden()["fit"];
+    let (x, y) = (tensor(&f["x"]), tensor(&f["y"]));
+    let net = Sequential::new()
+        .add(Dense::new(4))
+        .add(BatchNormalization::new().momentum(0.7))
+        .add(ActivationLayer::new(Activation::Relu))
+        .add(Dense::new(3));
+    let mut m = Model::new(net, &Device::Cpu);
+    m.compile(Sgd::new(0.1), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[]).unwrap();
+    m.build(&[1, 5]).unwrap();
+    for ((p, v), w) in m.variables().iter().zip(g["weights"].as_array().unwrap()) {
+        assert_eq!(v.dims(), tensor(w).dims(), "{p}");
+        v.set(&tensor(w)).unwrap();
+    }
+    assert_eq!(m.trainable_variables().len(), 6);
+    let opts = FitOptions { epochs: 2, batch_size: 4, shuffle: false, verbose: false, ..Default::default() };
+    let h = m.fit(&x, &y, opts).unwrap();
+    let want: Vec<f32> = g["loss"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    close(&h.get("loss").unwrap(), &want, 1e-5, "loss");
+    for ((p, v), w) in m.variables().iter().zip(g["after"].as_array().unwrap()) {
+        close(&vals(v.as_tensor()), &vals(&tensor(w)), 1e-5, &format!("final {p}"));
+    }
+    close(&vals(&m.predict(&x, 4).unwrap()), &vals(&tensor(&g["predict"])), 1e-5, "predict");
+}
+
+fn weighted_loss(name: &str) -> Loss {
+    let scce = |from_logits| Loss::SparseCategoricalCrossentropy { from_logits };
+    match name {
+        "mse_weighted" => Loss::MeanSquaredError,
+        "mae_sum" | "mae_sum_weighted" => Loss::MeanAbsoluteError.with_reduction(Reduction::Sum),
+        "huber_mean_with_sample_weight" => Loss::Huber { delta: 1.0 }.with_reduction(Reduction::MeanWithSampleWeight),
+        "cce_logits_weighted" => Loss::CategoricalCrossentropy { from_logits: true },
+        "scce_logits_ignore" | "scce_logits_ignore_weighted" => scce(true).with_ignore_class(-1).unwrap(),
+        "scce_probs_ignore_sum" => scce(false).with_reduction(Reduction::Sum).with_ignore_class(2).unwrap(),
+        "bce_logits_temporal_weighted" => Loss::BinaryCrossentropy { from_logits: true },
+        "kld_mean_with_sample_weight" => Loss::KlDivergence.with_reduction(Reduction::MeanWithSampleWeight),
+        other => panic!("no loss for {other}"),
+    }
+}
+
+/// Sample weights (per sample and per time step), the three reductions and `ignore_class`
+/// match Keras 3 in value (1e-5) and gradient (1e-4), on the Cpu and the GPU.
+#[test]
+fn weighted_losses_and_reductions_match_keras() {
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    for dev in &devices {
+        for case in golden()["weighted_losses"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let what = format!("{name} on {}", dev.describe());
+            let loss = weighted_loss(name);
+            let p = Var::new(tensor(&case["y_pred"]).to_device(dev).unwrap()).unwrap();
+            let y = tensor(&case["y_true"]).to_device(dev).unwrap();
+            let w = case["sample_weight"].as_array().map(|_| tensor(&case["sample_weight"]).to_device(dev).unwrap());
+            let value = loss.compute_weighted(p.as_tensor(), &y, w.as_ref()).unwrap();
+            close(&vals(&value), &[case["value"].as_f64().unwrap() as f32], 1e-5, &what);
+            let grads = value.backward().unwrap();
+            close(&vals(grads.get(&p).unwrap()), &vals(&tensor(&case["grad"])), 1e-4, &format!("{what}: gradient"));
+        }
+    }
+}
+
+/// `fit` with `sample_weight` (split by `validation_split`, so the validation loss is weighted)
+/// and with `class_weight`: Keras 3's History and final weights.
+#[test]
+fn fit_with_sample_and_class_weights_matches_keras() {
+    let f = &golden()["fit"];
+    let g = &golden()["weighted_fit"];
+    let (x, y) = (tensor(&f["x"]), tensor(&f["y"]));
+    let init: Vec<Tensor> = f["weights"].as_array().unwrap().iter().map(tensor).collect();
+    let class_weight: std::collections::HashMap<usize, f32> = g["class_weight"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.parse().unwrap(), v.as_f64().unwrap() as f32))
+        .collect();
+    for (case, sample, classes, split) in [
+        ("sample_weighted", Some(tensor(&g["sample_weight"])), None, 0.2),
+        ("class_weighted", None, Some(class_weight), 0.0),
+    ] {
+        let net = Sequential::new().add(Dense::new(4).activation(Activation::Relu)).add(Dense::new(3));
+        let mut m = Model::new(net, &Device::Cpu);
+        m.compile(Sgd::new(0.2), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[Metric::Accuracy])
+            .unwrap();
+        m.build(&[1, 5]).unwrap();
+        for ((_, v), w) in m.variables().iter().zip(&init) {
+            v.set(w).unwrap();
+        }
+        let opts = FitOptions {
+            epochs: 3,
+            batch_size: 4,
+            shuffle: false,
+            verbose: false,
+            validation_split: split,
+            sample_weight: sample,
+            class_weight: classes,
+            ..Default::default()
+        };
+        let h = m.fit(&x, &y, opts).unwrap().flat();
+        let want = g[case]["history"].as_object().unwrap();
+        assert_eq!(h.len(), want.len(), "{case}: history keys {:?}", h.keys().collect::<Vec<_>>());
+        for (k, series) in want {
+            let series: Vec<f32> = series.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+            close(&h[k], &series, 1e-5, &format!("{case}: {k}"));
+        }
+        for ((p, v), w) in m.variables().iter().zip(g[case]["weights"].as_array().unwrap()) {
+            close(&vals(v.as_tensor()), &vals(&tensor(w)), 1e-5, &format!("{case}: final {p}"));
+        }
+    }
+}
+
+/// AUC accumulated over two batches (ROC and precision-recall, 200 and 51 thresholds, a
+/// prediction exactly at a threshold, logits) matches Keras 3 within 1e-5, on the Cpu and the
+/// GPU; a model's History reports it under `auc`.
+#[test]
+fn auc_matches_keras() {
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    for dev in &devices {
+        for case in golden()["auc"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let auc = match name {
+                "roc" => Auc::new(),
+                "pr" => Auc::new().curve(AucCurve::Pr),
+                "roc_51" => Auc::new().num_thresholds(51),
+                "pr_51" => Auc::new().num_thresholds(51).curve(AucCurve::Pr),
+                "roc_logits" => Auc::new().from_logits(true),
+                other => panic!("no AUC for {other}"),
+            };
+            let batches = case["batches"].as_array().unwrap();
+            let cat = |key: &str| {
+                let parts: Vec<Tensor> = batches.iter().map(|b| tensor(&b[key]).to_device(dev).unwrap()).collect();
+                Tensor::concat(&parts, 0).unwrap()
+            };
+            let (p, y) = (cat("y_pred"), cat("y_true"));
+            let want = case["value"].as_f64().unwrap() as f32;
+            let what = format!("{name} on {}", dev.describe());
+            // The counts of two batches add up to those of both at once.
+            close(&[Metric::Auc(auc.clone()).value(&p, &y).unwrap()], &[want], 1e-5, &what);
+            // Through evaluate, batch by batch as Keras took them (the first is the larger).
+            let first = tensor(&batches[0]["y_pred"]).dims()[0];
+            let mut m = Model::new(Sequential::new().add(ActivationLayer::new(Activation::Linear)), dev);
+            m.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[Metric::Auc(auc)]).unwrap();
+            let (_, figures) = m.evaluate(&p, &y, first).unwrap();
+            assert_eq!(figures[0].0, "auc");
+            close(&[figures[0].1], &[want], 1e-5, &format!("{what}: evaluate"));
+        }
+    }
 }

@@ -78,6 +78,7 @@ pub struct CoordinatedOptimizer {
     split: HashSet<String>,
     clip: Option<f32>,
     skipped: u64,
+    last_skipped: bool,
     recorder: Option<Recorder>,
 }
 
@@ -96,7 +97,7 @@ impl CoordinatedOptimizer {
     ) -> Self {
         let clip = inner.global_clipnorm();
         inner.set_global_clipnorm(None);
-        CoordinatedOptimizer { inner, model, data, split, clip, skipped: 0, recorder: None }
+        CoordinatedOptimizer { inner, model, data, split, clip, skipped: 0, last_skipped: false, recorder: None }
     }
 
     /// Steps skipped because a gradient was not finite.
@@ -166,7 +167,8 @@ impl Optimizer for CoordinatedOptimizer {
                 *store.lock().unwrap_or_else(|p| p.into_inner()) =
                     vars.iter().map(|(p, _)| p.to_string()).zip(gs.iter().cloned()).collect();
             }
-            if !total.is_finite() {
+            self.last_skipped = !total.is_finite();
+            if self.last_skipped {
                 self.skipped += 1;
                 return Ok(());
             }
@@ -184,6 +186,9 @@ impl Optimizer for CoordinatedOptimizer {
         })
     }
     delegate_state!(inner);
+    fn last_step_skipped(&self) -> bool {
+        self.last_skipped
+    }
     fn global_clipnorm(&self) -> Option<f32> {
         self.clip
     }

@@ -131,6 +131,9 @@ impl Optimizer for Recording {
         self.inner.apply(params, grads)
     }
     crate::coordinated::delegate_state!(inner);
+    fn last_step_skipped(&self) -> bool {
+        self.inner.last_step_skipped()
+    }
     fn global_clipnorm(&self) -> Option<f32> {
         self.inner.global_clipnorm()
     }

@@ -4,7 +4,7 @@
 use weft_core::{Device, Tensor};
 use weft_nn::layers::{Dense, Dropout};
 use weft_nn::optim::Adam;
-use weft_nn::{Activation, FitOptions, History, Loss, Metric, Model, Sequential};
+use weft_nn::{Activation, FitOptions, History, Loss, Metric, Model, Reduction, Sequential};
 use weft_parallel::{AutoConfig, DeviceMesh, ShardedModel};
 
 fn net() -> Sequential {
@@ -97,6 +97,38 @@ fn fit_evaluate_and_predict_match_one_device() {
             summary.contains("Sharding plan") && summary.contains(&format!("Rank 0 of {}", mesh.len())),
             "{summary}"
         );
+    }
+}
+
+/// Sample weights with each reduction, and `ignore_class`: on a data axis every rank divides its
+/// weighted sum by the whole batch's divisor, so training equals one device.
+#[test]
+fn weighted_losses_train_split_as_on_one_device() {
+    let (x, y) = data();
+    let w = Tensor::rand(0.0, 2.0, &[40], 5, &Device::Cpu).unwrap();
+    let losses = [
+        LOSS,
+        LOSS.with_reduction(Reduction::Sum),
+        LOSS.with_reduction(Reduction::MeanWithSampleWeight),
+        LOSS.with_ignore_class(2).unwrap(),
+    ];
+    for loss in losses {
+        let opts = || FitOptions { sample_weight: Some(w.clone()), ..opts() };
+        let mut one = Model::new(net(), &Device::Cpu);
+        one.compile(Adam::new(1e-2), loss.clone(), &[]).unwrap();
+        one.build(&[6]).unwrap();
+        let h1 = one.fit(&x, &y, opts()).unwrap();
+        let p1 = one.predict(&x, 16).unwrap().to_vec::<f32>().unwrap();
+        for shape in [[2, 1], [2, 2]] {
+            let mesh = DeviceMesh::cpus(shape[0] * shape[1]).unwrap().reshape(&shape, &["data", "model"]).unwrap();
+            let plan =
+                AutoConfig::new().min_params(0).plan(&net(), &[8, 6], mesh.size("model"), mesh.size("data")).unwrap();
+            let mut m = ShardedModel::new(net, &mesh, &plan).unwrap();
+            m.compile(Adam::new(1e-2), loss.clone(), &[]).unwrap();
+            let h2 = m.fit(&x, &y, opts()).unwrap();
+            same_history(&h1, &h2);
+            close(&p1, &m.predict(&x, 16).unwrap().to_vec::<f32>().unwrap(), &format!("{loss:?}: predict"));
+        }
     }
 }
 

@@ -12,8 +12,10 @@ mod lm;
 use lm::lm;
 use weft_core::conv::Padding;
 use weft_core::{DType, Device, Tensor};
+use weft_nn::layers::ActivationLayer;
 use weft_nn::layers::{
-    AveragePooling2D, Conv1D, Conv2D, Dense, Dropout, EinsumDense, Flatten, GlobalMaxPooling1D, MaxPooling2D,
+    AveragePooling2D, BatchNormalization, Conv1D, Conv2D, Dense, Dropout, EinsumDense, Flatten, GlobalMaxPooling1D,
+    GroupNormalization, MaxPooling2D,
 };
 use weft_nn::optim::{Adam, LearningRate};
 use weft_nn::{Activation, Layer, Loss, Sequential};
@@ -222,4 +224,28 @@ fn a_custom_loss_trains_split_as_on_one_device() {
         e.add_scalar(1.0)?.sqrt()?.add_scalar(-1.0)
     });
     check("custom loss", mlp, &x, &y, loss, DType::F32);
+}
+
+/// Batch normalization after a Dense and after a convolution (both without a bias, as is usual:
+/// the normalization would cancel it, leaving its gradient rounding noise), and a group
+/// normalization: on a data axis the batch statistics span the whole batch, so losses,
+/// gradients, weights and the moving statistics agree with one device.
+fn normalized() -> Sequential {
+    Sequential::new()
+        .add(Conv2D::new(6, [3, 3]).padding(Padding::Same).use_bias(false))
+        .add(BatchNormalization::new().momentum(0.5))
+        .add(GroupNormalization::new(3))
+        .add(ActivationLayer::new(Activation::Relu))
+        .add(Flatten::new())
+        .add(Dense::new(10).use_bias(false))
+        .add(BatchNormalization::new().momentum(0.8).center(false))
+        .add(Dense::new(7).activation(Activation::Gelu))
+        .add(Dense::new(3))
+}
+
+#[test]
+fn batch_and_group_normalization_match_one_device() {
+    let x = Tensor::rand(-1.0, 1.0, &[32, 4, 4, 2], 6, &Device::Cpu).unwrap();
+    let y = Tensor::from_vec((0..32u32).map(|i| i % 3).collect(), &[32], &Device::Cpu).unwrap();
+    check("normalized", normalized, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
 }

@@ -6,6 +6,43 @@ use std::sync::OnceLock;
 use weft_core::layout::resolve_axis;
 use weft_core::{Error, Result, Tensor, Var, trace};
 
+/// The builder methods the normalization layers share: `axis`, `epsilon` and `named`, and with
+/// `(center scale)` also `center` and `scale`.
+macro_rules! norm_options {
+    () => {
+        /// The layer's axis (negative counts from the end): the one normalized over, or the
+        /// feature (channel) axis of a batch or group normalization.
+        pub fn axis(mut self, axis: isize) -> Self {
+            self.axis = axis;
+            self
+        }
+        /// Added to the variance before its square root.
+        pub fn epsilon(mut self, eps: f32) -> Self {
+            self.epsilon = eps;
+            self
+        }
+        /// Give the layer a name.
+        pub fn named(mut self, name: &str) -> Self {
+            self.name = name.to_string();
+            self
+        }
+    };
+    (center scale) => {
+        norm_options!();
+        /// Whether to add the offset `beta`.
+        pub fn center(mut self, on: bool) -> Self {
+            self.center = on;
+            self
+        }
+        /// Whether to multiply by the scale `gamma`.
+        pub fn scale(mut self, on: bool) -> Self {
+            self.scale = on;
+            self
+        }
+    };
+}
+pub(crate) use norm_options;
+
 /// `(x - mean) / sqrt(var + epsilon) * gamma + beta` over one axis (the last by default), as
 /// Keras' `LayerNormalization`: epsilon 1e-3, `gamma` only with `scale`, `beta` only with
 /// `center` (both on by default).
@@ -46,35 +83,11 @@ impl LayerNormalization {
             vars: OnceLock::new(),
         }
     }
-    /// Set epsilon.
-    pub fn epsilon(mut self, eps: f32) -> Self {
-        self.epsilon = eps;
-        self
-    }
-    /// The axis normalized over (negative counts from the end).
-    pub fn axis(mut self, axis: isize) -> Self {
-        self.axis = axis;
-        self
-    }
-    /// Whether to add the offset `beta`.
-    pub fn center(mut self, on: bool) -> Self {
-        self.center = on;
-        self
-    }
-    /// Whether to multiply by the scale `gamma`.
-    pub fn scale(mut self, on: bool) -> Self {
-        self.scale = on;
-        self
-    }
-    /// Give the layer a name.
-    pub fn named(mut self, name: &str) -> Self {
-        self.name = name.to_string();
-        self
-    }
+    norm_options!(center scale);
 }
 
 /// The size of `axis` of `x`, or an `Err` naming the layer.
-fn axis_size(kind: &'static str, x: &Tensor, axis: isize) -> Result<(usize, usize)> {
+pub(crate) fn axis_size(kind: &'static str, x: &Tensor, axis: isize) -> Result<(usize, usize)> {
     let a = resolve_axis(kind, axis, x.rank()).map_err(|_| {
         Error::invalid(kind, format!("{}: no axis {axis} in shape {:?}", trace::current_scope(), x.dims()))
     })?;
@@ -82,7 +95,7 @@ fn axis_size(kind: &'static str, x: &Tensor, axis: isize) -> Result<(usize, usiz
 }
 
 /// `v`, or an `Err` when a variable built for another input does not fit this one.
-fn fits<'a>(kind: &'static str, v: &'a Var, n: usize, x: &Tensor) -> Result<&'a Var> {
+pub(crate) fn fits<'a>(kind: &'static str, v: &'a Var, n: usize, x: &Tensor) -> Result<&'a Var> {
     if v.dims() != [n] {
         return Err(Error::invalid(
             kind,
@@ -176,21 +189,7 @@ impl RMSNormalization {
     pub fn new() -> Self {
         RMSNormalization { name: String::new(), epsilon: 1e-6, axis: -1, scale: OnceLock::new() }
     }
-    /// Set epsilon.
-    pub fn epsilon(mut self, eps: f32) -> Self {
-        self.epsilon = eps;
-        self
-    }
-    /// The axis normalized over (negative counts from the end).
-    pub fn axis(mut self, axis: isize) -> Self {
-        self.axis = axis;
-        self
-    }
-    /// Give the layer a name.
-    pub fn named(mut self, name: &str) -> Self {
-        self.name = name.to_string();
-        self
-    }
+    norm_options!();
 }
 
 impl Layer for RMSNormalization {

@@ -1,10 +1,12 @@
 //! The built-in layers.
 
 mod attention;
+mod batch_norm;
 mod conv;
 mod dense;
 mod einsum_dense;
 mod embedding;
+mod group_norm;
 mod layer_norm;
 mod merge;
 mod pooling;
@@ -14,10 +16,12 @@ mod transformer;
 mod window_pooling;
 
 pub use attention::{AttentionMasks, MultiHeadAttention};
+pub use batch_norm::BatchNormalization;
 pub use conv::{Conv1D, Conv2D};
 pub use dense::Dense;
 pub use einsum_dense::EinsumDense;
 pub use embedding::{Embedding, TiedHead};
+pub use group_norm::GroupNormalization;
 pub use layer_norm::{LayerNormalization, RMSNormalization};
 pub use merge::{Add, Concatenate, Multiply};
 pub use pooling::{GlobalAveragePooling1D, UnitNormalization};

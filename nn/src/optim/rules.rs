@@ -38,6 +38,12 @@ pub trait Optimizer: Send {
     /// Change the global-norm clipping threshold (`None`: no clipping). A coordinated optimizer
     /// takes clipping over, because the norm of a split model spans every rank.
     fn set_global_clipnorm(&mut self, max_norm: Option<f32>);
+    /// Whether the last `apply` left everything as it was on purpose (a coordinated optimizer
+    /// skips a step whose gradients are not finite on every rank): `fit` then keeps the layers'
+    /// state (moving statistics) as it was too.
+    fn last_step_skipped(&self) -> bool {
+        false
+    }
     /// Check the hyper-parameters (learning rate and schedule, betas, epsilon, clipping, decay):
     /// `compile` calls this, so a bad value is an `Err` naming it before any step runs.
     fn validate(&self) -> Result<()> {
@@ -527,5 +533,11 @@ impl Optimizer for Box<dyn Optimizer> {
     }
     fn validate(&self) -> Result<()> {
         (**self).validate()
+    }
+    fn clip_norm(&self) -> Option<f32> {
+        (**self).clip_norm()
+    }
+    fn last_step_skipped(&self) -> bool {
+        (**self).last_step_skipped()
     }
 }

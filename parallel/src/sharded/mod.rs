@@ -375,6 +375,7 @@ impl ShardedModel {
         let (validation_split, validation_freq, verbose) = (opts.validation_split, opts.validation_freq, opts.verbose);
         let (initial_epoch, steps_per_epoch) = (opts.initial_epoch, opts.steps_per_epoch);
         let validation_data = &opts.validation_data;
+        let (sample_weight, class_weight) = (&opts.sample_weight, &opts.class_weight);
         let global = self.global.clone();
         let mut h = self.run(|r, model| {
             let callbacks = std::mem::take(&mut *per_rank[r].lock().unwrap_or_else(|p| p.into_inner()));
@@ -390,6 +391,8 @@ impl ShardedModel {
                 callbacks,
                 initial_epoch,
                 steps_per_epoch,
+                sample_weight: sample_weight.clone(),
+                class_weight: class_weight.clone(),
             };
             model.fit(x, y, o)
         })?;

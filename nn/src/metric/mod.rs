@@ -1,5 +1,8 @@
 //! Metrics, accumulated over an epoch (a running count, not a mean of batch means).
 
+mod auc;
+
+pub use auc::{Auc, AucCurve};
 use std::sync::Arc;
 use weft_core::ops::BinaryOp;
 use weft_core::{DType, Error, Result, Tensor, no_grad};
@@ -35,6 +38,8 @@ pub enum Metric {
     MeanAbsoluteError,
     /// mean((y_pred - y_true)^2)
     MeanSquaredError,
+    /// The area under the ROC or precision-recall curve (Keras' `AUC`; see [`Auc`]).
+    Auc(Auc),
     /// A metric of one's own (see [`Metric::custom`]).
     Custom(CustomMetric),
 }
@@ -81,6 +86,7 @@ impl Metric {
             Metric::Recall(_) => "recall",
             Metric::MeanAbsoluteError => "mean_absolute_error",
             Metric::MeanSquaredError => "mean_squared_error",
+            Metric::Auc(_) => "auc",
         }
     }
 
@@ -95,7 +101,7 @@ impl Metric {
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn from_name(name: &str) -> Result<Metric> {
-        let known: [(&[&str], Metric); 10] = [
+        let known: [(&[&str], Metric); 11] = [
             (&["accuracy", "acc"], Metric::Accuracy),
             (&["binary_accuracy"], Metric::BinaryAccuracy),
             (&["categorical_accuracy"], Metric::CategoricalAccuracy),
@@ -106,6 +112,7 @@ impl Metric {
             (&["recall"], Metric::Recall(0.5)),
             (&["mae", "mean_absolute_error"], Metric::MeanAbsoluteError),
             (&["mse", "mean_squared_error"], Metric::MeanSquaredError),
+            (&["auc"], Metric::Auc(Auc::new())),
         ];
         known.iter().find(|(names, _)| names.contains(&name)).map(|(_, m)| m.clone()).ok_or_else(|| {
             let all: Vec<&str> = known.iter().map(|(n, _)| n[0]).collect();
@@ -144,10 +151,53 @@ impl Metric {
         }
     }
 
+    /// How many numbers the metric's running state holds: 2 (what counts and of how many) for
+    /// every metric but AUC.
+    pub(crate) fn state_len(&self) -> usize {
+        match self {
+            Metric::Auc(a) => a.state_len(),
+            _ => 2,
+        }
+    }
+
+    /// One batch's addition to the running state (summed over batches, and over a data axis).
+    pub(crate) fn update(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<Vec<f64>> {
+        match self {
+            Metric::Auc(a) => a.update(y_pred, y_true),
+            _ => self.count(y_pred, y_true).map(|(hit, total)| vec![hit, total]),
+        }
+    }
+
+    /// The figure of a running state (a ratio of counts is 0 over nothing).
+    pub(crate) fn result(&self, state: &[f64]) -> f32 {
+        match self {
+            Metric::Auc(a) => a.result(state),
+            _ => (state[0] / state[1].max(1.0)) as f32,
+        }
+    }
+
+    /// The metric's figure on one batch.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// use weft_nn::Metric;
+    /// let p = Tensor::from_vec(vec![0.9f32, 0.2, 0.7], &[3, 1], &Device::Cpu)?;
+    /// let y = Tensor::from_vec(vec![1f32, 1.0, 0.0], &[3, 1], &Device::Cpu)?;
+    /// assert_eq!(Metric::BinaryAccuracy.value(&p, &y)?, 1.0 / 3.0);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn value(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<f32> {
+        Ok(self.result(&self.update(y_pred, y_true)?))
+    }
+
     /// (correct, total) for one batch. A label that is not a class (negative, fractional, too
-    /// large) is an `Err`, and shapes that do not fit are an `Err` naming both.
+    /// large) is an `Err`, and shapes that do not fit are an `Err` naming both. AUC, not a ratio
+    /// of two counts, is an `Err` (see [`value`](Metric::value)).
     pub fn count(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<(f64, f64)> {
         no_grad(|| {
+            if let Metric::Auc(_) = self {
+                return Err(Error::invalid("metric", "auc is not a ratio of two counts: use Metric::value"));
+            }
             if let Metric::Custom(c) = self {
                 let v = (c.f)(y_true, y_pred).map_err(|e| Error::invalid("metric", format!("{}: {e}", c.name)))?;
                 let v = v.to_dtype(DType::F32)?;
@@ -169,17 +219,18 @@ impl Metric {
                 return Err(misfit());
             }
             let classes = y_pred.dims()[r - 1];
+            // Integer labels, one per row (a last axis of 1 squeezed, as Keras does).
+            let sparse = || -> Result<Tensor> {
+                let y =
+                    if y_true.rank() == r && y_true.dims()[r - 1] == 1 { y_true.squeeze(-1)? } else { y_true.clone() };
+                if y.dims() != &y_pred.dims()[..r - 1] {
+                    return Err(misfit());
+                }
+                Ok(y)
+            };
             let (hits, total) = match self.resolve(y_pred, y_true) {
                 Metric::SparseCategoricalAccuracy => {
-                    let y = if y_true.rank() == r && y_true.dims()[r - 1] == 1 {
-                        y_true.squeeze(-1)?
-                    } else {
-                        y_true.clone()
-                    };
-                    if y.dims() != &y_pred.dims()[..r - 1] {
-                        return Err(misfit());
-                    }
-                    let labels = y.to_index("labels", Some(classes))?.to_dtype(DType::F32)?;
+                    let labels = sparse()?.to_index("labels", Some(classes))?.to_dtype(DType::F32)?;
                     let pred = y_pred.argmax(-1, false)?.to_dtype(DType::F32)?;
                     (pred.eq(&labels)?, labels.numel())
                 }
@@ -198,15 +249,7 @@ impl Metric {
                         }
                         y_true.argmax(-1, false)?
                     } else {
-                        let y = if y_true.rank() == r && y_true.dims()[r - 1] == 1 {
-                            y_true.squeeze(-1)?
-                        } else {
-                            y_true.clone()
-                        };
-                        if y.dims() != &y_pred.dims()[..r - 1] {
-                            return Err(misfit());
-                        }
-                        y.to_index("labels", Some(classes))?
+                        sparse()?.to_index("labels", Some(classes))?
                     };
                     // In the top k when fewer than k predictions are strictly higher than the
                     // label's (so ties with the k-th count, as Keras' in_top_k).
