@@ -622,7 +622,7 @@ out["weighted_fit"] = {
     "sample_weight": tolist(fit_sw),
     "class_weight": {"0": 2.0, "2": 0.5},
     "sample_weighted": weighted_fit(sample_weight=fit_sw, validation_split=0.2),
-    "class_weighted": weighted_fit(class_weight={0: 2.0, 2: 0.5}),
+    "class_weighted": weighted_fit(class_weight={0: 2.0, 2: 0.5}, validation_split=0.2),
 }
 
 # AUC accumulated over two batches (ties at the thresholds included), for each curve and a
@@ -649,6 +649,116 @@ for name, metric, batches in [
         "name": name, "batches": [{"y_pred": tolist(p), "y_true": tolist(y)} for p, y in batches], "value": float(metric.result()),
     })
 out["auc"] = auc_out
+
+# Regularizers and constraints: each penalty and projection on given values, and fit through
+# a Dense with a kernel and a bias regularizer, an activity regularizer and a kernel constraint,
+# then a Dense with L1L2 and a non-negative bias (SGD, batches of 4, a validation split: the
+# History's losses include the penalties).
+rng9 = np.random.default_rng(37)
+reg_w = rng9.uniform(-1.0, 1.0, size=(4, 3)).astype(np.float32)
+conv_w = rng9.uniform(-1.0, 1.0, size=(2, 2, 3, 2)).astype(np.float32)
+out["regularizers"] = {
+    "w": tolist(reg_w),
+    "penalties": {
+        "l1": float(keras.regularizers.L1(0.03)(reg_w)),
+        "l2": float(keras.regularizers.L2(0.02)(reg_w)),
+        "l1l2": float(keras.regularizers.L1L2(l1=0.01, l2=0.05)(reg_w)),
+    },
+    "constraints": {
+        "max_norm": tolist(keras.constraints.MaxNorm(0.9)(reg_w)),
+        "max_norm_axis_1": tolist(keras.constraints.MaxNorm(0.7, axis=1)(reg_w)),
+        "non_neg": tolist(keras.constraints.NonNeg()(reg_w)),
+        "unit_norm": tolist(keras.constraints.UnitNorm()(reg_w)),
+        "min_max_norm": tolist(keras.constraints.MinMaxNorm(0.5, 0.8, rate=0.7)(reg_w)),
+    },
+    "conv_w": tolist(conv_w),
+    "conv_max_norm": tolist(keras.constraints.MaxNorm(1.0, axis=[0, 1, 2])(conv_w)),
+}
+reg_model = keras.Sequential([
+    keras.Input((5,)),
+    keras.layers.Dense(4, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01), bias_regularizer=keras.regularizers.L1(0.02),
+                       activity_regularizer=keras.regularizers.L2(0.005), kernel_constraint=keras.constraints.MaxNorm(0.8)),
+    keras.layers.Dense(3, kernel_regularizer=keras.regularizers.L1L2(l1=0.01, l2=0.02), bias_constraint=keras.constraints.NonNeg()),
+])
+reg_model.set_weights(w_init)
+reg_model.compile(keras.optimizers.SGD(0.2), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+reg_h = reg_model.fit(xf, yf, batch_size=4, epochs=3, shuffle=False, verbose=0, validation_split=0.2)
+out["regularized_fit"] = {
+    "history": {k: [float(v) for v in vs] for k, vs in reg_h.history.items()},
+    "weights": [tolist(w) for w in reg_model.get_weights()],
+}
+
+# Optimizer options in fit (the model, data and weights of the fit cases; 3 epochs of batches
+# of 4, 9 calls): weight decay leaving the biases out, gradient accumulation, and an EMA of the
+# weights (taken at the end of fit, or every 2 updates).
+def optimizer_fit(optimizer):
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(3)])
+    model.set_weights(w_init)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    h = model.fit(xf, yf, batch_size=4, epochs=3, shuffle=False, verbose=0)
+    return {"loss": [float(v) for v in h.history["loss"]], "weights": [tolist(w) for w in model.get_weights()]}
+
+
+adamw_excluding = keras.optimizers.AdamW(0.05, weight_decay=0.3)
+adamw_excluding.exclude_from_weight_decay(var_names=["bias"])
+out["optimizer_options"] = {
+    "adamw_exclude_bias": optimizer_fit(adamw_excluding),
+    "adam_accumulate_2": optimizer_fit(keras.optimizers.Adam(0.05, gradient_accumulation_steps=2)),
+    "sgd_accumulate_3": optimizer_fit(keras.optimizers.SGD(0.3, momentum=0.5, gradient_accumulation_steps=3)),
+    "sgd_ema": optimizer_fit(keras.optimizers.SGD(0.3, momentum=0.9, use_ema=True, ema_momentum=0.9)),
+    "adam_ema_overwrite_2": optimizer_fit(keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.8, ema_overwrite_frequency=2)),
+}
+
+# Recurrent layers with given weights (and masks): the output and the gradients of sum(y * w)
+# with respect to the input and each variable.
+rng10 = np.random.default_rng(41)
+
+
+def arr10(*shape):
+    return rng10.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+rnn_cases = [
+    ("simple_rnn", keras.layers.SimpleRNN(3), (2, 4, 2), False),
+    ("simple_rnn_relu_seq_backwards", keras.layers.SimpleRNN(3, activation="relu", return_sequences=True, go_backwards=True), (2, 4, 2), False),
+    ("gru_seq", keras.layers.GRU(3, return_sequences=True), (2, 5, 2), False),
+    ("gru_reset_before", keras.layers.GRU(3, reset_after=False), (2, 4, 3), False),
+    ("gru_masked", keras.layers.GRU(4, return_sequences=True), (2, 5, 2), True),
+    ("lstm", keras.layers.LSTM(3), (2, 4, 2), False),
+    ("lstm_masked_seq", keras.layers.LSTM(3, return_sequences=True), (3, 5, 2), True),
+    ("lstm_backwards_no_bias", keras.layers.LSTM(2, go_backwards=True, use_bias=False), (2, 4, 3), False),
+    ("lstm_masked_last", keras.layers.LSTM(3), (3, 5, 2), True),
+]
+rnn_out = []
+for name, layer, shape, masked in rnn_cases:
+    xc = arr10(*shape)
+    mask = None
+    if masked:
+        mask = np.ones(shape[:2], bool)
+        mask[0, 3:] = False   # padding at the end
+        mask[1, 1] = False    # a gap
+        mask[-1, 0] = False   # padding at the start
+    layer.build(shape)
+    ws = [arr10(*w.shape) for w in layer.trainable_weights]
+    for var, v in zip(layer.trainable_weights, ws):
+        var.assign(v)
+    # The non-trainable state (a dropout seed) as it is.
+    ntv = [jnp.asarray(v.numpy()) for v in layer.non_trainable_variables]
+    kw = {} if mask is None else {"mask": jnp.asarray(mask)}
+    yc, _ = layer.stateless_call([jnp.asarray(v) for v in ws], ntv, jnp.asarray(xc), **kw)
+    wc = arr10(*yc.shape)
+
+    def objective(xv, *vs):
+        out_, _ = layer.stateless_call(list(vs), ntv, xv, **kw)
+        return jnp.sum(out_ * wc)
+
+    gs = jax.grad(objective, argnums=tuple(range(1 + len(ws))))(jnp.asarray(xc), *[jnp.asarray(v) for v in ws])
+    rnn_out.append({
+        "name": name, "x": tolist(xc), "mask": None if mask is None else tolist(mask.astype(np.float32)),
+        "weights": [tolist(v) for v in ws], "weight_names": [w.name for w in layer.trainable_weights],
+        "y": tolist(yc), "w": tolist(wc), "grad_x": tolist(gs[0]), "grad_weights": [tolist(g) for g in gs[1:]],
+    })
+out["recurrent_layers"] = rnn_out
 
 os.makedirs(os.path.dirname(sys.argv[1]) or ".", exist_ok=True)
 with open(sys.argv[1], "w") as f:

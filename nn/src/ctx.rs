@@ -22,23 +22,37 @@ pub struct Ctx {
     /// so a failed or skipped step changes no state. A training loop of one's own calls
     /// [`commit_updates`](Ctx::commit_updates) after its optimizer step.
     pub updates: Vec<(Var, Tensor)>,
+    /// Losses the layers added while running (an activity regularizer's penalty, Keras'
+    /// `add_loss`): `fit` and `evaluate` add them to the loss.
+    pub losses: Vec<Tensor>,
 }
 
 impl Ctx {
     /// Inference context.
     pub fn inference() -> Self {
-        Ctx { training: false, seed: 0, step: 0, tp: None, batch_part: None, updates: Vec::new() }
+        Ctx { training: false, seed: 0, step: 0, tp: None, batch_part: None, updates: Vec::new(), losses: Vec::new() }
     }
 
     /// Training context with a seed.
     pub fn training(seed: u64) -> Self {
-        Ctx { training: true, seed, step: 0, tp: None, batch_part: None, updates: Vec::new() }
+        Ctx { training: true, seed, step: 0, tp: None, batch_part: None, updates: Vec::new(), losses: Vec::new() }
     }
 
     /// Record `value` as the next value of the non-trainable `var` (put in place by
     /// [`commit_updates`](Ctx::commit_updates)).
     pub fn record_update(&mut self, var: &Var, value: Tensor) {
         self.updates.push((var.clone(), value));
+    }
+
+    /// The value recorded last for `var` and not yet committed: a layer called twice in one
+    /// step (a shared layer) moves its state on from there, as Keras' second call does.
+    pub fn pending(&self, var: &Var) -> Option<&Tensor> {
+        self.updates.iter().rev().find(|(v, _)| v.id() == var.id()).map(|(_, t)| t)
+    }
+
+    /// Add a loss (a 0-d tensor) to the batch's (Keras' `add_loss`).
+    pub fn add_loss(&mut self, loss: Tensor) {
+        self.losses.push(loss);
     }
 
     /// Put every recorded update in place, in the order recorded, and forget them.
@@ -57,18 +71,7 @@ impl Ctx {
     pub fn commit_updates(&mut self) -> weft_core::Result<()> {
         let updates = std::mem::take(&mut self.updates);
         // Checked first, so an update that does not fit changes no variable.
-        if let Some((v, t)) = updates.iter().find(|(v, t)| t.dims() != v.dims() || t.device() != v.device()) {
-            return Err(weft_core::Error::invalid(
-                "commit_updates",
-                format!(
-                    "a value of shape {:?} on {} for a variable of shape {:?} on {}",
-                    t.dims(),
-                    t.device().describe(),
-                    v.dims(),
-                    v.device().describe()
-                ),
-            ));
-        }
+        check_updates(&updates)?;
         for (v, t) in updates {
             v.set(&t)?;
         }
@@ -96,4 +99,21 @@ fn mix(path: &str, seed: u64, step: u64) -> u64 {
         h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
     }
     h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ step.rotate_left(32)
+}
+
+/// An `Err` naming the first update whose value does not fit its variable.
+pub(crate) fn check_updates(updates: &[(Var, Tensor)]) -> weft_core::Result<()> {
+    match updates.iter().find(|(v, t)| t.dims() != v.dims() || t.device() != v.device()) {
+        Some((v, t)) => Err(weft_core::Error::invalid(
+            "commit_updates",
+            format!(
+                "a value of shape {:?} on {} for a variable of shape {:?} on {}",
+                t.dims(),
+                t.device().describe(),
+                v.dims(),
+                v.device().describe()
+            ),
+        )),
+        None => Ok(()),
+    }
 }

@@ -102,6 +102,23 @@ pub trait Layer: Send + Sync {
     fn split_rule(&self) -> SplitRule {
         SplitRule::undeclared(self.kind())
     }
+    /// Penalties on variables, by path relative to this layer (Keras' `kernel_regularizer` and
+    /// the like): `fit` and `evaluate` add them to the loss. The default gathers the
+    /// sublayers'; a layer that takes regularizers adds its own.
+    fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
+        self.sublayers()
+            .into_iter()
+            .flat_map(|l| l.regularizers().into_iter().map(move |(p, r)| (join(l.name(), &p), r)))
+            .collect()
+    }
+    /// Projections of variables after each optimizer step, by relative path (Keras'
+    /// `kernel_constraint` and the like). The default gathers the sublayers'.
+    fn constraints(&self) -> Vec<(String, crate::Constraint)> {
+        self.sublayers()
+            .into_iter()
+            .flat_map(|l| l.constraints().into_iter().map(move |(p, c)| (join(l.name(), &p), c)))
+            .collect()
+    }
     /// Kind, own variable shapes and sublayers (variables appear once built).
     fn describe(&self) -> LayerInfo {
         let subs = self.sublayers();

@@ -1,4 +1,4 @@
-//! Losses: mean over the batch of a per-sample loss.
+//! Losses: a per-sample loss, reduced over the batch (by default its mean; see [`Reduction`]).
 
 use std::sync::Arc;
 use weft_core::ops::BinaryOp;
@@ -99,8 +99,9 @@ enum Terms {
 pub type LossFn = dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync;
 
 /// A loss of one's own: a name (shown in errors) and a function of `(y_true, y_pred)`, in
-/// Keras' order, giving a loss per sample (or any tensor), which `fit` averages, as Keras'
-/// default reduction does. It is differentiated like any other tensor code.
+/// Keras' order, giving a loss per sample (or any tensor), which `fit` reduces as the loss's
+/// [`Reduction`] says (by default their mean, as Keras). It is differentiated like any other
+/// tensor code.
 #[derive(Clone)]
 pub struct CustomLoss {
     name: String,
@@ -168,6 +169,11 @@ fn samples(terms: Terms) -> Result<Tensor> {
 /// Sample weights shaped to multiply the per-sample losses `v`: `[batch]` (or any leading axes of
 /// `v`) gains trailing axes of 1, as Keras expands them.
 fn sample_weights(w: &Tensor, v: &Tensor) -> Result<Tensor> {
+    // Trailing axes of 1 beyond the losses' rank go, as Keras squeezes them ([n, 1] for [n]).
+    let mut w = w.clone();
+    while w.rank() > v.rank().max(1) && w.dims().last() == Some(&1) {
+        w = w.squeeze(-1)?;
+    }
     let fits = w.rank() <= v.rank().max(1) && w.dims() == &v.dims()[..w.rank().min(v.rank())];
     if !fits || (v.rank() == 0 && w.numel() != 1) {
         return Err(Error::invalid(
@@ -419,6 +425,12 @@ impl Loss {
     /// The loss before its reduction, and, with `ignore` (sparse labels only), which labels are
     /// kept (1) or left out (0).
     fn terms(&self, y_pred: &Tensor, y_true: &Tensor, ignore: Option<i64>) -> Result<(Terms, Option<Tensor>)> {
+        if ignore.is_some() && !matches!(self, Loss::SparseCategoricalCrossentropy { .. }) {
+            return Err(Error::invalid(
+                "ignore_class",
+                format!("leaves out labels of sparse categorical cross-entropy, not of {self:?}"),
+            ));
+        }
         let same_shape = || {
             if y_pred.dims() != y_true.dims() {
                 return Err(Error::ShapeMismatch {

@@ -52,8 +52,9 @@ pub struct FitOptions {
     /// number of values, by default). `validation_split` splits them with the samples, so the
     /// validation loss is weighted too. The metrics are not weighted, as Keras' `metrics`.
     pub sample_weight: Option<Tensor>,
-    /// A weight for each class (Keras' `class_weight`), on a model of one output: each sample
-    /// weighs its class's weight (1 for a class not listed). Not together with `sample_weight`.
+    /// A weight for each class (Keras' `class_weight`), on a model of one output: each training
+    /// sample weighs its class's weight (1 for a class not listed); validation samples are not
+    /// weighted. Not together with `sample_weight`.
     pub class_weight: Option<HashMap<usize, f32>>,
 }
 
@@ -381,6 +382,9 @@ impl Model {
                 ));
             }
         }
+        for m in heads.metrics() {
+            m.validate()?;
+        }
         self.optimizer = Some(optimizer);
         self.heads = Some(Arc::new(heads));
         Ok(())
@@ -416,6 +420,8 @@ impl Model {
 
     /// The network on `x`, its inputs put in the order the network names them: every output.
     fn forward(&self, x: &Inputs, ctx: &mut Ctx) -> Result<Vec<Tensor>> {
+        // The losses the layers add are this batch's.
+        ctx.losses.clear();
         let _s = crate::scope::root(self.net.as_ref());
         self.net.call_outputs(&x.ordered(&self.net.input_names())?, &[], ctx)
     }
@@ -520,10 +526,12 @@ impl Model {
         let preds = self.forward(&x, &mut ctx);
         // State updates (moving statistics) wait for the step to be applied.
         let updates = std::mem::take(&mut ctx.updates);
+        let added = std::mem::take(&mut ctx.losses);
         self.ctx = ctx;
         let preds = preds?;
         let sync = self.tp.as_ref().is_some_and(|tp| tp.data.world_size() > 1);
         let (loss, per) = self.head_losses(&heads, &preds, &labels, weights.as_ref(), (part, sync))?;
+        let loss = self.with_penalties(loss, added, part)?;
         let grads = loss.backward()?;
         // Everything that can fail runs before the update, so a step that returns `Err` has
         // changed nothing: the losses are read back (which also reports a bad label or id found
@@ -567,13 +575,15 @@ impl Model {
                 // Metrics need the whole output; without metrics a split output is never gathered.
                 let pred = no_grad(|| self.whole(&preds[*at]))?;
                 for m in &o.metrics {
-                    batch_counts.push(self.sum_over_data(m.update(&pred, y)?)?);
+                    batch_counts.push(self.sum_over_data(m.update(&pred, y, o.loss.base().1)?)?);
                 }
             }
         }
+        crate::ctx::check_updates(&updates)?;
         let optimizer = self.parts()?.0;
         optimizer.apply(&vars, &grads)?;
         if !optimizer.last_step_skipped() {
+            crate::penalty::in_model::apply_constraints(self.net.as_ref(), self.tp.as_ref())?;
             self.ctx.updates = updates;
             self.ctx.commit_updates()?;
         }
@@ -581,6 +591,24 @@ impl Model {
             c.iter_mut().zip(b).for_each(|(c, b)| *c += b);
         }
         Ok((value, figures[1..k].to_vec()))
+    }
+
+    /// `loss` plus the weight penalties of the layers' regularizers and the losses the layers
+    /// added (`added`: activity penalties), as Keras adds `model.losses`; on a data axis each
+    /// rank adds its `part`, so the ranks' shares sum to the penalty once.
+    fn with_penalties(&self, loss: Tensor, added: Vec<Tensor>, part: f32) -> Result<Tensor> {
+        let mut p = crate::penalty::in_model::weight_penalty(self.net.as_ref(), self.tp.as_ref())?;
+        for a in added {
+            p = Some(match p {
+                Some(p) => p.add(&a)?,
+                None => a,
+            });
+        }
+        match p {
+            Some(p) if part != 1.0 => loss.add(&p.mul_scalar(part)?),
+            Some(p) => loss.add(&p),
+            None => Ok(loss),
+        }
     }
 
     /// A metric's running state summed over the data axis.
@@ -630,7 +658,15 @@ impl Model {
             }
             (Some(w), None) => Some(sample_weights::check("fit", w, x.rows()?)?),
             (None, Some(cw)) => match heads.labels("fit", &y)?.as_slice() {
-                [labels] => Some(sample_weights::from_classes(labels, cw)?),
+                // Only the training rows: Keras weighs no validation row by its class.
+                [labels] => {
+                    let n = labels.dims().first().copied().unwrap_or(0);
+                    let train = match (&opts.validation_data, opts.validation_split) {
+                        (None, s) if s > 0.0 => crate::data::training_rows(n, s),
+                        _ => n,
+                    };
+                    Some(sample_weights::from_classes(labels, cw, train)?)
+                }
                 _ => {
                     return Err(Error::invalid(
                         "fit",
@@ -792,6 +828,11 @@ impl Model {
                 break;
             }
         }
+        // With an EMA the weights take their averages (Keras' finalize_variable_values).
+        if opts.epochs > opts.initial_epoch {
+            let vars = self.trainable_variables();
+            self.parts()?.0.finalize(&vars)?;
+        }
         for cb in opts.callbacks.iter_mut() {
             cb.on_train_end(&history, self)?;
         }
@@ -844,6 +885,7 @@ impl Model {
                 let bw = weights.as_ref().map(|w| w.narrow(0, lo, mine)).transpose()?;
                 let preds = self.forward(&bx, &mut ctx)?;
                 let (total, per) = self.head_losses(&heads, &preds, &by, bw.as_ref(), (part, sync))?;
+                let total = self.with_penalties(total, std::mem::take(&mut ctx.losses), part)?;
                 if !counted {
                     continue;
                 }
@@ -861,7 +903,7 @@ impl Model {
                     }
                     let pred = self.whole(&preds[*at])?;
                     for m in &o.metrics {
-                        for v in m.update(&pred, y)? {
+                        for v in m.update(&pred, y, o.loss.base().1)? {
                             sums[i] += v;
                             i += 1;
                         }

@@ -42,10 +42,13 @@ pub(crate) fn check(op: &'static str, w: &Tensor, n: usize) -> Result<Tensor> {
 
 /// One weight per sample from a weight per class (Keras' `class_weight`): the class of a sample
 /// is its label, or the position of the largest value of a one-hot (or soft) label; a class
-/// without a weight weighs 1.
-pub(crate) fn from_classes(y: &Tensor, class_weight: &HashMap<usize, f32>) -> Result<Tensor> {
-    if y.rank() == 0 {
-        return Err(Error::invalid("class_weight", "labels of no sample axis"));
+/// without a weight, and every sample from `train` on (the validation rows), weighs 1.
+pub(crate) fn from_classes(y: &Tensor, class_weight: &HashMap<usize, f32>, train: usize) -> Result<Tensor> {
+    if y.rank() == 0 || y.rank() > 2 {
+        return Err(Error::invalid(
+            "class_weight",
+            format!("labels of shape {:?}: class weights take one label (or one-hot row) per sample", y.dims()),
+        ));
     }
     let n = y.dims()[0];
     let y = y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
@@ -57,9 +60,10 @@ pub(crate) fn from_classes(y: &Tensor, class_weight: &HashMap<usize, f32>) -> Re
     };
     let w: Vec<f32> = classes
         .iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             let c = c.round();
-            if c >= 0.0 { class_weight.get(&(c as usize)).copied().unwrap_or(1.0) } else { 1.0 }
+            if i < train && c >= 0.0 { class_weight.get(&(c as usize)).copied().unwrap_or(1.0) } else { 1.0 }
         })
         .collect();
     Tensor::from_vec(w, &[n], &Device::Cpu)

@@ -129,3 +129,19 @@ fn masked_positions_do_not_count() {
     let mean = bn.variables()[2].1.to_vec::<f32>().unwrap()[0];
     assert!((mean - 3.4).abs() < 1e-5, "{mean}");
 }
+
+/// A layer called twice in one step (shared) moves its statistics twice, each call from where
+/// the last left them, as Keras' second call does.
+#[test]
+fn a_shared_layer_moves_its_statistics_once_per_call() {
+    let dev = Device::Cpu;
+    let bn = BatchNormalization::new().momentum(0.5);
+    let a = Tensor::from_vec(vec![1f32, 3.0], &[2, 1], &dev).unwrap();
+    let b = Tensor::from_vec(vec![10f32, 20.0], &[2, 1], &dev).unwrap();
+    let mut ctx = Ctx::training(0);
+    bn.call(&a, &mut ctx).unwrap();
+    bn.call(&b, &mut ctx).unwrap();
+    ctx.commit_updates().unwrap();
+    // 0 -> 0.5 * 0 + 0.5 * 2 = 1 -> 0.5 * 1 + 0.5 * 15 = 8
+    assert_eq!(bn.variables()[2].1.to_vec::<f32>().unwrap(), vec![8.0]);
+}

@@ -13,12 +13,13 @@ use weft_core::{Device, GradStore, Tensor, Var};
 use weft_nn::callback::{Callback, EarlyStopping, Mode, ReduceLROnPlateau};
 use weft_nn::layers::{
     ActivationLayer, AttentionMasks, AveragePooling1D, AveragePooling2D, BatchNormalization, Conv1D, Conv2D, Dense,
-    EinsumDense, GlobalAveragePooling2D, GlobalMaxPooling1D, GlobalMaxPooling2D, GroupNormalization,
-    LayerNormalization, MaxPooling1D, MaxPooling2D, MultiHeadAttention, RMSNormalization,
+    EinsumDense, GRU, GlobalAveragePooling2D, GlobalMaxPooling1D, GlobalMaxPooling2D, GroupNormalization, LSTM,
+    LayerNormalization, MaxPooling1D, MaxPooling2D, MultiHeadAttention, RMSNormalization, SimpleRNN,
 };
 use weft_nn::optim::{Adagrad, Adam, AdamW, Adamax, LearningRate, Lion, Nadam, Optimizer, RMSprop, Sgd};
 use weft_nn::{
-    Activation, Auc, AucCurve, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Reduction, Sequential,
+    Activation, Auc, AucCurve, Constraint, Ctx, FitOptions, Initializer, Layer, Loss, Metric, Model, Reduction,
+    Regularizer, Sequential,
 };
 
 fn golden() -> Value {
@@ -977,7 +978,7 @@ fn fit_with_sample_and_class_weights_matches_keras() {
         .collect();
     for (case, sample, classes, split) in [
         ("sample_weighted", Some(tensor(&g["sample_weight"])), None, 0.2),
-        ("class_weighted", None, Some(class_weight), 0.0),
+        ("class_weighted", None, Some(class_weight), 0.2),
     ] {
         let net = Sequential::new().add(Dense::new(4).activation(Activation::Relu)).add(Dense::new(3));
         let mut m = Model::new(net, &Device::Cpu);
@@ -1045,6 +1046,173 @@ fn auc_matches_keras() {
             let (_, figures) = m.evaluate(&p, &y, first).unwrap();
             assert_eq!(figures[0].0, "auc");
             close(&[figures[0].1], &[want], 1e-5, &format!("{what}: evaluate"));
+        }
+    }
+}
+
+/// Each regularizer's penalty and each constraint's projection (over the default axis, another
+/// axis, and the three axes of a convolution kernel) match Keras 3.
+#[test]
+fn regularizers_and_constraints_match_keras() {
+    let g = &golden()["regularizers"];
+    let w = tensor(&g["w"]);
+    for (name, r) in [
+        ("l1", Regularizer::L1(0.03)),
+        ("l2", Regularizer::L2(0.02)),
+        ("l1l2", Regularizer::L1L2 { l1: 0.01, l2: 0.05 }),
+    ] {
+        let got = r.penalty(&w).unwrap().to_scalar::<f32>().unwrap();
+        close(&[got], &[g["penalties"][name].as_f64().unwrap() as f32], 1e-5, name);
+    }
+    let same = |t: Tensor| Ok(t);
+    for (name, c) in [
+        ("max_norm", Constraint::max_norm(0.9)),
+        ("max_norm_axis_1", Constraint::MaxNorm { max_value: 0.7, axes: vec![1] }),
+        ("non_neg", Constraint::NonNeg),
+        ("unit_norm", Constraint::unit_norm()),
+        ("min_max_norm", Constraint::MinMaxNorm { min_value: 0.5, max_value: 0.8, rate: 0.7, axes: vec![0] }),
+    ] {
+        close(&vals(&c.project(&w, &same).unwrap()), &vals(&tensor(&g["constraints"][name])), 1e-5, name);
+    }
+    let conv = Constraint::MaxNorm { max_value: 1.0, axes: vec![0, 1, 2] };
+    close(
+        &vals(&conv.project(&tensor(&g["conv_w"]), &same).unwrap()),
+        &vals(&tensor(&g["conv_max_norm"])),
+        1e-5,
+        "conv",
+    );
+    assert!(Constraint::MaxNorm { max_value: 1.0, axes: vec![2] }.project(&w, &same).is_err());
+    assert!(Regularizer::L2(-1.0).penalty(&w).is_err());
+}
+
+/// `fit` through layers with kernel, bias and activity regularizers and kernel and bias
+/// constraints: Keras 3's History (losses with the penalties, on training and validation data)
+/// and final weights (projected after every step).
+#[test]
+fn fit_with_regularizers_and_constraints_matches_keras() {
+    let f = &golden()["fit"];
+    let g = &golden()["regularized_fit"];
+    let (x, y) = (tensor(&f["x"]), tensor(&f["y"]));
+    let net = Sequential::new()
+        .add(
+            Dense::new(4)
+                .activation(Activation::Relu)
+                .kernel_regularizer(Regularizer::L2(0.01))
+                .bias_regularizer(Regularizer::L1(0.02))
+                .activity_regularizer(Regularizer::L2(0.005))
+                .kernel_constraint(Constraint::max_norm(0.8)),
+        )
+        .add(
+            Dense::new(3)
+                .kernel_regularizer(Regularizer::L1L2 { l1: 0.01, l2: 0.02 })
+                .bias_constraint(Constraint::NonNeg),
+        );
+    let mut m = Model::new(net, &Device::Cpu);
+    m.compile(Sgd::new(0.2), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[Metric::Accuracy]).unwrap();
+    m.build(&[1, 5]).unwrap();
+    for ((_, v), w) in m.variables().iter().zip(f["weights"].as_array().unwrap()) {
+        v.set(&tensor(w)).unwrap();
+    }
+    let opts = FitOptions {
+        epochs: 3,
+        batch_size: 4,
+        shuffle: false,
+        verbose: false,
+        validation_split: 0.2,
+        ..Default::default()
+    };
+    let h = m.fit(&x, &y, opts).unwrap().flat();
+    let want = g["history"].as_object().unwrap();
+    assert_eq!(h.len(), want.len());
+    for (k, series) in want {
+        let series: Vec<f32> = series.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        close(&h[k], &series, 1e-5, k);
+    }
+    for ((p, v), w) in m.variables().iter().zip(g["weights"].as_array().unwrap()) {
+        close(&vals(v.as_tensor()), &vals(&tensor(w)), 1e-5, &format!("final {p}"));
+    }
+}
+
+/// Weight decay that leaves the biases out, gradient accumulation (with Adam's bias correction
+/// and SGD's momentum counting updates) and an EMA of the weights (taken at the end of `fit`,
+/// or every 2 updates): Keras 3's losses and final weights after 9 calls.
+#[test]
+fn optimizer_options_match_keras() {
+    let f = &golden()["fit"];
+    let (x, y) = (tensor(&f["x"]), tensor(&f["y"]));
+    let cases: Vec<(&str, Box<dyn Optimizer>)> = vec![
+        ("adamw_exclude_bias", Box::new(AdamW::new(0.05).weight_decay(0.3).exclude_from_weight_decay(&["bias"]))),
+        ("adam_accumulate_2", Box::new(Adam::new(0.05).gradient_accumulation_steps(2))),
+        ("sgd_accumulate_3", Box::new(Sgd::new(0.3).momentum(0.5).gradient_accumulation_steps(3))),
+        ("sgd_ema", Box::new(Sgd::new(0.3).momentum(0.9).ema(0.9))),
+        ("adam_ema_overwrite_2", Box::new(Adam::new(0.05).ema(0.8).ema_overwrite_frequency(2))),
+    ];
+    for (name, opt) in cases {
+        let g = &golden()["optimizer_options"][name];
+        let net = Sequential::new().add(Dense::new(4).activation(Activation::Relu)).add(Dense::new(3));
+        let mut m = Model::new(net, &Device::Cpu);
+        m.compile(opt, Loss::SparseCategoricalCrossentropy { from_logits: true }, &[]).unwrap();
+        m.build(&[1, 5]).unwrap();
+        for ((_, v), w) in m.variables().iter().zip(f["weights"].as_array().unwrap()) {
+            v.set(&tensor(w)).unwrap();
+        }
+        let opts = FitOptions { epochs: 3, batch_size: 4, shuffle: false, verbose: false, ..Default::default() };
+        let h = m.fit(&x, &y, opts).unwrap();
+        let want: Vec<f32> = g["loss"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        close(&h.loss, &want, 1e-5, &format!("{name}: loss"));
+        for ((p, v), w) in m.variables().iter().zip(g["weights"].as_array().unwrap()) {
+            close(&vals(v.as_tensor()), &vals(&tensor(w)), 1e-5, &format!("{name}: final {p}"));
+        }
+        assert_eq!(m.optimizer().unwrap().iterations(), 9, "{name}: calls");
+    }
+}
+
+fn recurrent_layer(name: &str) -> Box<dyn Layer> {
+    match name {
+        "simple_rnn" => Box::new(SimpleRNN::new(3)),
+        "simple_rnn_relu_seq_backwards" => {
+            Box::new(SimpleRNN::new(3).activation(Activation::Relu).return_sequences(true).go_backwards(true))
+        }
+        "gru_seq" => Box::new(GRU::new(3).return_sequences(true)),
+        "gru_reset_before" => Box::new(GRU::new(3).reset_after(false)),
+        "gru_masked" => Box::new(GRU::new(4).return_sequences(true)),
+        "lstm" | "lstm_masked_last" => Box::new(LSTM::new(3)),
+        "lstm_masked_seq" => Box::new(LSTM::new(3).return_sequences(true)),
+        "lstm_backwards_no_bias" => Box::new(LSTM::new(2).go_backwards(true).use_bias(false)),
+        other => panic!("no weft layer for golden case {other}"),
+    }
+}
+
+/// SimpleRNN, GRU (reset after and before) and LSTM, with sequences returned or not, run
+/// backwards, without biases and over masked steps (padding at either end, a gap): Keras 3's
+/// outputs and gradients, on the Cpu and the GPU.
+#[test]
+fn recurrent_layers_match_keras() {
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    for dev in &devices {
+        for case in golden()["recurrent_layers"].as_array().unwrap() {
+            let name = format!("{} on {}", case["name"].as_str().unwrap(), dev.describe());
+            let layer = recurrent_layer(case["name"].as_str().unwrap());
+            let x = Var::new(tensor(&case["x"]).to_device(dev).unwrap()).unwrap();
+            let mask = case["mask"].as_array().map(|_| tensor(&case["mask"]).to_device(dev).unwrap());
+            let weights: Vec<Tensor> =
+                case["weights"].as_array().unwrap().iter().map(|w| tensor(w).to_device(dev).unwrap()).collect();
+            with_weights(layer.as_ref(), x.as_tensor(), &weights);
+            let names: Vec<String> = layer.variables().into_iter().map(|(p, _)| p).collect();
+            let keras: Vec<String> =
+                case["weight_names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect();
+            assert_eq!(names, keras, "{name}: variables");
+            let y = layer
+                .call_with(std::slice::from_ref(x.as_tensor()), std::slice::from_ref(&mask), &mut Ctx::inference())
+                .unwrap();
+            close(&vals(&y), &vals(&tensor(&case["y"])), 1e-5, &name);
+            let w = tensor(&case["w"]).to_device(dev).unwrap();
+            let grads = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+            close(&vals(grads.get(&x).unwrap()), &vals(&tensor(&case["grad_x"])), 1e-4, &format!("{name}: dx"));
+            for ((p, var), g) in layer.variables().iter().zip(case["grad_weights"].as_array().unwrap()) {
+                close(&vals(grads.get(var).unwrap()), &vals(&tensor(g)), 1e-4, &format!("{name}: d{p}"));
+            }
         }
     }
 }

@@ -160,3 +160,62 @@ fn adam_state_is_held_in_named_slots_per_path() {
     close(&m, &[0.1, 0.1, 0.1]);
     assert!(opt.slot("dense/kernel", "v").is_some() && opt.slot("other", "m").is_none());
 }
+
+/// A run stopped part way through an accumulation (and its EMA) and resumed from a checkpoint
+/// continues exactly as the run that never stopped.
+#[test]
+fn accumulation_and_ema_resume_from_a_checkpoint_mid_cycle() {
+    use weft_nn::layers::Dense;
+    use weft_nn::{Loss, Model, Sequential};
+    let make = || {
+        let mut m = Model::new(Sequential::new().add(Dense::new(2)), &Device::Cpu);
+        let opt = Adam::new(0.05).gradient_accumulation_steps(3).ema(0.9);
+        m.compile(opt, Loss::MeanSquaredError, &[]).unwrap();
+        m.build(&[1, 3]).unwrap();
+        m
+    };
+    let x = Tensor::rand(-1.0, 1.0, &[4, 3], 1, &Device::Cpu).unwrap();
+    let y = Tensor::rand(-1.0, 1.0, &[4, 2], 2, &Device::Cpu).unwrap();
+    let weights =
+        |m: &Model| -> Vec<Vec<f32>> { m.variables().iter().map(|(_, v)| v.to_vec::<f32>().unwrap()).collect() };
+    let mut whole = make();
+    let mut first = make(); // the same initial weights: drawn from the same seed
+    for _ in 0..2 {
+        whole.train_on_batch(&x, &y).unwrap();
+        first.train_on_batch(&x, &y).unwrap();
+    }
+    // Two calls of three: nothing applied yet, the gradients wait.
+    assert_eq!(first.optimizer().unwrap().iterations(), 2);
+    let dir = std::env::temp_dir().join(format!("weft-accumulate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    first.save_checkpoint(dir.join("c.safetensors")).unwrap();
+    let mut resumed = make();
+    resumed.load_checkpoint(dir.join("c.safetensors")).unwrap();
+    for _ in 0..4 {
+        whole.train_on_batch(&x, &y).unwrap();
+        resumed.train_on_batch(&x, &y).unwrap();
+    }
+    assert_eq!(weights(&resumed), weights(&whole));
+    let slots = |m: &Model| -> Vec<(String, String, Vec<f32>)> {
+        m.optimizer().unwrap().slots().into_iter().map(|(p, n, t)| (p, n, t.to_vec::<f32>().unwrap())).collect()
+    };
+    assert_eq!(slots(&resumed), slots(&whole));
+    assert!(
+        slots(&whole).iter().any(|(_, n, _)| n == "ema")
+            && slots(&whole).iter().any(|(_, n, _)| n == "accumulated_gradient")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_accumulation_and_ema_settings_are_an_err_at_compile() {
+    use weft_nn::layers::Dense;
+    use weft_nn::{Loss, Model, Sequential};
+    let mut m = Model::new(Sequential::new().add(Dense::new(2)), &Device::Cpu);
+    let e = m.compile(Adam::new(0.1).gradient_accumulation_steps(1), Loss::MeanSquaredError, &[]).unwrap_err();
+    assert!(e.to_string().contains("gradient_accumulation_steps"), "{e}");
+    let e = m.compile(Adam::new(0.1).ema(1.5), Loss::MeanSquaredError, &[]).unwrap_err();
+    assert!(e.to_string().contains("ema_momentum"), "{e}");
+    let e = m.compile(Adam::new(0.1).ema_overwrite_frequency(0), Loss::MeanSquaredError, &[]).unwrap_err();
+    assert!(e.to_string().contains("ema_overwrite_frequency"), "{e}");
+}

@@ -119,3 +119,20 @@ fn weights_that_do_not_fit_are_an_err_and_change_nothing() {
     assert!(Loss::MeanSquaredError.with_ignore_class(0).is_err());
     assert_eq!(weights(&m), before);
 }
+
+/// With `ignore_class`, a sparse accuracy counts a left-out label that is no class as a miss
+/// (as Keras, which compares it with the prediction), and the metric runs rather than failing.
+#[test]
+fn accuracy_counts_ignored_labels_that_are_no_class_as_misses() {
+    let x = Tensor::rand(-1.0, 1.0, &[4, 4], 3, &Device::Cpu).unwrap();
+    let mut m = Model::new(Sequential::new().add(Dense::new(3)), &Device::Cpu);
+    m.compile(Sgd::new(0.5), SCCE.with_ignore_class(-1).unwrap(), &[weft_nn::Metric::Accuracy]).unwrap();
+    m.build(&[1, 4]).unwrap();
+    let pred = m.predict(&x, 4).unwrap().argmax(-1, false).unwrap().to_dtype(weft_core::DType::F32).unwrap();
+    let p = pred.to_vec::<f32>().unwrap();
+    // Two rows labelled with their prediction, two left out.
+    let y = Tensor::from_vec(vec![p[0] as i32, -1, p[2] as i32, -1], &[4], &Device::Cpu).unwrap();
+    let (_, figures) = m.evaluate(&x, &y, 4).unwrap();
+    assert_eq!(figures, vec![("accuracy".to_string(), 0.5)]);
+    m.fit(&x, &y, opts()).unwrap();
+}

@@ -48,6 +48,12 @@ macro_rules! delegate_state {
         fn validate(&self) -> Result<()> {
             self.$inner.validate()
         }
+        fn finalize(&mut self, params: &[(String, Var)]) -> Result<()> {
+            self.$inner.finalize(params)
+        }
+        fn gradient_accumulation_steps(&self) -> Option<u64> {
+            self.$inner.gradient_accumulation_steps()
+        }
     };
 }
 pub(crate) use delegate_state;

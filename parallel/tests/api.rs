@@ -132,6 +132,32 @@ fn weighted_losses_train_split_as_on_one_device() {
     }
 }
 
+/// Gradient accumulation, an EMA of the weights and weight decay that leaves the biases out:
+/// every rank keeps its shards' accumulators and averages, and the result is one device's.
+#[test]
+fn optimizer_options_train_split_as_on_one_device() {
+    use weft_nn::optim::AdamW;
+    let (x, y) = data();
+    let opt = || {
+        AdamW::new(1e-2).weight_decay(0.1).exclude_from_weight_decay(&["bias"]).gradient_accumulation_steps(2).ema(0.8)
+    };
+    let mut one = Model::new(net(), &Device::Cpu);
+    one.compile(opt(), LOSS, &[]).unwrap();
+    one.build(&[6]).unwrap();
+    let h1 = one.fit(&x, &y, opts()).unwrap();
+    let p1 = one.predict(&x, 16).unwrap().to_vec::<f32>().unwrap();
+    let mesh = DeviceMesh::cpus(4).unwrap().reshape(&[2, 2], &["data", "model"]).unwrap();
+    let plan = AutoConfig::new().min_params(0).plan(&net(), &[8, 6], 2, 2).unwrap();
+    let mut m = ShardedModel::new(net, &mesh, &plan).unwrap();
+    // Global clipping would clip each call's gradients, not the accumulated mean: refused.
+    let e = m.compile(opt().clip_global_norm(1.0), LOSS, &[]).unwrap_err().to_string();
+    assert!(e.contains("gradient_accumulation_steps"), "{e}");
+    m.compile(opt(), LOSS, &[]).unwrap();
+    let h2 = m.fit(&x, &y, opts()).unwrap();
+    same_history(&h1, &h2);
+    close(&p1, &m.predict(&x, 16).unwrap().to_vec::<f32>().unwrap(), "predict");
+}
+
 #[test]
 fn early_stopping_and_checkpoints_run_on_every_rank_as_on_one_device() {
     use weft_nn::callback::{Callback, Control, EarlyStopping, LambdaCallback, ModelCheckpoint};

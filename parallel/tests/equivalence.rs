@@ -14,11 +14,11 @@ use weft_core::conv::Padding;
 use weft_core::{DType, Device, Tensor};
 use weft_nn::layers::ActivationLayer;
 use weft_nn::layers::{
-    AveragePooling2D, BatchNormalization, Conv1D, Conv2D, Dense, Dropout, EinsumDense, Flatten, GlobalMaxPooling1D,
-    GroupNormalization, MaxPooling2D,
+    AveragePooling2D, BatchNormalization, Conv1D, Conv2D, Dense, Dropout, EinsumDense, Flatten, GRU,
+    GlobalMaxPooling1D, GroupNormalization, LSTM, MaxPooling2D,
 };
 use weft_nn::optim::{Adam, LearningRate};
-use weft_nn::{Activation, Layer, Loss, Sequential};
+use weft_nn::{Activation, Constraint, Layer, Loss, Regularizer, Sequential};
 use weft_parallel::{AutoConfig, DeviceMesh, ShardingPlan, verify};
 
 const STEPS: usize = 20;
@@ -248,4 +248,52 @@ fn batch_and_group_normalization_match_one_device() {
     let x = Tensor::rand(-1.0, 1.0, &[32, 4, 4, 2], 6, &Device::Cpu).unwrap();
     let y = Tensor::from_vec((0..32u32).map(|i| i % 3).collect(), &[32], &Device::Cpu).unwrap();
     check("normalized", normalized, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
+}
+
+/// Weight penalties (on a column-split and a row-split kernel), an activity penalty and
+/// constraints (a max-norm over the split axis of a row-split kernel sums the parts' squares
+/// over the model axis): as on one device.
+fn regularized() -> Sequential {
+    Sequential::new()
+        .add(
+            Dense::new(22)
+                .activation(Activation::Relu)
+                .kernel_regularizer(Regularizer::L2(0.01))
+                .bias_constraint(Constraint::NonNeg),
+        )
+        .add(
+            Dense::new(10)
+                .kernel_regularizer(Regularizer::L1L2 { l1: 0.001, l2: 0.01 })
+                .bias_regularizer(Regularizer::L1(0.01))
+                .activity_regularizer(Regularizer::L2(0.01))
+                .kernel_constraint(Constraint::max_norm(0.3)),
+        )
+        .add(Dense::new(5).kernel_constraint(Constraint::unit_norm()))
+}
+
+#[test]
+fn regularizers_and_constraints_match_one_device() {
+    let x = Tensor::rand(-1.0, 1.0, &[32, 12], 7, &Device::Cpu).unwrap();
+    let y = Tensor::from_vec((0..32u32).map(|i| i % 5).collect(), &[32], &Device::Cpu).unwrap();
+    check("regularized", regularized, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
+    let p = plan(&regularized(), &[8, 12], &DeviceMesh::cpus(2).unwrap(), DType::F32);
+    let style = |path: &str| p.layers.iter().find(|l| l.path == path).map(|l| l.style.name());
+    assert_eq!(style("sequential/dense_1"), Some("row"), "{p}");
+}
+
+/// Recurrent layers (kept whole: each step needs the whole state) between split Dense layers.
+fn recurrent() -> Sequential {
+    Sequential::new()
+        .add(Dense::new(6).activation(Activation::Tanh))
+        .add(GRU::new(5).return_sequences(true))
+        .add(LSTM::new(4))
+        .add(Dense::new(7).activation(Activation::Relu))
+        .add(Dense::new(3))
+}
+
+#[test]
+fn recurrent_layers_match_one_device() {
+    let x = Tensor::rand(-1.0, 1.0, &[32, 5, 3], 8, &Device::Cpu).unwrap();
+    let y = Tensor::from_vec((0..32u32).map(|i| i % 3).collect(), &[32], &Device::Cpu).unwrap();
+    check("recurrent", recurrent, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
 }

@@ -124,8 +124,10 @@ impl BatchNormalization {
             let (mean, variance) = moments(&path, x, a, keep.as_ref(), data)?;
             let kept = 1.0 - self.momentum;
             let (mean_n, var_n) = (mean.detach().reshape(&[n])?, variance.detach().reshape(&[n])?);
-            let new_mean = v.moving_mean.mul_scalar(self.momentum)?.add(&mean_n.mul_scalar(kept)?)?;
-            let new_var = v.moving_variance.mul_scalar(self.momentum)?.add(&var_n.mul_scalar(kept)?)?;
+            // From the value a call earlier in this step left, if any (a shared layer).
+            let base = |v: &Var| ctx.pending(v).cloned().unwrap_or_else(|| v.as_tensor().clone());
+            let new_mean = base(&v.moving_mean).mul_scalar(self.momentum)?.add(&mean_n.mul_scalar(kept)?)?;
+            let new_var = base(&v.moving_variance).mul_scalar(self.momentum)?.add(&var_n.mul_scalar(kept)?)?;
             ctx.record_update(&v.moving_mean, new_mean);
             ctx.record_update(&v.moving_variance, new_var);
             (mean, variance)

@@ -3,6 +3,7 @@
 //! as they are. Split like Dense: by output channels (column) or input channels (row).
 
 use crate::layer::kernel_and_bias;
+use crate::penalty::{Penalties, penalty_options};
 use crate::split::{LinearSplit, SplitAxis, SplitRule};
 use crate::{Activation, Ctx, Initializer, Layer, tp};
 use std::sync::OnceLock;
@@ -22,6 +23,7 @@ struct Conv {
     use_bias: bool,
     kernel_init: Initializer,
     bias_init: Initializer,
+    penalties: Penalties,
     vars: OnceLock<(Var, Option<Var>)>,
 }
 
@@ -38,6 +40,7 @@ impl Conv {
             use_bias: true,
             kernel_init: Initializer::GlorotUniform,
             bias_init: Initializer::Zeros,
+            penalties: Penalties::default(),
             vars: OnceLock::new(),
         }
     }
@@ -100,7 +103,10 @@ impl Conv {
             }
             .map_err(|e| Error::invalid(kind, format!("{path}: {e}")))
         };
-        tp::linear(layer, ctx, x, (last, last), product, bias.as_ref().map(|b| b.as_tensor()), self.activation)
+        let y =
+            tp::linear(layer, ctx, x, (last, last), product, bias.as_ref().map(|b| b.as_tensor()), self.activation)?;
+        self.penalties.activity(&y, ctx)?;
+        Ok(y)
     }
 
     fn attributes(&self, one_d: bool) -> Vec<(String, String)> {
@@ -124,7 +130,7 @@ impl Conv {
         SplitRule::Linear(LinearSplit {
             kernel: "kernel".into(),
             bias: self.use_bias.then(|| "bias".into()),
-            column: self.activation.is_elementwise().then(|| axis(rank - 1)),
+            column: (self.activation.is_elementwise() && self.penalties.activity.is_none()).then(|| axis(rank - 1)),
             column_bias: self.use_bias.then_some(0),
             row: Some(axis(rank - 2)),
         })
@@ -175,6 +181,10 @@ macro_rules! conv_layer {
                 self.0.name = name.to_string();
                 self
             }
+            penalty_options!(kernel: kernel_regularizer, kernel_constraint; bias: bias_regularizer, bias_constraint);
+            fn penalties_mut(&mut self) -> &mut Penalties {
+                &mut self.0.penalties
+            }
         }
 
         impl Layer for $t {
@@ -195,6 +205,12 @@ macro_rules! conv_layer {
             }
             fn variables(&self) -> Vec<(String, Var)> {
                 kernel_and_bias(self.0.vars.get())
+            }
+            fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
+                self.0.penalties.regularizers_of(|v| v == "kernel" || self.0.use_bias)
+            }
+            fn constraints(&self) -> Vec<(String, crate::Constraint)> {
+                self.0.penalties.constraints_of(|v| v == "kernel" || self.0.use_bias)
             }
             /// A convolution does not carry a mask on (as in Keras).
             fn output_mask(&self, _: &[Tensor], _: &[Option<Tensor>], _: &Tensor) -> Result<Option<Tensor>> {

@@ -1,6 +1,7 @@
 //! Dense: `activation(x @ kernel + bias)` over the last axis.
 
 use crate::layer::kernel_and_bias;
+use crate::penalty::{Penalties, penalty_options};
 use crate::split::{LinearSplit, SplitAxis, SplitRule};
 use crate::{Activation, Ctx, Initializer, Layer, tp};
 use std::sync::OnceLock;
@@ -25,6 +26,7 @@ pub struct Dense {
     use_bias: bool,
     kernel_init: Initializer,
     bias_init: Initializer,
+    penalties: Penalties,
     vars: OnceLock<(Var, Option<Var>)>,
 }
 
@@ -38,6 +40,7 @@ impl Dense {
             use_bias: true,
             kernel_init: Initializer::GlorotUniform,
             bias_init: Initializer::Zeros,
+            penalties: Penalties::default(),
             vars: OnceLock::new(),
         }
     }
@@ -60,6 +63,10 @@ impl Dense {
     pub fn bias_initializer(mut self, i: Initializer) -> Self {
         self.bias_init = i;
         self
+    }
+    penalty_options!(kernel: kernel_regularizer, kernel_constraint; bias: bias_regularizer, bias_constraint);
+    fn penalties_mut(&mut self) -> &mut Penalties {
+        &mut self.penalties
     }
     /// Give the layer a name (else Sequential names it `dense`, `dense_1`, ...).
     pub fn named(mut self, name: &str) -> Self {
@@ -106,7 +113,7 @@ impl Layer for Dense {
                 self.vars.get().expect("just set")
             }
         };
-        tp::linear(
+        let y = tp::linear(
             self,
             ctx,
             x,
@@ -126,7 +133,9 @@ impl Layer for Dense {
             },
             bias.as_ref().map(|b| b.as_tensor()),
             self.activation,
-        )
+        )?;
+        self.penalties.activity(&y, ctx)?;
+        Ok(y)
     }
     fn name(&self) -> &str {
         &self.name
@@ -143,13 +152,20 @@ impl Layer for Dense {
     fn variables(&self) -> Vec<(String, Var)> {
         kernel_and_bias(self.vars.get())
     }
+    fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
+        self.penalties.regularizers_of(|v| v == "kernel" || self.use_bias)
+    }
+    fn constraints(&self) -> Vec<(String, crate::Constraint)> {
+        self.penalties.constraints_of(|v| v == "kernel" || self.use_bias)
+    }
     /// Column: the units (unless softmax needs the whole row); row: the inputs.
     fn split_rule(&self) -> SplitRule {
         let axis = |kernel| SplitAxis { kernel, last: true };
         SplitRule::Linear(LinearSplit {
             kernel: "kernel".into(),
             bias: self.use_bias.then(|| "bias".into()),
-            column: self.activation.is_elementwise().then(|| axis(1)),
+            // An activity penalty needs the whole output: no column split then.
+            column: (self.activation.is_elementwise() && self.penalties.activity.is_none()).then(|| axis(1)),
             column_bias: self.use_bias.then_some(0),
             row: Some(axis(0)),
         })

@@ -1,6 +1,7 @@
 //! EinsumDense: a dense layer whose product is any einsum equation, with Keras' semantics.
 
 use crate::layer::kernel_and_bias;
+use crate::penalty::{Penalties, penalty_options};
 use crate::split::{LinearSplit, SplitAxis, SplitRule};
 use crate::tp::{self, LayerShard, Placement};
 use crate::{Activation, Ctx, Initializer, Layer};
@@ -33,6 +34,7 @@ pub struct EinsumDense {
     bias_axes: String,
     activation: Activation,
     kernel_init: Initializer,
+    penalties: Penalties,
     vars: OnceLock<(Var, Option<Var>)>,
 }
 
@@ -46,6 +48,7 @@ impl EinsumDense {
             bias_axes: String::new(),
             activation: Activation::Linear,
             kernel_init: Initializer::GlorotUniform,
+            penalties: Penalties::default(),
             vars: OnceLock::new(),
         }
     }
@@ -68,6 +71,10 @@ impl EinsumDense {
     pub fn named(mut self, name: &str) -> Self {
         self.name = name.to_string();
         self
+    }
+    penalty_options!(kernel: kernel_regularizer, kernel_constraint; bias: bias_regularizer, bias_constraint);
+    fn penalties_mut(&mut self) -> &mut Penalties {
+        &mut self.penalties
     }
 
     /// (input, kernel, output) letters.
@@ -213,7 +220,7 @@ impl Layer for EinsumDense {
             }
         };
         let (in_axis, out_axis) = self.split_axes(shard)?;
-        tp::linear(
+        let y = tp::linear(
             self,
             ctx,
             x,
@@ -224,7 +231,9 @@ impl Layer for EinsumDense {
             },
             bias.as_ref().map(|b| b.as_tensor()),
             self.activation,
-        )
+        )?;
+        self.penalties.activity(&y, ctx)?;
+        Ok(y)
     }
     fn name(&self) -> &str {
         &self.name
@@ -244,6 +253,12 @@ impl Layer for EinsumDense {
     }
     fn variables(&self) -> Vec<(String, Var)> {
         kernel_and_bias(self.vars.get())
+    }
+    fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
+        self.penalties.regularizers_of(|v| v == "kernel" || !self.bias_axes.is_empty())
+    }
+    fn constraints(&self) -> Vec<(String, crate::Constraint)> {
+        self.penalties.constraints_of(|v| v == "kernel" || !self.bias_axes.is_empty())
     }
     /// Column: the first kernel letter the output has and the input does not; row: the first
     /// the input has and the output does not (a letter in all three cannot be split).
@@ -269,7 +284,9 @@ impl Layer for EinsumDense {
         SplitRule::Linear(LinearSplit {
             kernel: "kernel".into(),
             bias: bias.then(|| "bias".into()),
-            column: column.map(|c| c.0).filter(|_| self.activation.is_elementwise()),
+            column: column
+                .map(|c| c.0)
+                .filter(|_| self.activation.is_elementwise() && self.penalties.activity.is_none()),
             column_bias,
             row: find(&inp, &out).map(|r| r.0),
         })

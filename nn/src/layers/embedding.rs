@@ -1,5 +1,6 @@
 //! Embedding: integer ids to rows of a trainable table.
 
+use crate::penalty::{Penalties, penalty_options};
 use crate::split::SplitRule;
 use crate::tp;
 use crate::{Ctx, Initializer, Layer};
@@ -15,6 +16,7 @@ pub struct Embedding {
     output_dim: usize,
     init: Initializer,
     mask_zero: bool,
+    penalties: Penalties,
     table: Arc<OnceLock<Var>>,
 }
 
@@ -27,6 +29,7 @@ impl Embedding {
             output_dim,
             init: Initializer::Uniform(0.05),
             mask_zero: false,
+            penalties: Penalties::default(),
             table: Arc::new(OnceLock::new()),
         }
     }
@@ -45,6 +48,10 @@ impl Embedding {
     pub fn named(mut self, name: &str) -> Self {
         self.name = name.to_string();
         self
+    }
+    penalty_options!(embeddings: embeddings_regularizer, embeddings_constraint);
+    fn penalties_mut(&mut self) -> &mut Penalties {
+        &mut self.penalties
     }
     /// The table (after the first call).
     pub fn table(&self) -> Option<&Var> {
@@ -71,7 +78,9 @@ impl Layer for Embedding {
                 self.table.get().expect("just set")
             }
         };
-        tp::lookup(self, ctx, table.as_tensor(), ids)
+        let y = tp::lookup(self, ctx, table.as_tensor(), ids)?;
+        self.penalties.activity(&y, ctx)?;
+        Ok(y)
     }
     fn name(&self) -> &str {
         &self.name
@@ -87,6 +96,12 @@ impl Layer for Embedding {
     }
     fn variables(&self) -> Vec<(String, Var)> {
         self.table.get().map(|t| vec![("embeddings".to_string(), t.clone())]).unwrap_or_default()
+    }
+    fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
+        self.penalties.regularizers_of(|_| true)
+    }
+    fn constraints(&self) -> Vec<(String, crate::Constraint)> {
+        self.penalties.constraints_of(|_| true)
     }
     fn output_mask(&self, inputs: &[Tensor], masks: &[Option<Tensor>], _: &Tensor) -> Result<Option<Tensor>> {
         match (self.mask_zero, inputs.first()) {

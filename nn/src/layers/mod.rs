@@ -11,6 +11,7 @@ mod layer_norm;
 mod merge;
 mod pooling;
 mod position;
+mod recurrent;
 mod simple;
 mod transformer;
 mod window_pooling;
@@ -26,6 +27,7 @@ pub use layer_norm::{LayerNormalization, RMSNormalization};
 pub use merge::{Add, Concatenate, Multiply};
 pub use pooling::{GlobalAveragePooling1D, UnitNormalization};
 pub use position::PositionEmbedding;
+pub use recurrent::{GRU, LSTM, SimpleRNN};
 pub use simple::{ActivationLayer, Cropping1D, Dropout, Flatten, Reshape};
 pub use transformer::TransformerBlock;
 pub use window_pooling::{

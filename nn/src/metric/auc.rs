@@ -14,7 +14,7 @@ pub enum AucCurve {
 }
 
 /// Keras' `AUC` with its defaults (200 thresholds, the ROC curve, the interpolated sum): the
-/// predictions (probabilities, or logits with `from_logits`) against labels where any non-zero
+/// predictions (probabilities clipped to [0, 1], or logits with `from_logits`) against labels where any non-zero
 /// value is a positive, all values pooled (Keras' `multi_label=False`), accumulated over the
 /// epoch. Used as [`Metric::Auc`](crate::Metric::Auc), reported as `auc`.
 ///
@@ -71,6 +71,14 @@ impl Auc {
         t
     }
 
+    /// An `Err` unless 2 <= `num_thresholds` <= 1,000,000.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if (2..=1_000_000).contains(&self.num_thresholds) {
+            return Ok(());
+        }
+        Err(Error::invalid("auc", format!("num_thresholds must be in [2, 1000000], got {}", self.num_thresholds)))
+    }
+
     /// The length of the running state: how many positives, then how many negatives, pass
     /// exactly k thresholds, for k in 0..=n.
     pub(crate) fn state_len(&self) -> usize {
@@ -79,12 +87,7 @@ impl Auc {
 
     /// This batch's counts (added to the state over batches and over a data axis).
     pub(crate) fn update(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<Vec<f64>> {
-        if self.num_thresholds < 2 {
-            return Err(Error::invalid(
-                "auc",
-                format!("num_thresholds must be at least 2, got {}", self.num_thresholds),
-            ));
-        }
+        self.validate()?;
         let squeezed = |d: &[usize]| d.iter().copied().filter(|&n| n != 1).collect::<Vec<_>>();
         if squeezed(y_pred.dims()) != squeezed(y_true.dims()) || y_pred.numel() != y_true.numel() {
             return Err(Error::invalid(
@@ -104,8 +107,10 @@ impl Auc {
         let n = self.num_thresholds + 1;
         let mut counts = vec![0f64; 2 * n];
         for (p, y) in p.iter().zip(&y) {
-            // How many thresholds p is above (none for NaN).
-            let k = t.partition_point(|t| p > t);
+            // How many thresholds p is above, once clipped to [0, 1] as Keras clips it (none for
+            // NaN).
+            let p = if p.is_nan() { *p } else { p.clamp(0.0, 1.0) };
+            let k = t.partition_point(|t| p > *t);
             counts[if *y != 0.0 { k } else { n + k }] += 1.0;
         }
         Ok(counts)

@@ -151,6 +151,14 @@ impl Metric {
         }
     }
 
+    /// Check the metric's settings (`compile` calls this): an `Err` names a bad one.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Metric::Auc(a) => a.validate(),
+            _ => Ok(()),
+        }
+    }
+
     /// How many numbers the metric's running state holds: 2 (what counts and of how many) for
     /// every metric but AUC.
     pub(crate) fn state_len(&self) -> usize {
@@ -161,9 +169,35 @@ impl Metric {
     }
 
     /// One batch's addition to the running state (summed over batches, and over a data axis).
-    pub(crate) fn update(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<Vec<f64>> {
-        match self {
-            Metric::Auc(a) => a.update(y_pred, y_true),
+    /// `ignore`: the label the head's loss leaves out (`ignore_class`); a sparse accuracy counts
+    /// such a label, when it is no class, as a miss (Keras compares it with the prediction).
+    pub(crate) fn update(&self, y_pred: &Tensor, y_true: &Tensor, ignore: Option<i64>) -> Result<Vec<f64>> {
+        if let Metric::Auc(a) = self {
+            return a.update(y_pred, y_true);
+        }
+        let sparse = matches!(
+            self.resolve(y_pred, y_true),
+            Metric::SparseCategoricalAccuracy | Metric::SparseTopKCategoricalAccuracy(_)
+        );
+        let classes = y_pred.dims().last().copied().unwrap_or(0);
+        match ignore {
+            Some(c) if sparse && (c < 0 || c as usize >= classes) && classes > 0 => {
+                let rows = y_pred.numel() / classes;
+                let labels = y_true.to_dtype(DType::F32)?.to_vec::<f32>()?;
+                if labels.len() != rows {
+                    return self.count(y_pred, y_true).map(|(hit, total)| vec![hit, total]);
+                }
+                let kept: Vec<u32> = (0..rows as u32).filter(|&i| labels[i as usize] != c as f32).collect();
+                if kept.is_empty() {
+                    return Ok(vec![0.0, rows as f64]);
+                }
+                let ids = Tensor::from_vec(kept.clone(), &[kept.len()], y_pred.device())?;
+                let p = y_pred.reshape(&[rows, classes])?.index_select(&ids, 0)?;
+                let y =
+                    y_true.to_dtype(DType::F32)?.reshape(&[rows])?.index_select(&ids.to_device(y_true.device())?, 0)?;
+                let (hit, _) = self.count(&p, &y)?;
+                Ok(vec![hit, rows as f64])
+            }
             _ => self.count(y_pred, y_true).map(|(hit, total)| vec![hit, total]),
         }
     }
@@ -187,7 +221,7 @@ impl Metric {
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn value(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<f32> {
-        Ok(self.result(&self.update(y_pred, y_true)?))
+        Ok(self.result(&self.update(y_pred, y_true, None)?))
     }
 
     /// (correct, total) for one batch. A label that is not a class (negative, fractional, too

@@ -11,7 +11,7 @@ use weft_core::{Error, GradStore, Result, Tensor, Var, no_grad};
 pub trait Optimizer: Send {
     /// One update of `params` (path, variable) from `grads`; variables without a gradient are left alone.
     fn apply(&mut self, params: &[(String, Var)], grads: &GradStore) -> Result<()>;
-    /// Steps taken so far.
+    /// Calls of `apply` so far (with gradient accumulation, each update takes several).
     fn iterations(&self) -> u64;
     /// The learning rate the next step will use.
     fn learning_rate(&self) -> f32;
@@ -38,6 +38,16 @@ pub trait Optimizer: Send {
     /// Change the global-norm clipping threshold (`None`: no clipping). A coordinated optimizer
     /// takes clipping over, because the norm of a split model spans every rank.
     fn set_global_clipnorm(&mut self, max_norm: Option<f32>);
+    /// The last step of training (`fit` calls it at the end): with an EMA, the weights take
+    /// their moving averages (Keras' `finalize_variable_values`).
+    fn finalize(&mut self, params: &[(String, Var)]) -> Result<()> {
+        let _ = params;
+        Ok(())
+    }
+    /// Keras' `gradient_accumulation_steps`, when set.
+    fn gradient_accumulation_steps(&self) -> Option<u64> {
+        None
+    }
     /// Whether the last `apply` left everything as it was on purpose (a coordinated optimizer
     /// skips a step whose gradients are not finite on every rank): `fit` then keeps the layers'
     /// state (moving statistics) as it was too.
@@ -72,7 +82,17 @@ pub(super) struct Base {
     pub(super) clip_norm: Option<f32>,
     pub(super) clip_value: Option<f32>,
     pub(super) weight_decay: f32,
+    /// Substrings of the paths of variables weight decay leaves alone.
+    pub(super) exclude_from_decay: Vec<String>,
+    /// Updates applied so far (what schedules and bias corrections count).
     pub(super) iterations: u64,
+    /// Keras' `gradient_accumulation_steps`: gradients summed over this many calls, then one
+    /// update with their mean.
+    pub(super) accumulate: Option<u64>,
+    /// Gradients summed toward the next update (0 .. accumulate).
+    pub(super) pending: u64,
+    /// Keras' `use_ema`: the moving average's momentum, and how often it overwrites the weights.
+    pub(super) ema: Option<(f32, Option<u64>)>,
     pub(super) slots: HashMap<String, HashMap<String, Tensor>>,
 }
 
@@ -116,7 +136,65 @@ impl Base {
                 "set at most one of clip_global_norm, clip_norm and clip_value (as Keras allows one of global_clipnorm, clipnorm, clipvalue)",
             ));
         }
+        if self.accumulate.is_some_and(|n| n < 2) {
+            return Err(Error::invalid("optimizer", "gradient_accumulation_steps must be at least 2"));
+        }
+        if let Some((m, every)) = self.ema {
+            check_range("ema_momentum", m, 0.0, 1.0, false)?;
+            if every == Some(0) {
+                return Err(Error::invalid("optimizer", "ema_overwrite_frequency must be at least 1"));
+            }
+        }
         check_range("weight_decay", self.weight_decay, 0.0, f32::MAX, false)
+    }
+
+    /// Calls of `apply` so far (Keras' `_iterations`): the updates times the accumulation
+    /// steps, plus the gradients waiting for the next update.
+    pub(super) fn calls(&self) -> u64 {
+        self.iterations * self.accumulate.unwrap_or(1) + self.pending
+    }
+    pub(super) fn set_calls(&mut self, n: u64) {
+        let k = self.accumulate.unwrap_or(1);
+        (self.iterations, self.pending) = (n / k, n % k);
+    }
+
+    /// Keras' EMA after a call: each variable's average moves toward it by `1 - momentum`
+    /// (taken whole while no update has been applied), and every `overwrite`-th update the
+    /// weights take their averages.
+    fn track_average(&mut self, vars: &[(&String, &Var)], updates_before: u64) -> Result<()> {
+        let Some((momentum, overwrite)) = self.ema else { return Ok(()) };
+        let m = if updates_before == 0 { 0.0 } else { momentum };
+        let mut staged = Vec::with_capacity(vars.len());
+        for (path, var) in vars {
+            let avg = match self.slots.get(path.as_str()).and_then(|s| s.get("ema")) {
+                Some(a) => a.mul_scalar(m)?.add(&var.as_tensor().mul_scalar(1.0 - m)?)?,
+                // A snapshot: a clone of the variable would follow its later updates.
+                None => var.as_tensor().snapshot(),
+            };
+            staged.push((path, var, avg));
+        }
+        let overwrite = overwrite.is_some_and(|k| (updates_before + 1).is_multiple_of(k));
+        for (path, var, avg) in staged {
+            if overwrite {
+                var.set(&avg)?;
+            }
+            self.slots.entry(path.to_string()).or_default().insert("ema".into(), avg);
+        }
+        Ok(())
+    }
+
+    /// The weights take their moving averages (Keras' `finalize_variable_values`, at the end
+    /// of `fit`); nothing without EMA.
+    pub(super) fn finalize(&self, params: &[(String, Var)]) -> Result<()> {
+        if self.ema.is_none() {
+            return Ok(());
+        }
+        for (path, var) in params {
+            if let Some(avg) = self.slots.get(path).and_then(|s| s.get("ema")) {
+                var.set(avg)?;
+            }
+        }
+        Ok(())
     }
     pub(super) fn slot(&mut self, path: &str, name: &'static str, like: &Tensor) -> Result<Tensor> {
         self.slot_from(path, name, like, 0.0)
@@ -163,6 +241,34 @@ impl Base {
                     pairs.push((path, var, g.clone()));
                 }
             }
+            let mut staged = self.clone();
+            let updates_before = self.iterations;
+            if let Some(n) = self.accumulate {
+                // Keras: this call's gradients join the sum; only every n-th call updates, with
+                // the mean (clipped and applied as one step's gradients would be).
+                let mut sums = Vec::with_capacity(pairs.len());
+                for (path, _, g) in &pairs {
+                    sums.push(match self.slots.get(path.as_str()).and_then(|s| s.get("accumulated_gradient")) {
+                        Some(acc) => acc.add(g)?,
+                        None => g.clone(),
+                    });
+                }
+                if self.pending + 1 < n {
+                    for ((path, _, _), sum) in pairs.iter().zip(sums) {
+                        staged.set_slot(path, "accumulated_gradient", sum);
+                    }
+                    staged.pending += 1;
+                    let vars: Vec<(&String, &Var)> = pairs.iter().map(|(p, v, _)| (*p, *v)).collect();
+                    staged.track_average(&vars, updates_before)?;
+                    *self = staged;
+                    return Ok(());
+                }
+                for (p, sum) in pairs.iter_mut().zip(sums) {
+                    staged.set_slot(p.0, "accumulated_gradient", Tensor::zeros(sum.dims(), sum.device())?);
+                    p.2 = sum.mul_scalar(1.0 / n as f32)?;
+                }
+                staged.pending = 0;
+            }
             // Keras' clipnorm: each gradient scaled to a norm of at most c (on the device:
             // g * c / max(|g|, c)); clipvalue: each value clamped to [-c, c].
             if let Some(c) = self.clip_norm {
@@ -192,18 +298,19 @@ impl Base {
                 }
             }
             let lr = self.lr();
-            let mut staged = self.clone();
             let mut updates = Vec::with_capacity(pairs.len());
-            for (path, var, g) in pairs {
+            for (path, var, g) in &pairs {
                 let mut w = var.as_tensor().clone();
-                if self.weight_decay != 0.0 {
+                if self.weight_decay != 0.0 && !self.exclude_from_decay.iter().any(|e| path.contains(e.as_str())) {
                     w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
                 }
-                updates.push((var, rule(&mut staged, path, &w, &g, lr)?));
+                updates.push((*var, rule(&mut staged, path, &w, g, lr)?));
             }
             for (var, new) in updates {
                 var.set(&new)?;
             }
+            let vars: Vec<(&String, &Var)> = pairs.iter().map(|(p, v, _)| (*p, *v)).collect();
+            staged.track_average(&vars, updates_before)?;
             staged.iterations += 1;
             *self = staged;
             Ok(())
@@ -236,6 +343,31 @@ macro_rules! optimizer_common {
                 self.base.weight_decay = wd;
                 self
             }
+            /// Leave out of weight decay every variable whose path contains one of `names`
+            /// (Keras' `exclude_from_weight_decay(var_names=..)`: `"bias"`, `"layer_norm"`).
+            pub fn exclude_from_weight_decay(mut self, names: &[&str]) -> Self {
+                self.base.exclude_from_decay = names.iter().map(|n| n.to_string()).collect();
+                self
+            }
+            /// Sum the gradients of `steps` calls (at least 2) and update once with their mean
+            /// (Keras' `gradient_accumulation_steps`): a batch `steps` times larger in memory of
+            /// one. Schedules and bias corrections count updates.
+            pub fn gradient_accumulation_steps(mut self, steps: u64) -> Self {
+                self.base.accumulate = Some(steps);
+                self
+            }
+            /// Keep an exponential moving average of the weights (Keras' `use_ema` with
+            /// `ema_momentum`, default 0.99), which the weights take at the end of `fit`.
+            pub fn ema(mut self, momentum: f32) -> Self {
+                self.base.ema = Some((momentum, self.base.ema.and_then(|e| e.1)));
+                self
+            }
+            /// With [`ema`](Self::ema): the weights take their averages every `steps` updates
+            /// too (Keras' `ema_overwrite_frequency`).
+            pub fn ema_overwrite_frequency(mut self, steps: u64) -> Self {
+                self.base.ema = Some((self.base.ema.map_or(0.99, |e| e.0), Some(steps)));
+                self
+            }
         }
     };
 }
@@ -248,7 +380,7 @@ macro_rules! optimizer_trait {
                 self.base.step(params, grads, |b, path, w, g, lr| Self::rule(&hp, b, path, w, g, lr))
             }
             fn iterations(&self) -> u64 {
-                self.base.iterations
+                self.base.calls()
             }
             fn learning_rate(&self) -> f32 {
                 self.base.lr()
@@ -273,7 +405,13 @@ macro_rules! optimizer_trait {
                 self.base.slots.entry(path.to_string()).or_default().insert(name.to_string(), value);
             }
             fn set_iterations(&mut self, n: u64) {
-                self.base.iterations = n;
+                self.base.set_calls(n);
+            }
+            fn finalize(&mut self, params: &[(String, Var)]) -> Result<()> {
+                self.base.finalize(params)
+            }
+            fn gradient_accumulation_steps(&self) -> Option<u64> {
+                self.base.accumulate
             }
             fn global_clipnorm(&self) -> Option<f32> {
                 self.base.clip_global_norm
@@ -539,5 +677,11 @@ impl Optimizer for Box<dyn Optimizer> {
     }
     fn last_step_skipped(&self) -> bool {
         (**self).last_step_skipped()
+    }
+    fn finalize(&mut self, params: &[(String, Var)]) -> Result<()> {
+        (**self).finalize(params)
+    }
+    fn gradient_accumulation_steps(&self) -> Option<u64> {
+        (**self).gradient_accumulation_steps()
     }
 }

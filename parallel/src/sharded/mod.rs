@@ -350,6 +350,15 @@ impl ShardedModel {
                 ),
             ));
         }
+        // The coordinated optimizer clips each call's gradients; Keras clips the accumulated mean.
+        if let (Some(c), Some(n)) = (optimizer.global_clipnorm(), optimizer.gradient_accumulation_steps()) {
+            return Err(Error::invalid(
+                "ShardedModel::compile",
+                format!(
+                    "clip_global_norm({c}) with gradient_accumulation_steps({n}) is not supported on a sharded model: clip each call's gradients with clip_value, or drop one of the two"
+                ),
+            ));
+        }
         for (model, store) in self.ranks.iter_mut().zip(&self.recorded) {
             let tp = model.tensor_parallel().cloned().ok_or_else(|| Error::Msg("rank without a TpCtx".into()))?;
             let opt = CoordinatedOptimizer::new(

@@ -1,0 +1,81 @@
+//! Recurrent layers in models: a padded batch behind an embedding's mask equals each sequence
+//! run alone; a functional model of an embedding and an LSTM learns a task that needs memory;
+//! bad input is an `Err` naming the layer. (Values against Keras are in keras_conformance.rs.)
+
+use weft_core::{Device, Tensor};
+use weft_nn::layers::{Dense, Embedding, GRU, LSTM, SimpleRNN};
+use weft_nn::optim::Adam;
+use weft_nn::{Ctx, FitOptions, Functional, Layer, Loss, Metric, Model};
+
+/// ids -> embedding (mask_zero) -> the recurrent layer, its mask followed.
+fn encode(emb: &Embedding, rnn: &dyn Layer, ids: &Tensor) -> Vec<f32> {
+    let ctx = &mut Ctx::inference();
+    let h = emb.call_with(std::slice::from_ref(ids), &[None], ctx).unwrap();
+    let mask = emb.output_mask(std::slice::from_ref(ids), &[None], &h).unwrap();
+    rnn.call_with(&[h], &[mask], ctx).unwrap().to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn a_padded_batch_equals_each_sequence_alone() {
+    let emb = Embedding::new(20, 4).mask_zero(true);
+    let layers: Vec<Box<dyn Layer>> = vec![
+        Box::new(SimpleRNN::new(3)),
+        Box::new(GRU::new(3)),
+        Box::new(LSTM::new(3)),
+        Box::new(GRU::new(3).reset_after(false)),
+    ];
+    let seqs: [&[u32]; 3] = [&[5, 3, 9, 2, 7], &[4, 11], &[1, 2, 3]];
+    let t = 5;
+    let mut padded = Vec::new();
+    for s in seqs {
+        padded.extend_from_slice(s);
+        padded.extend(std::iter::repeat_n(0, t - s.len()));
+    }
+    let padded = Tensor::from_vec(padded, &[3, t], &Device::Cpu).unwrap();
+    for rnn in &layers {
+        let batch = encode(&emb, rnn.as_ref(), &padded);
+        for (i, s) in seqs.iter().enumerate() {
+            let alone = encode(&emb, rnn.as_ref(), &Tensor::from_vec(s.to_vec(), &[1, s.len()], &Device::Cpu).unwrap());
+            for (a, b) in alone.iter().zip(&batch[i * 3..(i + 1) * 3]) {
+                assert!((a - b).abs() < 1e-5, "{}: sequence {i}: alone {alone:?}, padded {batch:?}", rnn.kind());
+            }
+        }
+    }
+}
+
+/// Whether the first token comes back at the end: only a layer that carries state can tell.
+#[test]
+fn an_lstm_learns_to_remember_the_first_token() {
+    let (n, t) = (256, 6);
+    let ids = Tensor::rand(1.0, 4.999, &[n, t], 3, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
+    let ids: Vec<u32> = ids.iter().map(|v| *v as u32).collect();
+    let labels: Vec<u32> = ids.chunks(t).map(|r| u32::from(r[0] == r[t - 1])).collect();
+    let x = Tensor::from_vec(ids, &[n, t], &Device::Cpu).unwrap();
+    let y = Tensor::from_vec(labels, &[n], &Device::Cpu).unwrap();
+    let mut f = Functional::new("remember");
+    let ids = f.input("ids");
+    let h = f.apply(Embedding::new(5, 8), &[ids]);
+    let h = f.apply(LSTM::new(16), &[h]);
+    let out = f.apply(Dense::new(2), &[h]);
+    let mut m = Model::new(f.output(out).unwrap(), &Device::Cpu);
+    m.compile(Adam::new(0.02), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[Metric::Accuracy]).unwrap();
+    let opts = FitOptions { epochs: 40, batch_size: 32, verbose: false, ..Default::default() };
+    let h = m.fit(&x, &y, opts).unwrap();
+    let acc = *h.metrics["accuracy"].last().unwrap();
+    assert!(acc > 0.95, "accuracy {acc} (losses {:?})", h.loss);
+}
+
+#[test]
+fn bad_input_is_an_err_naming_the_layer() {
+    let ctx = &mut Ctx::inference();
+    let lstm = LSTM::new(3).named("lstm");
+    let e = lstm.call(&Tensor::ones(&[2, 3], &Device::Cpu).unwrap(), ctx).unwrap_err().to_string();
+    assert!(e.contains("lstm") && e.contains("[2, 3]"), "{e}");
+    lstm.call(&Tensor::ones(&[2, 4, 3], &Device::Cpu).unwrap(), ctx).unwrap();
+    let e = lstm.call(&Tensor::ones(&[2, 4, 5], &Device::Cpu).unwrap(), ctx).unwrap_err().to_string();
+    assert!(e.contains("lstm") && e.contains("[2, 4, 5]"), "{e}");
+    let gru = GRU::new(2).named("gru");
+    let x = Tensor::ones(&[2, 4, 3], &Device::Cpu).unwrap();
+    let e = gru.call_with(&[x], &[Some(Tensor::ones(&[2, 3], &Device::Cpu).unwrap())], ctx).unwrap_err().to_string();
+    assert!(e.contains("gru") && e.contains("mask"), "{e}");
+}
