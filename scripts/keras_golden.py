@@ -728,6 +728,9 @@ rnn_cases = [
     ("lstm_masked_seq", keras.layers.LSTM(3, return_sequences=True), (3, 5, 2), True),
     ("lstm_backwards_no_bias", keras.layers.LSTM(2, go_backwards=True, use_bias=False), (2, 4, 3), False),
     ("lstm_masked_last", keras.layers.LSTM(3), (3, 5, 2), True),
+    ("bidirectional_lstm_seq_masked", keras.layers.Bidirectional(keras.layers.LSTM(3, return_sequences=True)), (3, 5, 2), True),
+    ("bidirectional_gru_sum", keras.layers.Bidirectional(keras.layers.GRU(2), merge_mode="sum"), (2, 4, 3), False),
+    ("bidirectional_simple_rnn_ave_seq", keras.layers.Bidirectional(keras.layers.SimpleRNN(2, return_sequences=True), merge_mode="ave"), (2, 4, 2), False),
 ]
 rnn_out = []
 for name, layer, shape, masked in rnn_cases:

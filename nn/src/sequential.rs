@@ -64,7 +64,7 @@ pub(crate) fn auto_name(kind: &'static str, counts: &mut HashMap<&'static str, u
 /// Keras' snake case: `_` before a capital that starts a word (`MultiHeadAttention` ->
 /// `multi_head_attention`) or follows a small letter; digits join the word before them
 /// (`Conv2D` -> `conv2d`).
-fn to_snake(kind: &str) -> String {
+pub(crate) fn to_snake(kind: &str) -> String {
     let c: Vec<char> = kind.chars().collect();
     let mut s = String::new();
     for (i, &ch) in c.iter().enumerate() {

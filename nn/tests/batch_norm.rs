@@ -145,3 +145,36 @@ fn a_shared_layer_moves_its_statistics_once_per_call() {
     // 0 -> 0.5 * 0 + 0.5 * 2 = 1 -> 0.5 * 1 + 0.5 * 15 = 8
     assert_eq!(bn.variables()[2].1.to_vec::<f32>().unwrap(), vec![8.0]);
 }
+
+/// A normalization layer's gamma and beta take regularizers (added to the loss) and constraints
+/// (applied after each step), as the other layers' weights do.
+#[test]
+fn norm_layers_take_gamma_and_beta_penalties() {
+    use weft_nn::layers::LayerNormalization;
+    use weft_nn::optim::Sgd;
+    use weft_nn::{Constraint, Regularizer};
+    let (x, y) =
+        (Tensor::rand(-1.0, 1.0, &[6, 4], 3, &Device::Cpu).unwrap(), Tensor::zeros(&[6, 4], &Device::Cpu).unwrap());
+    let loss_with = |ln: LayerNormalization| {
+        let mut m = Model::new(Sequential::new().add(ln), &Device::Cpu);
+        m.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+        m.build(&[1, 4]).unwrap();
+        m.evaluate(&x, &y, 6).unwrap().0
+    };
+    let plain = loss_with(LayerNormalization::new());
+    // gamma starts at 1: 0.5 * 4 more; beta at 0: nothing more.
+    let penalised = loss_with(
+        LayerNormalization::new().gamma_regularizer(Regularizer::L2(0.5)).beta_regularizer(Regularizer::L1(9.0)),
+    );
+    assert!((penalised - plain - 2.0).abs() < 1e-5, "{penalised} against {plain}");
+    let mut m = Model::new(
+        Sequential::new()
+            .add(BatchNormalization::new().gamma_constraint(Constraint::MaxNorm { max_value: 0.5, axes: vec![0] })),
+        &Device::Cpu,
+    );
+    m.compile(Sgd::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
+    m.train_on_batch(&x, &y).unwrap();
+    let gamma = m.variables()[0].1.to_vec::<f32>().unwrap();
+    let norm = gamma.iter().map(|g| g * g).sum::<f32>().sqrt();
+    assert!((norm - 0.5).abs() < 1e-4, "{gamma:?}");
+}

@@ -12,9 +12,10 @@ use weft_core::conv::Padding;
 use weft_core::{Device, GradStore, Tensor, Var};
 use weft_nn::callback::{Callback, EarlyStopping, Mode, ReduceLROnPlateau};
 use weft_nn::layers::{
-    ActivationLayer, AttentionMasks, AveragePooling1D, AveragePooling2D, BatchNormalization, Conv1D, Conv2D, Dense,
-    EinsumDense, GRU, GlobalAveragePooling2D, GlobalMaxPooling1D, GlobalMaxPooling2D, GroupNormalization, LSTM,
-    LayerNormalization, MaxPooling1D, MaxPooling2D, MultiHeadAttention, RMSNormalization, SimpleRNN,
+    ActivationLayer, AttentionMasks, AveragePooling1D, AveragePooling2D, BatchNormalization, Bidirectional, Conv1D,
+    Conv2D, Dense, EinsumDense, GRU, GlobalAveragePooling2D, GlobalMaxPooling1D, GlobalMaxPooling2D,
+    GroupNormalization, LSTM, LayerNormalization, MaxPooling1D, MaxPooling2D, MergeMode, MultiHeadAttention,
+    RMSNormalization, SimpleRNN,
 };
 use weft_nn::optim::{Adagrad, Adam, AdamW, Adamax, LearningRate, Lion, Nadam, Optimizer, RMSprop, Sgd};
 use weft_nn::{
@@ -1179,6 +1180,11 @@ fn recurrent_layer(name: &str) -> Box<dyn Layer> {
         "lstm" | "lstm_masked_last" => Box::new(LSTM::new(3)),
         "lstm_masked_seq" => Box::new(LSTM::new(3).return_sequences(true)),
         "lstm_backwards_no_bias" => Box::new(LSTM::new(2).go_backwards(true).use_bias(false)),
+        "bidirectional_lstm_seq_masked" => Box::new(Bidirectional::new(LSTM::new(3).return_sequences(true))),
+        "bidirectional_gru_sum" => Box::new(Bidirectional::new(GRU::new(2)).merge_mode(MergeMode::Sum)),
+        "bidirectional_simple_rnn_ave_seq" => {
+            Box::new(Bidirectional::new(SimpleRNN::new(2).return_sequences(true)).merge_mode(MergeMode::Ave))
+        }
         other => panic!("no weft layer for golden case {other}"),
     }
 }
@@ -1199,7 +1205,9 @@ fn recurrent_layers_match_keras() {
             let weights: Vec<Tensor> =
                 case["weights"].as_array().unwrap().iter().map(|w| tensor(w).to_device(dev).unwrap()).collect();
             with_weights(layer.as_ref(), x.as_tensor(), &weights);
-            let names: Vec<String> = layer.variables().into_iter().map(|(p, _)| p).collect();
+            // The last segment: a Bidirectional's are under forward_<kind>/ and backward_<kind>/.
+            let names: Vec<String> =
+                layer.variables().into_iter().map(|(p, _)| p.rsplit('/').next().unwrap().to_string()).collect();
             let keras: Vec<String> =
                 case["weight_names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect();
             assert_eq!(names, keras, "{name}: variables");

@@ -79,3 +79,22 @@ fn bad_input_is_an_err_naming_the_layer() {
     let e = gru.call_with(&[x], &[Some(Tensor::ones(&[2, 3], &Device::Cpu).unwrap())], ctx).unwrap_err().to_string();
     assert!(e.contains("gru") && e.contains("mask"), "{e}");
 }
+
+/// Dropout on the inputs and the state acts only while training, draws the same masks for the
+/// same step, and fresh ones the next.
+#[test]
+fn dropout_acts_while_training_only() {
+    let x = Tensor::rand(-1.0, 1.0, &[4, 6, 3], 5, &Device::Cpu).unwrap();
+    let lstm = LSTM::new(5).dropout(0.5).recurrent_dropout(0.5).return_sequences(true);
+    let run = |ctx: &mut Ctx| lstm.call(&x, ctx).unwrap().to_vec::<f32>().unwrap();
+    let inference = run(&mut Ctx::inference());
+    assert_eq!(inference, run(&mut Ctx::inference()));
+    let mut ctx = Ctx::training(3);
+    let first = run(&mut ctx);
+    assert_ne!(first, inference);
+    assert_eq!(first, run(&mut ctx.clone()));
+    ctx.step += 1;
+    assert_ne!(first, run(&mut ctx));
+    let e = LSTM::new(2).dropout(1.0).named("d").call(&x, &mut Ctx::training(0)).unwrap_err().to_string();
+    assert!(e.contains("dropout") && e.contains("d:"), "{e}");
+}

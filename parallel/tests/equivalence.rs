@@ -14,7 +14,7 @@ use weft_core::conv::Padding;
 use weft_core::{DType, Device, Tensor};
 use weft_nn::layers::ActivationLayer;
 use weft_nn::layers::{
-    AveragePooling2D, BatchNormalization, Conv1D, Conv2D, Dense, Dropout, EinsumDense, Flatten, GRU,
+    AveragePooling2D, BatchNormalization, Bidirectional, Conv1D, Conv2D, Dense, Dropout, EinsumDense, Flatten, GRU,
     GlobalMaxPooling1D, GroupNormalization, LSTM, MaxPooling2D,
 };
 use weft_nn::optim::{Adam, LearningRate};
@@ -281,12 +281,14 @@ fn regularizers_and_constraints_match_one_device() {
     assert_eq!(style("sequential/dense_1"), Some("row"), "{p}");
 }
 
-/// Recurrent layers (kept whole: each step needs the whole state) between split Dense layers.
+/// Recurrent layers (kept whole: each step needs the whole state) between split Dense layers:
+/// a bidirectional GRU and an LSTM with dropout on its inputs and its state (masks drawn for the
+/// whole batch, so a data axis drops what one device drops).
 fn recurrent() -> Sequential {
     Sequential::new()
         .add(Dense::new(6).activation(Activation::Tanh))
-        .add(GRU::new(5).return_sequences(true))
-        .add(LSTM::new(4))
+        .add(Bidirectional::new(GRU::new(5).return_sequences(true)))
+        .add(LSTM::new(4).dropout(0.1).recurrent_dropout(0.1))
         .add(Dense::new(7).activation(Activation::Relu))
         .add(Dense::new(3))
 }
@@ -294,6 +296,7 @@ fn recurrent() -> Sequential {
 #[test]
 fn recurrent_layers_match_one_device() {
     let x = Tensor::rand(-1.0, 1.0, &[32, 5, 3], 8, &Device::Cpu).unwrap();
-    let y = Tensor::from_vec((0..32u32).map(|i| i % 3).collect(), &[32], &Device::Cpu).unwrap();
+    // A label the sequence decides: the feature largest at the first step.
+    let y = x.narrow(1, 0, 1).unwrap().squeeze(1).unwrap().argmax(-1, false).unwrap();
     check("recurrent", recurrent, &x, &y, Loss::SparseCategoricalCrossentropy { from_logits: true }, DType::F32);
 }

@@ -41,6 +41,7 @@ pub struct BatchNormalization {
     epsilon: f32,
     center: bool,
     scale: bool,
+    penalties: crate::penalty::Penalties,
     vars: OnceLock<Vars>,
 }
 
@@ -67,6 +68,7 @@ impl BatchNormalization {
             epsilon: 1e-3,
             center: true,
             scale: true,
+            penalties: crate::penalty::Penalties::default(),
             vars: OnceLock::new(),
         }
     }
@@ -142,6 +144,7 @@ impl BatchNormalization {
         if let Some(b) = &v.beta {
             y = y.add(&b.reshape(&shape)?)?;
         }
+        self.penalties.activity(&y, ctx)?;
         Ok(y)
     }
 }
@@ -237,6 +240,12 @@ impl Layer for BatchNormalization {
     }
     /// gamma and beta (as enabled), then moving_mean and moving_variance (non-trainable), in
     /// Keras' order.
+    fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
+        self.penalties.regularizers_of(|v| if v == "gamma" { self.scale } else { self.center })
+    }
+    fn constraints(&self) -> Vec<(String, crate::Constraint)> {
+        self.penalties.constraints_of(|v| if v == "gamma" { self.scale } else { self.center })
+    }
     fn variables(&self) -> Vec<(String, Var)> {
         let Some(v) = self.vars.get() else { return Vec::new() };
         let named = |n: &str, v: Option<&Var>| v.map(|v| (n.to_string(), v.clone()));

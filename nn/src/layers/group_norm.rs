@@ -28,6 +28,7 @@ pub struct GroupNormalization {
     epsilon: f32,
     center: bool,
     scale: bool,
+    penalties: crate::penalty::Penalties,
     vars: OnceLock<(Option<Var>, Option<Var>)>,
 }
 
@@ -47,6 +48,7 @@ impl GroupNormalization {
             epsilon: 1e-3,
             center: true,
             scale: true,
+            penalties: crate::penalty::Penalties::default(),
             vars: OnceLock::new(),
         }
     }
@@ -54,7 +56,7 @@ impl GroupNormalization {
 }
 
 impl Layer for GroupNormalization {
-    fn call(&self, x: &Tensor, _ctx: &mut Ctx) -> Result<Tensor> {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
         let _scope = crate::scope::enter(self);
         const KIND: &str = "GroupNormalization";
         let path = trace::current_scope();
@@ -97,7 +99,9 @@ impl Layer for GroupNormalization {
         if let Some(b) = beta {
             y = y.add(fits(KIND, b, c, x)?.as_tensor())?;
         }
-        if a == last { Ok(y) } else { y.transpose(a as isize, last as isize) }
+        let y = if a == last { y } else { y.transpose(a as isize, last as isize)? };
+        self.penalties.activity(&y, ctx)?;
+        Ok(y)
     }
     fn name(&self) -> &str {
         &self.name
@@ -110,6 +114,12 @@ impl Layer for GroupNormalization {
     }
     fn split_rule(&self) -> crate::SplitRule {
         crate::SplitRule::Whole { why: "normalizes over groups of the whole width".into() }
+    }
+    fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
+        self.penalties.regularizers_of(|v| if v == "gamma" { self.scale } else { self.center })
+    }
+    fn constraints(&self) -> Vec<(String, crate::Constraint)> {
+        self.penalties.constraints_of(|v| if v == "gamma" { self.scale } else { self.center })
     }
     fn variables(&self) -> Vec<(String, Var)> {
         let Some((g, b)) = self.vars.get() else { return Vec::new() };

@@ -7,7 +7,8 @@ use weft_core::layout::resolve_axis;
 use weft_core::{Error, Result, Tensor, Var, trace};
 
 /// The builder methods the normalization layers share: `axis`, `epsilon` and `named`, and with
-/// `(center scale)` also `center` and `scale`.
+/// `(center scale)` also `center` and `scale` and the regularizers and constraints of `gamma`
+/// and `beta` (for a layer with a `penalties` field).
 macro_rules! norm_options {
     () => {
         /// The layer's axis (negative counts from the end): the one normalized over, or the
@@ -29,6 +30,10 @@ macro_rules! norm_options {
     };
     (center scale) => {
         norm_options!();
+        crate::penalty::penalty_options!(gamma: gamma_regularizer, gamma_constraint; beta: beta_regularizer, beta_constraint);
+        fn penalties_mut(&mut self) -> &mut crate::penalty::Penalties {
+            &mut self.penalties
+        }
         /// Whether to add the offset `beta`.
         pub fn center(mut self, on: bool) -> Self {
             self.center = on;
@@ -62,6 +67,7 @@ pub struct LayerNormalization {
     axis: isize,
     center: bool,
     scale: bool,
+    penalties: crate::penalty::Penalties,
     vars: OnceLock<(Option<Var>, Option<Var>)>,
 }
 
@@ -80,6 +86,7 @@ impl LayerNormalization {
             axis: -1,
             center: true,
             scale: true,
+            penalties: crate::penalty::Penalties::default(),
             vars: OnceLock::new(),
         }
     }
@@ -111,7 +118,7 @@ pub(crate) fn fits<'a>(kind: &'static str, v: &'a Var, n: usize, x: &Tensor) -> 
 }
 
 impl Layer for LayerNormalization {
-    fn call(&self, x: &Tensor, _ctx: &mut Ctx) -> Result<Tensor> {
+    fn call(&self, x: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
         let _scope = crate::scope::enter(self);
         const KIND: &str = "LayerNormalization";
         let (a, n) = axis_size(KIND, x, self.axis)?;
@@ -134,11 +141,14 @@ impl Layer for LayerNormalization {
         };
         // The fused kernel normalizes the last axis: another axis is moved there and back.
         let last = x.rank() - 1;
-        if a == last {
-            return x.layer_norm(&gamma, &beta, self.epsilon);
-        }
-        let (a, last) = (a as isize, last as isize);
-        x.transpose(a, last)?.layer_norm(&gamma, &beta, self.epsilon)?.transpose(a, last)
+        let y = if a == last {
+            x.layer_norm(&gamma, &beta, self.epsilon)?
+        } else {
+            let (a, last) = (a as isize, last as isize);
+            x.transpose(a, last)?.layer_norm(&gamma, &beta, self.epsilon)?.transpose(a, last)?
+        };
+        self.penalties.activity(&y, ctx)?;
+        Ok(y)
     }
     fn name(&self) -> &str {
         &self.name
@@ -151,6 +161,12 @@ impl Layer for LayerNormalization {
     }
     fn split_rule(&self) -> crate::SplitRule {
         crate::SplitRule::Whole { why: "normalizes over the whole width".into() }
+    }
+    fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
+        self.penalties.regularizers_of(|v| if v == "gamma" { self.scale } else { self.center })
+    }
+    fn constraints(&self) -> Vec<(String, crate::Constraint)> {
+        self.penalties.constraints_of(|v| if v == "gamma" { self.scale } else { self.center })
     }
     fn variables(&self) -> Vec<(String, Var)> {
         let Some((g, b)) = self.vars.get() else { return Vec::new() };

@@ -2,6 +2,7 @@
 
 mod attention;
 mod batch_norm;
+mod bidirectional;
 mod conv;
 mod dense;
 mod einsum_dense;
@@ -18,6 +19,7 @@ mod window_pooling;
 
 pub use attention::{AttentionMasks, MultiHeadAttention};
 pub use batch_norm::BatchNormalization;
+pub use bidirectional::{Bidirectional, MergeMode, Reversible};
 pub use conv::{Conv1D, Conv2D};
 pub use dense::Dense;
 pub use einsum_dense::EinsumDense;

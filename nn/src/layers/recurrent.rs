@@ -38,6 +38,9 @@ struct Recurrent {
     use_bias: bool,
     return_sequences: bool,
     go_backwards: bool,
+    zero_output_for_mask: bool,
+    dropout: f32,
+    recurrent_dropout: f32,
     kernel_init: Initializer,
     recurrent_init: Initializer,
     bias_init: Initializer,
@@ -56,6 +59,9 @@ impl Recurrent {
             use_bias: true,
             return_sequences: false,
             go_backwards: false,
+            zero_output_for_mask: false,
+            dropout: 0.0,
+            recurrent_dropout: 0.0,
             kernel_init: Initializer::GlorotUniform,
             recurrent_init: Initializer::Orthogonal(1.0),
             bias_init: Initializer::Zeros,
@@ -132,7 +138,17 @@ impl Recurrent {
             (Some(b), _) => (Some(b.as_tensor().clone()), None),
             (None, _) => (None, None),
         };
-        let mut xs = x.matmul(kernel)?;
+        for (what, rate) in [("dropout", self.dropout), ("recurrent_dropout", self.recurrent_dropout)] {
+            if !(0.0..1.0).contains(&rate) {
+                return Err(Error::invalid(kind, format!("{path}: {what} must be in [0, 1), got {rate}")));
+            }
+        }
+        // Keras' dropout: one mask for the inputs and one for the state, kept over every step.
+        let mut xs = match step_mask(ctx, &path, self.dropout, 0, b, x.dims()[2], x.device())? {
+            Some(m) => x.mul(&m.unsqueeze(1)?)?.matmul(kernel)?,
+            None => x.matmul(kernel)?,
+        };
+        let state_mask = step_mask(ctx, &path, self.recurrent_dropout, 1, b, self.units, x.device())?;
         if let Some(ib) = &input_bias {
             xs = xs.add(ib)?;
         }
@@ -142,13 +158,18 @@ impl Recurrent {
         let mut h = Tensor::zeros(&[b, u], x.device())?;
         let mut c = Tensor::zeros(&[b, u], x.device())?;
         let mut outputs = Vec::with_capacity(if self.return_sequences { steps } else { 0 });
+        let mut last = None;
         let order: Vec<usize> = if self.go_backwards { (0..steps).rev().collect() } else { (0..steps).collect() };
         for t in order {
             let xt = xs.narrow(1, t, 1)?.squeeze(1)?;
+            let hd = match &state_mask {
+                Some(m) => h.mul(m)?,
+                None => h.clone(),
+            };
             let (h_new, c_new) = match self.cell {
-                Cell::Simple => (act.apply(&xt.add(&h.matmul(recurrent)?)?)?, None),
+                Cell::Simple => (act.apply(&xt.add(&hd.matmul(recurrent)?)?)?, None),
                 Cell::Lstm { .. } => {
-                    let z = xt.add(&h.matmul(recurrent)?)?;
+                    let z = xt.add(&hd.matmul(recurrent)?)?;
                     let (i, f) = (ract.apply(&gate(&z, 0)?)?, ract.apply(&gate(&z, 1)?)?);
                     let (g, o) = (act.apply(&gate(&z, 2)?)?, ract.apply(&gate(&z, 3)?)?);
                     let c_new = f.mul(&c)?.add(&i.mul(&g)?)?;
@@ -156,20 +177,20 @@ impl Recurrent {
                 }
                 Cell::Gru { reset_after } => {
                     let hr = if reset_after {
-                        let hr = h.matmul(recurrent)?;
+                        let hr = hd.matmul(recurrent)?;
                         match &recurrent_bias {
                             Some(rb) => hr.add(rb)?,
                             None => hr,
                         }
                     } else {
-                        h.matmul(&recurrent.narrow(1, 0, 2 * u)?)?
+                        hd.matmul(&recurrent.narrow(1, 0, 2 * u)?)?
                     };
                     let z = ract.apply(&gate(&xt, 0)?.add(&gate(&hr, 0)?)?)?;
                     let r = ract.apply(&gate(&xt, 1)?.add(&gate(&hr, 1)?)?)?;
                     let candidate = if reset_after {
                         r.mul(&gate(&hr, 2)?)?
                     } else {
-                        r.mul(&h)?.matmul(&recurrent.narrow(1, 2 * u, u)?)?
+                        r.mul(&hd)?.matmul(&recurrent.narrow(1, 2 * u, u)?)?
                     };
                     let hh = act.apply(&gate(&xt, 2)?.add(&candidate)?)?;
                     // h = z h + (1 - z) hh
@@ -190,13 +211,35 @@ impl Recurrent {
             if let Some(c_new) = c_new {
                 c = carry(c_new, &c)?;
             }
+            // A masked step's output is the last one's, or 0 with zero_output_for_mask.
+            let out = match (&keep, self.zero_output_for_mask) {
+                (Some(k), true) => h.mul(&k.narrow(1, t, 1)?)?,
+                _ => h.clone(),
+            };
             if self.return_sequences {
-                outputs.push(h.clone());
+                outputs.push(out);
+            } else {
+                last = Some(out);
             }
         }
-        let y = if self.return_sequences { Tensor::stack(&outputs, 1)? } else { h };
+        let y = match last {
+            _ if self.return_sequences => Tensor::stack(&outputs, 1)?,
+            Some(out) => out,
+            None => h,
+        };
         self.penalties.activity(&y, ctx)?;
         Ok(y)
+    }
+
+    /// A fresh copy (no weights) running the other way: the backward half of a `Bidirectional`.
+    fn reversed(&self) -> Recurrent {
+        Recurrent {
+            name: String::new(),
+            go_backwards: !self.go_backwards,
+            penalties: self.penalties.clone(),
+            vars: OnceLock::new(),
+            ..*self
+        }
     }
 
     fn variables(&self) -> Vec<(String, Var)> {
@@ -205,6 +248,29 @@ impl Recurrent {
         v.extend(b.iter().map(|b| ("bias".to_string(), b.clone())));
         v
     }
+}
+
+/// A dropout mask of `[rows, width]` for a training call (`None` otherwise), drawn for the whole
+/// batch and cut to this rank's rows on a data axis, so every rank drops what one device would.
+fn step_mask(
+    ctx: &Ctx,
+    path: &str,
+    rate: f32,
+    salt: u64,
+    rows: usize,
+    width: usize,
+    dev: &weft_core::Device,
+) -> Result<Option<Tensor>> {
+    if !ctx.training || rate == 0.0 {
+        return Ok(None);
+    }
+    let seed = ctx.seed_for(path) ^ salt.wrapping_mul(0x9e37_79b9);
+    let total = ctx.batch_part.map_or(rows, |(_, total)| total);
+    let mut m = Tensor::ones(&[total, width], dev)?.dropout(rate, seed, true)?;
+    if let Some((start, _)) = ctx.batch_part {
+        m = m.narrow(0, start, rows)?;
+    }
+    Ok(Some(m))
 }
 
 /// The builder methods and the `Layer` impl the three layers share.
@@ -238,6 +304,24 @@ macro_rules! recurrent_layer {
                 self.0.go_backwards = on;
                 self
             }
+            /// Give a masked step the output 0 rather than the step before's (Keras'
+            /// `zero_output_for_mask`; a `Bidirectional` returning sequences sets it).
+            pub fn zero_output_for_mask(mut self, on: bool) -> Self {
+                self.0.zero_output_for_mask = on;
+                self
+            }
+            /// The fraction of the inputs dropped while training (Keras' `dropout`): one mask for
+            /// every step.
+            pub fn dropout(mut self, rate: f32) -> Self {
+                self.0.dropout = rate;
+                self
+            }
+            /// The fraction of the state dropped before each recurrent product while training
+            /// (Keras' `recurrent_dropout`): one mask for every step.
+            pub fn recurrent_dropout(mut self, rate: f32) -> Self {
+                self.0.recurrent_dropout = rate;
+                self
+            }
             /// The input kernel's initializer (default Glorot uniform).
             pub fn kernel_initializer(mut self, i: Initializer) -> Self {
                 self.0.kernel_init = i;
@@ -265,6 +349,18 @@ macro_rules! recurrent_layer {
             );
             fn penalties_mut(&mut self) -> &mut Penalties {
                 &mut self.0.penalties
+            }
+        }
+
+        impl super::bidirectional::Reversible for $t {
+            fn reversed(&self) -> Box<dyn Layer> {
+                Box::new($t(self.0.reversed()))
+            }
+            fn returns_sequences(&self) -> bool {
+                self.0.return_sequences
+            }
+            fn set_zero_output_for_mask(&mut self, on: bool) {
+                self.0.zero_output_for_mask = on;
             }
         }
 
