@@ -457,6 +457,8 @@ conv_cases = [
     ("global_avg_pool2d", keras.layers.GlobalAveragePooling2D(), (2, 3, 4, 5)),
     ("global_max_pool2d", keras.layers.GlobalMaxPooling2D(), (2, 3, 4, 5)),
     ("global_max_pool1d", keras.layers.GlobalMaxPooling1D(), (2, 6, 3)),
+    ("conv2d_groups_same", keras.layers.Conv2D(4, 3, groups=2, padding="same"), (2, 5, 5, 4)),
+    ("conv1d_groups_3", keras.layers.Conv1D(6, 2, groups=3, activation="relu"), (2, 6, 3)),
 ]
 conv_out = with_gradients(conv_cases, arr3, names=False)
 out["conv_layers"] = conv_out
@@ -707,6 +709,8 @@ out["optimizer_options"] = {
     "sgd_accumulate_3": optimizer_fit(keras.optimizers.SGD(0.3, momentum=0.5, gradient_accumulation_steps=3)),
     "sgd_ema": optimizer_fit(keras.optimizers.SGD(0.3, momentum=0.9, use_ema=True, ema_momentum=0.9)),
     "adam_ema_overwrite_2": optimizer_fit(keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.8, ema_overwrite_frequency=2)),
+    "adam_accumulate_2_schedule": optimizer_fit(keras.optimizers.Adam(
+        keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.5), gradient_accumulation_steps=2)),
 }
 
 # Recurrent layers with given weights (and masks): the output and the gradients of sum(y * w)

@@ -580,6 +580,7 @@ impl Model {
             }
         }
         crate::ctx::check_updates(&updates)?;
+        crate::penalty::in_model::check_constraints(self.net.as_ref())?;
         let optimizer = self.parts()?.0;
         optimizer.apply(&vars, &grads)?;
         if !optimizer.last_step_skipped() {

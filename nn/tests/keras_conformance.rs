@@ -709,6 +709,8 @@ fn conv_layer(name: &str) -> Box<dyn Layer> {
         "global_avg_pool2d" => Box::new(GlobalAveragePooling2D::new()),
         "global_max_pool2d" => Box::new(GlobalMaxPooling2D::new()),
         "global_max_pool1d" => Box::new(GlobalMaxPooling1D::new()),
+        "conv2d_groups_same" => Box::new(Conv2D::new(4, [3, 3]).groups(2).padding(Padding::Same)),
+        "conv1d_groups_3" => Box::new(Conv1D::new(6, 2).groups(3).activation(Activation::Relu)),
         other => panic!("no weft layer for golden case {other}"),
     }
 }
@@ -1147,6 +1149,19 @@ fn optimizer_options_match_keras() {
         ("sgd_accumulate_3", Box::new(Sgd::new(0.3).momentum(0.5).gradient_accumulation_steps(3))),
         ("sgd_ema", Box::new(Sgd::new(0.3).momentum(0.9).ema(0.9))),
         ("adam_ema_overwrite_2", Box::new(Adam::new(0.05).ema(0.8).ema_overwrite_frequency(2))),
+        // A schedule reads the count of calls, not of updates (Keras' `_iterations`).
+        (
+            "adam_accumulate_2_schedule",
+            Box::new(
+                Adam::new(LearningRate::ExponentialDecay {
+                    initial: 0.05,
+                    decay_steps: 2,
+                    rate: 0.5,
+                    staircase: false,
+                })
+                .gradient_accumulation_steps(2),
+            ),
+        ),
     ];
     for (name, opt) in cases {
         let g = &golden()["optimizer_options"][name];

@@ -98,3 +98,23 @@ fn dropout_acts_while_training_only() {
     let e = LSTM::new(2).dropout(1.0).named("d").call(&x, &mut Ctx::training(0)).unwrap_err().to_string();
     assert!(e.contains("dropout") && e.contains("d:"), "{e}");
 }
+
+/// Bidirectional names its halves after the layer (`forward_encoder`), or its kind when it has
+/// no name; an input of no steps is an `Err` naming the layer.
+#[test]
+fn bidirectional_names_and_empty_sequences() {
+    use weft_nn::layers::Bidirectional;
+    let ctx = &mut Ctx::inference();
+    let x = Tensor::ones(&[2, 3, 4], &Device::Cpu).unwrap();
+    let named = Bidirectional::new(GRU::new(2).named("encoder"));
+    named.call(&x, ctx).unwrap();
+    let paths: Vec<String> = named.variables().into_iter().map(|(p, _)| p).collect();
+    assert_eq!(paths[0], "forward_encoder/kernel");
+    assert_eq!(paths[3], "backward_encoder/kernel");
+    let e = Bidirectional::new(LSTM::new(2).return_sequences(true))
+        .named("bi")
+        .call(&Tensor::ones(&[2, 0, 4], &Device::Cpu).unwrap(), ctx)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bi/forward_lstm") && e.contains("[2, 0, 4]"), "{e}");
+}

@@ -132,6 +132,45 @@ fn weighted_losses_train_split_as_on_one_device() {
     }
 }
 
+/// AUC's running counts (a histogram of thresholds, not a ratio) add up over a data axis: the
+/// sharded History and evaluate give one device's figures.
+#[test]
+fn auc_reports_as_on_one_device() {
+    use weft_nn::{Auc, AucCurve};
+    let (x, y) = data();
+    let y = y
+        .to_dtype(weft_core::DType::F32)
+        .unwrap()
+        .cmp_scalar(weft_core::ops::BinaryOp::Eq, 0.0)
+        .unwrap()
+        .unsqueeze(-1)
+        .unwrap();
+    let bin = || {
+        Sequential::new()
+            .add(Dense::new(8).activation(Activation::Relu))
+            .add(Dense::new(1).activation(Activation::Sigmoid))
+    };
+    let metrics = [Metric::Auc(Auc::new().curve(AucCurve::Pr).num_thresholds(50))];
+    let bce = Loss::BinaryCrossentropy { from_logits: false };
+    let mut one = Model::new(bin(), &Device::Cpu);
+    one.compile(Adam::new(1e-2), bce.clone(), &metrics).unwrap();
+    one.build(&[6]).unwrap();
+    let h1 = one.fit(&x, &y, opts()).unwrap();
+    let (_, m1) = one.evaluate(&x, &y, 16).unwrap();
+    let mesh = DeviceMesh::cpus(4).unwrap().reshape(&[2, 2], &["data", "model"]).unwrap();
+    let plan = AutoConfig::new().min_params(0).plan(&bin(), &[8, 6], 2, 2).unwrap();
+    let mut m = ShardedModel::new(bin, &mesh, &plan).unwrap();
+    m.compile(Adam::new(1e-2), bce, &metrics).unwrap();
+    let h2 = m.fit(&x, &y, opts()).unwrap();
+    same_history(&h1, &h2);
+    let (_, m2) = m.evaluate(&x, &y, 16).unwrap();
+    close(&[m1[0].1], &[m2[0].1], "evaluate auc");
+    assert!(h1.metrics["auc"].iter().all(|a| (0.0..=1.0).contains(a)), "{:?}", h1.metrics);
+    // A bad row of thresholds is refused at compile.
+    let e = m.compile(Adam::new(1e-2), Loss::MeanSquaredError, &[Metric::Auc(Auc::new().num_thresholds(1))]);
+    assert!(e.unwrap_err().to_string().contains("num_thresholds"));
+}
+
 /// Gradient accumulation, an EMA of the weights and weight decay that leaves the biases out:
 /// every rank keeps its shards' accumulators and averages, and the result is one device's.
 #[test]

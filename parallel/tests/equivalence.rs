@@ -196,11 +196,12 @@ fn a_convolutional_network_matches_one_device() {
     assert_eq!((style("sequential/conv2d"), style("sequential/conv2d_1")), (Some("column"), Some("row")), "{p}");
 }
 
-/// A causal Conv1D stack over time with global max pooling.
+/// A causal Conv1D stack over time (the last grouped, kept whole) with global max pooling.
 fn temporal() -> Sequential {
     Sequential::new()
         .add(Conv1D::new(6, 3).padding(Padding::Causal).activation(Activation::Gelu))
         .add(Conv1D::new(4, 2).dilation_rate(2).padding(Padding::Causal))
+        .add(Conv1D::new(6, 2).groups(2).padding(Padding::Same))
         .add(GlobalMaxPooling1D::new())
         .add(Dense::new(3))
 }

@@ -238,14 +238,14 @@ impl Layer for BatchNormalization {
     fn split_rule(&self) -> crate::SplitRule {
         crate::SplitRule::Whole { why: "keeps per-feature statistics of the whole batch".into() }
     }
-    /// gamma and beta (as enabled), then moving_mean and moving_variance (non-trainable), in
-    /// Keras' order.
     fn regularizers(&self) -> Vec<(String, crate::Regularizer)> {
         self.penalties.regularizers_of(|v| if v == "gamma" { self.scale } else { self.center })
     }
     fn constraints(&self) -> Vec<(String, crate::Constraint)> {
         self.penalties.constraints_of(|v| if v == "gamma" { self.scale } else { self.center })
     }
+    /// gamma and beta (as enabled), then moving_mean and moving_variance (non-trainable), in
+    /// Keras' order.
     fn variables(&self) -> Vec<(String, Var)> {
         let Some(v) = self.vars.get() else { return Vec::new() };
         let named = |n: &str, v: Option<&Var>| v.map(|v| (n.to_string(), v.clone()));

@@ -29,8 +29,9 @@ pub enum MergeMode {
     Ave,
 }
 
-/// Keras' `Bidirectional`: the layer on the sequence as it is (`forward_<kind>`) and a copy of it
-/// on the sequence reversed (`backward_<kind>`, with weights of its own), the backward outputs
+/// Keras' `Bidirectional`: the layer on the sequence as it is (`forward_<name>`, the name being
+/// the layer's, or its kind in snake case) and a copy of it on the sequence reversed
+/// (`backward_<name>`, with weights of its own), the backward outputs
 /// put back in time order when every step is returned, then merged. Masks pass to both (a
 /// masked step's output is then 0, as Keras sets `zero_output_for_mask`).
 ///
@@ -56,7 +57,11 @@ impl Bidirectional {
     pub fn new(mut layer: impl Reversible + 'static) -> Self {
         // As Keras: returning sequences, a masked step's output is 0 in both directions.
         layer.set_zero_output_for_mask(layer.returns_sequences());
-        let kind = crate::sequential::to_snake(layer.kind());
+        // As Keras: forward_<the layer's name>, the kind in snake case for an unnamed one.
+        let kind = match layer.name() {
+            "" => crate::sequential::to_snake(layer.kind()),
+            name => name.to_string(),
+        };
         let mut backward = layer.reversed();
         backward.set_name(format!("backward_{kind}"));
         let sequences = layer.returns_sequences();

@@ -19,6 +19,7 @@ struct Conv {
     strides: [usize; 2],
     dilation: [usize; 2],
     padding: Padding,
+    groups: usize,
     activation: Activation,
     use_bias: bool,
     kernel_init: Initializer,
@@ -36,6 +37,7 @@ impl Conv {
             strides: [1, 1],
             dilation: [1, 1],
             padding: Padding::Valid,
+            groups: 1,
             activation: Activation::Linear,
             use_bias: true,
             kernel_init: Initializer::GlorotUniform,
@@ -57,6 +59,17 @@ impl Conv {
         if self.filters == 0 {
             return Err(Error::invalid(kind, format!("{path}: filters must be at least 1")));
         }
+        let g = self.groups;
+        if g == 0 || !self.filters.is_multiple_of(g) || !x.dims()[want - 1].is_multiple_of(g) {
+            return Err(Error::invalid(
+                kind,
+                format!(
+                    "{path}: {g} groups must divide the input's {} channels and the {} filters",
+                    x.dims()[want - 1],
+                    self.filters
+                ),
+            ));
+        }
         if !one_d && self.padding == Padding::Causal {
             return Err(Error::invalid(kind, format!("{path}: causal padding is for Conv1D only")));
         }
@@ -65,7 +78,8 @@ impl Conv {
         let (kernel, bias) = match self.vars.get() {
             Some(v) => v,
             None => {
-                let c_in = tp::full_input(shard.map(|s| &s.0.style), local_in);
+                // A grouped kernel takes each group's channels only (Keras' `groups`).
+                let c_in = tp::full_input(shard.map(|s| &s.0.style), local_in) / g;
                 let mut shape = if one_d { vec![self.kernel[1]] } else { self.kernel.to_vec() };
                 shape.extend([c_in, self.filters]);
                 let seed = ctx.init_seed(&path);
@@ -90,18 +104,29 @@ impl Conv {
         let last = x.rank() - 1;
         let product = |x: &Tensor| {
             let k_in = kernel.dims()[kernel.rank() - 2];
-            if x.dims()[last] != k_in {
+            if x.dims()[last] != k_in * g {
                 return Err(Error::invalid(
                     kind,
                     format!("{path}: input of shape {:?} does not fit kernel of shape {:?}", x.dims(), kernel.dims()),
                 ));
             }
-            if one_d {
-                x.conv1d(kernel, self.strides[1], self.dilation[1], self.padding)
-            } else {
-                x.conv2d(kernel, self.strides, self.dilation, self.padding)
+            let conv = |x: &Tensor, k: &Tensor| {
+                if one_d {
+                    x.conv1d(k, self.strides[1], self.dilation[1], self.padding)
+                } else {
+                    x.conv2d(k, self.strides, self.dilation, self.padding)
+                }
+            };
+            if g == 1 {
+                return conv(x, kernel).map_err(|e| Error::invalid(kind, format!("{path}: {e}")));
             }
-            .map_err(|e| Error::invalid(kind, format!("{path}: {e}")))
+            // Each group: its input channels through its block of filters, side by side.
+            let (c, f) = (k_in, self.filters / g);
+            let parts = (0..g)
+                .map(|i| conv(&x.narrow(last as isize, i * c, c)?, &kernel.narrow(-1, i * f, f)?))
+                .collect::<Result<Vec<_>>>()
+                .map_err(|e| Error::invalid(kind, format!("{path}: {e}")))?;
+            Tensor::concat(&parts, -1)
         };
         let y =
             tp::linear(layer, ctx, x, (last, last), product, bias.as_ref().map(|b| b.as_tensor()), self.activation)?;
@@ -126,6 +151,9 @@ impl Conv {
     /// Column: the output channels (the kernel's last axis, the output's last); row: the input
     /// channels (the kernel's second to last, the input's last).
     fn split_rule(&self, rank: usize) -> SplitRule {
+        if self.groups > 1 {
+            return SplitRule::Whole { why: "a grouped convolution's filters each see one group of channels".into() };
+        }
         let axis = |kernel| SplitAxis { kernel, last: true };
         SplitRule::Linear(LinearSplit {
             kernel: "kernel".into(),
@@ -149,6 +177,12 @@ macro_rules! conv_layer {
             /// Step between a window's taps (Keras' `dilation_rate`; default 1).
             pub fn dilation_rate(mut self, d: $window) -> Self {
                 self.0.dilation = $to2(d);
+                self
+            }
+            /// Cut the channels into `groups` (Keras' `groups`, default 1): each block of filters
+            /// sees one block of the input's channels; both counts must divide by it.
+            pub fn groups(mut self, groups: usize) -> Self {
+                self.0.groups = groups;
                 self
             }
             /// How the input is padded (default `Valid`).

@@ -105,10 +105,13 @@ impl Recurrent {
         let _scope = crate::scope::enter(layer);
         let path = trace::current_scope();
         let kind = layer.kind();
-        if x.rank() != 3 || self.units == 0 {
+        if x.rank() != 3 || x.dims()[1] == 0 || self.units == 0 {
             return Err(Error::invalid(
                 kind,
-                format!("{path}: expects [batch, time, features] and units > 0, got shape {:?}", x.dims()),
+                format!(
+                    "{path}: expects [batch, time, features] with at least one step, and units > 0; got shape {:?}",
+                    x.dims()
+                ),
             ));
         }
         let (b, steps) = (x.dims()[0], x.dims()[1]);

@@ -91,8 +91,10 @@ pub(super) struct Base {
     pub(super) accumulate: Option<u64>,
     /// Gradients summed toward the next update (0 .. accumulate).
     pub(super) pending: u64,
-    /// Keras' `use_ema`: the moving average's momentum, and how often it overwrites the weights.
-    pub(super) ema: Option<(f32, Option<u64>)>,
+    /// Keras' `use_ema` with its `ema_momentum`.
+    pub(super) ema: Option<f32>,
+    /// Keras' `ema_overwrite_frequency` (only with `ema`).
+    pub(super) ema_overwrite: Option<u64>,
     pub(super) slots: HashMap<String, HashMap<String, Tensor>>,
 }
 
@@ -114,7 +116,8 @@ impl Base {
         }
     }
     pub(super) fn lr(&self) -> f32 {
-        self.lr.as_ref().map_or(0.0, |l| l.at(self.iterations))
+        // Keras reads a schedule at the count of calls (its `_iterations`).
+        self.lr.as_ref().map_or(0.0, |l| l.at(self.calls()))
     }
     pub(super) fn validate(&self) -> Result<()> {
         if let Some(lr) = &self.lr {
@@ -139,11 +142,11 @@ impl Base {
         if self.accumulate.is_some_and(|n| n < 2) {
             return Err(Error::invalid("optimizer", "gradient_accumulation_steps must be at least 2"));
         }
-        if let Some((m, every)) = self.ema {
+        if let Some(m) = self.ema {
             check_range("ema_momentum", m, 0.0, 1.0, false)?;
-            if every == Some(0) {
-                return Err(Error::invalid("optimizer", "ema_overwrite_frequency must be at least 1"));
-            }
+        }
+        if self.ema_overwrite == Some(0) {
+            return Err(Error::invalid("optimizer", "ema_overwrite_frequency must be at least 1"));
         }
         check_range("weight_decay", self.weight_decay, 0.0, f32::MAX, false)
     }
@@ -158,29 +161,33 @@ impl Base {
         (self.iterations, self.pending) = (n / k, n % k);
     }
 
-    /// Keras' EMA after a call: each variable's average moves toward it by `1 - momentum`
-    /// (taken whole while no update has been applied), and every `overwrite`-th update the
-    /// weights take their averages.
-    fn track_average(&mut self, vars: &[(&String, &Var)], updates_before: u64) -> Result<()> {
-        let Some((momentum, overwrite)) = self.ema else { return Ok(()) };
+    /// Keras' EMA after a call, given every trainable variable's value after it (`new`, the
+    /// variable's own when this call left it): each average moves toward it by `1 - momentum`
+    /// (taken whole while no update has been applied), and every `ema_overwrite_frequency`-th
+    /// update the weights take their averages. Only the slots change here; the values to put in
+    /// the variables come back, so the caller sets everything at once.
+    fn track_average<'v>(
+        &mut self,
+        new: Vec<(&str, &'v Var, Tensor)>,
+        updates_before: u64,
+    ) -> Result<Vec<(&'v Var, Tensor)>> {
+        let Some(momentum) = self.ema else { return Ok(new.into_iter().map(|(_, v, t)| (v, t)).collect()) };
         let m = if updates_before == 0 { 0.0 } else { momentum };
-        let mut staged = Vec::with_capacity(vars.len());
-        for (path, var) in vars {
-            let avg = match self.slots.get(path.as_str()).and_then(|s| s.get("ema")) {
-                Some(a) => a.mul_scalar(m)?.add(&var.as_tensor().mul_scalar(1.0 - m)?)?,
-                // A snapshot: a clone of the variable would follow its later updates.
-                None => var.as_tensor().snapshot(),
-            };
-            staged.push((path, var, avg));
+        let mut averages = Vec::with_capacity(new.len());
+        for (path, _, value) in &new {
+            averages.push(match self.slots.get(*path).and_then(|s| s.get("ema")) {
+                Some(a) => a.mul_scalar(m)?.add(&value.mul_scalar(1.0 - m)?)?,
+                // A snapshot: the variable's own tensor would follow its later updates.
+                None => value.snapshot(),
+            });
         }
-        let overwrite = overwrite.is_some_and(|k| (updates_before + 1).is_multiple_of(k));
-        for (path, var, avg) in staged {
-            if overwrite {
-                var.set(&avg)?;
-            }
+        let overwrite = self.ema_overwrite.is_some_and(|k| (updates_before + 1).is_multiple_of(k));
+        let mut sets = Vec::with_capacity(new.len());
+        for ((path, var, value), avg) in new.into_iter().zip(averages) {
+            sets.push((var, if overwrite { avg.clone() } else { value }));
             self.slots.entry(path.to_string()).or_default().insert("ema".into(), avg);
         }
-        Ok(())
+        Ok(sets)
     }
 
     /// The weights take their moving averages (Keras' `finalize_variable_values`, at the end
@@ -258,8 +265,11 @@ impl Base {
                         staged.set_slot(path, "accumulated_gradient", sum);
                     }
                     staged.pending += 1;
-                    let vars: Vec<(&String, &Var)> = pairs.iter().map(|(p, v, _)| (*p, *v)).collect();
-                    staged.track_average(&vars, updates_before)?;
+                    let same = params.iter().map(|(p, v)| (p.as_str(), v, v.as_tensor().clone())).collect();
+                    let sets = staged.track_average(same, updates_before)?;
+                    for (var, value) in sets {
+                        var.set(&value)?;
+                    }
                     *self = staged;
                     return Ok(());
                 }
@@ -298,19 +308,27 @@ impl Base {
                 }
             }
             let lr = self.lr();
-            let mut updates = Vec::with_capacity(pairs.len());
+            let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
             for (path, var, g) in &pairs {
                 let mut w = var.as_tensor().clone();
-                if self.weight_decay != 0.0 && !self.exclude_from_decay.iter().any(|e| path.contains(e.as_str())) {
+                // Keras matches the names given against the variable's own name (`kernel`).
+                let name = path.rsplit('/').next().unwrap_or(path.as_str());
+                if self.weight_decay != 0.0 && !self.exclude_from_decay.iter().any(|e| name.contains(e.as_str())) {
                     w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
                 }
-                updates.push((*var, rule(&mut staged, path, &w, g, lr)?));
+                updated.insert(path.as_str(), rule(&mut staged, path, &w, g, lr)?);
             }
-            for (var, new) in updates {
-                var.set(&new)?;
+            // Every value (new weights, averages) is worked out before any variable is set.
+            let values = params
+                .iter()
+                .map(|(p, v)| {
+                    let t = updated.remove(p.as_str()).unwrap_or_else(|| v.as_tensor().clone());
+                    (p.as_str(), v, t)
+                })
+                .collect();
+            for (var, value) in staged.track_average(values, updates_before)? {
+                var.set(&value)?;
             }
-            let vars: Vec<(&String, &Var)> = pairs.iter().map(|(p, v, _)| (*p, *v)).collect();
-            staged.track_average(&vars, updates_before)?;
             staged.iterations += 1;
             *self = staged;
             Ok(())
@@ -343,8 +361,9 @@ macro_rules! optimizer_common {
                 self.base.weight_decay = wd;
                 self
             }
-            /// Leave out of weight decay every variable whose path contains one of `names`
-            /// (Keras' `exclude_from_weight_decay(var_names=..)`: `"bias"`, `"layer_norm"`).
+            /// Leave out of weight decay every variable whose own name (the last segment of its
+            /// path: `bias`, `gamma`) contains one of `names` (Keras'
+            /// `exclude_from_weight_decay(var_names=..)`).
             pub fn exclude_from_weight_decay(mut self, names: &[&str]) -> Self {
                 self.base.exclude_from_decay = names.iter().map(|n| n.to_string()).collect();
                 self
@@ -359,13 +378,13 @@ macro_rules! optimizer_common {
             /// Keep an exponential moving average of the weights (Keras' `use_ema` with
             /// `ema_momentum`, default 0.99), which the weights take at the end of `fit`.
             pub fn ema(mut self, momentum: f32) -> Self {
-                self.base.ema = Some((momentum, self.base.ema.and_then(|e| e.1)));
+                self.base.ema = Some(momentum);
                 self
             }
-            /// With [`ema`](Self::ema): the weights take their averages every `steps` updates
-            /// too (Keras' `ema_overwrite_frequency`).
+            /// With [`ema`](Self::ema) (ignored without it, as in Keras): the weights take their
+            /// averages every `steps` updates too (Keras' `ema_overwrite_frequency`).
             pub fn ema_overwrite_frequency(mut self, steps: u64) -> Self {
-                self.base.ema = Some((self.base.ema.map_or(0.99, |e| e.0), Some(steps)));
+                self.base.ema_overwrite = Some(steps);
                 self
             }
         }

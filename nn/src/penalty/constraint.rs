@@ -69,17 +69,37 @@ impl Constraint {
         }
     }
 
+    /// An `Err` naming an axis a variable of `shape` does not have, or a bad bound: checked
+    /// before a step is applied, so a constraint that cannot run stops nothing half way.
+    pub fn check(&self, shape: &[usize]) -> Result<()> {
+        if let Some(a) = self.axes().iter().find(|&&a| a >= shape.len()) {
+            return Err(Error::invalid(
+                "constraint",
+                format!("{self:?}: no axis {a} in a variable of shape {shape:?}"),
+            ));
+        }
+        let ok = match self {
+            Constraint::NonNeg | Constraint::UnitNorm { .. } => true,
+            Constraint::MaxNorm { max_value, .. } => *max_value >= 0.0 && max_value.is_finite(),
+            Constraint::MinMaxNorm { min_value, max_value, rate, .. } => {
+                0.0 <= *min_value && min_value <= max_value && max_value.is_finite() && (0.0..=1.0).contains(rate)
+            }
+        };
+        if !ok {
+            return Err(Error::invalid(
+                "constraint",
+                format!("{self:?}: the bounds must be finite, 0 <= min_value <= max_value, and the rate in [0, 1]"),
+            ));
+        }
+        Ok(())
+    }
+
     /// `w` projected. `sum_parts` adds up a sum of squares over the parts of a variable split
     /// along one of the norm's axes (an all-reduce on a sharded model; `Ok` as it is otherwise).
     /// An `Err` names an axis `w` does not have or a bad bound.
     pub fn project(&self, w: &Tensor, sum_parts: &dyn Fn(Tensor) -> Result<Tensor>) -> Result<Tensor> {
         no_grad(|| {
-            if let Some(a) = self.axes().iter().find(|&&a| a >= w.rank()) {
-                return Err(Error::invalid(
-                    "constraint",
-                    format!("{self:?}: no axis {a} in a variable of shape {:?}", w.dims()),
-                ));
-            }
+            self.check(w.dims())?;
             let norms = || -> Result<Tensor> {
                 let axes: Vec<isize> = self.axes().iter().map(|&a| a as isize).collect();
                 sum_parts(w.square()?.sum(&axes, true)?)?.sqrt()
@@ -93,12 +113,6 @@ impl Constraint {
                 }
                 Constraint::UnitNorm { .. } => w.div(&norms()?.add_scalar(1e-7)?),
                 Constraint::MinMaxNorm { min_value, max_value, rate, .. } => {
-                    if !(min_value <= max_value && (0.0..=1.0).contains(rate)) {
-                        return Err(Error::invalid(
-                            "constraint",
-                            format!("{self:?}: needs min_value <= max_value and a rate in [0, 1]"),
-                        ));
-                    }
                     let n = norms()?;
                     let desired =
                         n.clamp(*min_value, *max_value)?.mul_scalar(*rate)?.add(&n.mul_scalar(1.0 - rate)?)?;

@@ -48,6 +48,20 @@ pub(crate) fn weight_penalty(net: &dyn Layer, tp: Option<&Arc<TpCtx>>) -> Result
     Ok(total)
 }
 
+/// Check every constraint of `net` against its variable (before a step is applied).
+pub(crate) fn check_constraints(net: &dyn Layer) -> Result<()> {
+    let cons = net.constraints();
+    if cons.is_empty() {
+        return Ok(());
+    }
+    let vars: HashMap<String, Var> = net.variables().into_iter().collect();
+    for (path, c) in &cons {
+        c.check(find(&vars, path, "constraint")?.dims())
+            .map_err(|e| Error::invalid("constraint", format!("{path}: {e}")))?;
+    }
+    Ok(())
+}
+
 /// Project every constrained variable of `net` (after an applied step). The new values are all
 /// computed before any is set, so an `Err` changes nothing.
 pub(crate) fn apply_constraints(net: &dyn Layer, tp: Option<&Arc<TpCtx>>) -> Result<()> {
