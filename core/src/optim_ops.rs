@@ -55,29 +55,23 @@ impl Tensor {
         let n = self.numel();
         let outs = match (w.storage(), g.storage(), m.storage(), v.storage()) {
             (Storage::Cpu(w), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
-                let (w, g, m, v) =
-                    (w.f32s("adam_step")?, g.f32s("adam_step")?, m.f32s("adam_step")?, v.f32s("adam_step")?);
+                // Contiguous from 0, but the buffers may run past the view: the first n of each.
+                fn first(s: &cpu::CpuStorage, n: usize) -> Result<&[f32]> {
+                    Ok(&s.f32s("adam_step")?[..n])
+                }
+                let (w, g, m, v) = (first(&w, n)?, first(&g, n)?, first(&m, n)?, first(&v, n)?);
                 let (mut wo, mut mo, mut vo) = (cpu::try_take(n)?, cpu::try_take(n)?, cpu::try_take(n)?);
                 const CHUNK: usize = 1 << 14;
-                // Zipped slices of one chunk each (no index, no bounds check: the loop vectorises),
-                // written straight into the outputs' spare capacity (no zero fill first).
+                // Zipped slices of one chunk each, written straight into the outputs' spare
+                // capacity (no zero fill first).
                 let ins =
                     w.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)).zip(m.par_chunks(CHUNK)).zip(v.par_chunks(CHUNK));
                 let outs = wo.spare_capacity_mut()[..n]
                     .par_chunks_mut(CHUNK)
                     .zip(mo.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
                     .zip(vo.spare_capacity_mut()[..n].par_chunks_mut(CHUNK));
-                let (b1, b2) = (1.0 - p.beta1, 1.0 - p.beta2);
                 outs.zip(ins).for_each(|(((wo, mo), vo), (((w, g), m), v))| {
-                    for (((wo, mo), vo), (((&w, &g), &m), &v)) in
-                        wo.iter_mut().zip(mo.iter_mut()).zip(vo.iter_mut()).zip(w.iter().zip(g).zip(m).zip(v))
-                    {
-                        let mi = m + (g - m) * b1;
-                        let vi = v + (g * g - v) * b2;
-                        mo.write(mi);
-                        vo.write(vi);
-                        wo.write(w * p.decay - p.lr_t * mi / (vi.sqrt() + p.eps));
-                    }
+                    cpu::adam::chunk([w, g, m, v], cpu::adam::Outs { w: wo, m: mo, v: vo }, &p)
                 });
                 // SAFETY: the inputs are contiguous from offset 0 with at least n elements each
                 // (checked shapes, made contiguous above), so the zipped chunks cover 0..n of

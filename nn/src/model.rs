@@ -550,10 +550,10 @@ impl Model {
         // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
         // one device it is refused rather than written into every weight (a sharded model's
         // coordinated optimizer skips such a step on every rank instead). The losses and each
-        // gradient's largest magnitude come back in one read.
-        let checked = if self.tp.is_none() { gradient_ends(&vars, &grads)? } else { Vec::new() };
+        // gradient's sum come back in one read: a sum is finite only if every value is.
+        let checked = if self.tp.is_none() { gradient_sums(&vars, &grads)? } else { Vec::new() };
         let mut parts = vec![losses];
-        parts.extend(checked.iter().flat_map(|(_, ends)| ends.iter().cloned()));
+        parts.extend(checked.iter().map(|(_, _, sum)| sum.clone()));
         let figures = Tensor::concat(&parts, 0)?.to_vec::<f32>()?;
         let k = figs.len();
         let value = figures[0];
@@ -562,12 +562,12 @@ impl Model {
             self.loss_not_finite = true;
             return Err(Error::invalid("fit", format!("the loss of this batch is {v}; {not_applied}")));
         }
-        if let Some(((p, _), v)) = checked
-            .iter()
-            .zip(figures[k..].chunks(2))
-            .find_map(|(c, e)| e.iter().find(|v| !v.is_finite()).map(|v| (c, v)))
-        {
-            return Err(Error::invalid("fit", format!("the gradient of {p} holds {v}; {not_applied}")));
+        for ((p, g, _), _) in checked.iter().zip(&figures[k..]).filter(|(_, sum)| !sum.is_finite()) {
+            // The sum may only have overflowed: the largest and smallest value tell (any NaN
+            // shows in both, +inf in the first, -inf in the second).
+            if let Some(v) = gradient_ends(g)?.into_iter().find(|v| !v.is_finite()) {
+                return Err(Error::invalid("fit", format!("the gradient of {p} holds {v}; {not_applied}")));
+            }
         }
         let mut batch_counts = Vec::with_capacity(counts.len());
         if !counts.is_empty() {
@@ -1261,23 +1261,26 @@ impl Model {
     }
 }
 
-/// Each gradient's largest and smallest value, two `[1]` tensors on the device (NaN propagates
-/// through max and min, so a NaN or an infinity anywhere in a gradient shows in its figures), by
-/// variable path.
-fn gradient_ends<'a>(
+/// Each gradient with its sum, a `[1]` tensor on the device, by variable path: a NaN or an
+/// infinity anywhere makes the sum NaN or infinite (+inf and -inf meet as NaN), so a finite sum
+/// clears the whole gradient in one read of it.
+fn gradient_sums<'a>(
     vars: &'a [(String, Var)],
     grads: &weft_core::GradStore,
-) -> Result<Vec<(&'a String, [Tensor; 2])>> {
+) -> Result<Vec<(&'a String, Tensor, Tensor)>> {
     no_grad(|| {
         vars.iter()
             .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
-            .map(|(p, g)| {
-                // The largest and the smallest: any NaN shows in both, +inf in the first, -inf in
-                // the second. Two reads of the gradient, no temporary.
-                let axes: Vec<isize> = (0..g.rank() as isize).collect();
-                Ok((p, [g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?]))
-            })
+            .map(|(p, g)| Ok((p, g.clone(), g.sum_all()?.reshape(&[1])?)))
             .collect()
+    })
+}
+
+/// The largest and the smallest value of a gradient, read back.
+fn gradient_ends(g: &Tensor) -> Result<Vec<f32>> {
+    no_grad(|| {
+        let axes: Vec<isize> = (0..g.rank() as isize).collect();
+        Tensor::concat(&[g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?], 0)?.to_vec::<f32>()
     })
 }
 

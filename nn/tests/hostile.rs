@@ -308,6 +308,29 @@ fn sparse_cross_entropy_of_a_scalar_or_zero_classes_is_an_err() {
     }
 }
 
+/// The step checks each gradient by its sum; a sum that overflows while every value is finite
+/// must not refuse the step (the values are looked at then).
+#[test]
+fn huge_finite_gradients_whose_sum_overflows_still_train() {
+    for dev in [Some(Device::Cpu), gpu()].into_iter().flatten() {
+        let net = Sequential::new().add(Dense::new(1).use_bias(false).named("d"));
+        let mut m = Model::new(net, &dev);
+        m.compile(Sgd::new(1e-30), Loss::MeanSquaredError, &[]).unwrap();
+        m.build(&[2]).unwrap();
+        for (_, v) in m.variables() {
+            v.set(&Tensor::zeros(v.dims(), &dev).unwrap()).unwrap();
+        }
+        // y = 0 against 1: dL/dy = -2, so the kernel's gradient is [-2e38, -2e38], whose sum
+        // is -inf in f32.
+        let x = Tensor::from_vec(vec![1e38f32, 1e38], &[1, 2], &dev).unwrap();
+        let y = Tensor::ones(&[1, 1], &dev).unwrap();
+        let loss = m.train_on_batch(&x, &y).unwrap();
+        assert_eq!(loss, 1.0);
+        let kernel = m.variables()[0].1.as_tensor().to_vec::<f32>().unwrap();
+        assert!(kernel.iter().all(|&w| (w - 2e8).abs() < 1e3), "{kernel:?}");
+    }
+}
+
 #[test]
 fn a_non_finite_gradient_fails_the_step_before_any_update() {
     use weft_nn::layers::UnitNormalization;

@@ -55,7 +55,7 @@ fn packed(s: &CpuStorage, l: &Layout, op: &'static str) -> Result<CpuStorage> {
     if l.is_contiguous() && l.offset() == 0 {
         return Ok(s.clone());
     }
-    Ok(f32_storage(strided(s.f32s(op)?, l).into_owned()))
+    Ok(f32_storage(strided(s.f32s(op)?, l)?.into_owned()))
 }
 
 /// `a @ b` for row-major views given by shape and strides.
@@ -66,7 +66,7 @@ fn product(a: Vec<f32>, la: Layout, b: &CpuStorage, lb: &Layout) -> Result<Vec<f
 
 /// `y = conv(x, kernel)`: `x` `[n, h, w, c_in]`, `kernel` `[kh, kw, c_in, c_out]`.
 pub fn conv2d(x: &CpuStorage, lx: &Layout, k: &CpuStorage, lk: &Layout, g: &Window2d) -> Result<CpuStorage> {
-    let xs = strided(x.f32s("conv2d")?, lx);
+    let xs = strided(x.f32s("conv2d")?, lx)?;
     let kernel = packed(k, lk, "conv2d")?;
     let (per, kk) = sizes(g);
     let c_out = lk.shape()[3];
@@ -144,7 +144,7 @@ pub fn conv2d_kernel_grad(
     ldy: &Layout,
     g: &Window2d,
 ) -> Result<CpuStorage> {
-    let xs = strided(x.f32s("conv2d backward")?, lx);
+    let xs = strided(x.f32s("conv2d backward")?, lx)?;
     let d = packed(dy, ldy, "conv2d backward")?;
     let (per, kk) = sizes(g);
     let c_out = ldy.shape()[3];
@@ -187,7 +187,7 @@ fn argmax(x: &[f32], g: &Window2d, n: usize, oh: usize, ow: usize, ch: usize) ->
 
 /// Max or average pooling; every window has at least one tap inside the input.
 pub fn pool2d(kind: PoolKind, x: &CpuStorage, lx: &Layout, g: &Window2d) -> Result<CpuStorage> {
-    let xs = strided(x.f32s("pool2d")?, lx);
+    let xs = strided(x.f32s("pool2d")?, lx)?;
     let c = g.channels;
     let [oh_n, ow_n] = g.output;
     let mut y = try_zeros(g.batch * oh_n * ow_n * c)?;
@@ -222,8 +222,8 @@ pub fn pool2d_grad(
     ldy: &Layout,
     g: &Window2d,
 ) -> Result<CpuStorage> {
-    let xs = strided(x.f32s("pool2d backward")?, lx);
-    let d = strided(dy.f32s("pool2d backward")?, ldy);
+    let xs = strided(x.f32s("pool2d backward")?, lx)?;
+    let d = strided(dy.f32s("pool2d backward")?, ldy)?;
     let c = g.channels;
     let [h, w] = g.input;
     let [oh_n, ow_n] = g.output;

@@ -176,6 +176,9 @@ pub fn where_cond(
 /// Convert to another dtype (f32 <-> f16 rounds to nearest; float -> integer truncates toward zero
 /// and saturates, NaN becoming 0: a plain cast that validates nothing, see `Tensor::to_index`).
 pub fn cast(s: &CpuStorage, l: &Layout, to: DType) -> Result<CpuStorage> {
+    if let (CpuStorage::F32(v), DType::F32) = (s, to) {
+        return Ok(f32_storage(super::strided_copy::to_contiguous(v, l)?));
+    }
     let as_f32: Vec<f32> = match s {
         CpuStorage::F32(v) => l.offsets().map(|o| v[o]).collect(),
         CpuStorage::F16(v) => l.offsets().map(|o| v[o].to_f32()).collect(),

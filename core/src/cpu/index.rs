@@ -18,7 +18,7 @@ fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 
 /// Entries `ids` (1-D) of `axis`: output shape is the source shape with `axis` of size `ids.len()`.
 pub fn index_select(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, axis: usize) -> Result<CpuStorage> {
-    let x = strided(s.f32s("index_select")?, l);
+    let x = strided(s.f32s("index_select")?, l)?;
     let ids = ids.indices("index_select", li)?;
     let (outer, size, inner) = split(l.shape(), axis);
     check("index_select", &ids, size)?;
@@ -41,7 +41,7 @@ pub fn index_add(
     src: &CpuStorage,
     ls: &Layout,
 ) -> Result<CpuStorage> {
-    let x = strided(src.f32s("index_add")?, ls);
+    let x = strided(src.f32s("index_add")?, ls)?;
     let ids = ids.indices("index_add", li)?;
     let (outer, size, inner) = split(shape, axis);
     check("index_add", &ids, size)?;
@@ -61,7 +61,7 @@ pub fn index_add(
 /// `out[.., j, ..] = src[.., ids[.., j, ..], ..]` along `axis`; `ids` has the output's shape, which
 /// matches the source on every other axis.
 pub fn gather(s: &CpuStorage, l: &Layout, ids: &CpuStorage, li: &Layout, axis: usize) -> Result<CpuStorage> {
-    let x = strided(s.f32s("gather")?, l);
+    let x = strided(s.f32s("gather")?, l)?;
     let ids = ids.indices("gather", li)?;
     let (outer, size, inner) = split(l.shape(), axis);
     let k = li.shape()[axis];
@@ -87,7 +87,7 @@ pub fn scatter_add(
     src: &CpuStorage,
     ls: &Layout,
 ) -> Result<CpuStorage> {
-    let x = strided(src.f32s("scatter_add")?, ls);
+    let x = strided(src.f32s("scatter_add")?, ls)?;
     let ids = ids.indices("scatter_add", li)?;
     let (outer, size, inner) = split(shape, axis);
     let k = li.shape()[axis];

@@ -1,6 +1,7 @@
 //! The Cpu reference backend: every primitive op written plainly (rayon for the big loops).
 //! It is the oracle the GPU kernels are tested against, and the fallback device.
 
+pub(crate) mod adam;
 mod conv;
 mod elementwise;
 mod gemm_engine;
@@ -9,6 +10,7 @@ mod matmul;
 mod norm;
 mod pool;
 mod reduce;
+mod strided_copy;
 mod sum_columns;
 
 pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad, pool2d, pool2d_grad};
@@ -105,12 +107,12 @@ impl CpuStorage {
 }
 
 /// The f32 elements of a layout in row-major order, borrowing when already contiguous.
-pub(crate) fn strided<'a>(data: &'a [f32], layout: &Layout) -> std::borrow::Cow<'a, [f32]> {
-    if layout.is_contiguous() {
+pub(crate) fn strided<'a>(data: &'a [f32], layout: &Layout) -> Result<std::borrow::Cow<'a, [f32]>> {
+    Ok(if layout.is_contiguous() {
         std::borrow::Cow::Borrowed(&data[layout.offset()..layout.offset() + layout.numel()])
     } else {
-        std::borrow::Cow::Owned(layout.offsets().map(|o| data[o]).collect())
-    }
+        std::borrow::Cow::Owned(strided_copy::to_contiguous(data, layout)?)
+    })
 }
 
 /// Wrap an f32 result.

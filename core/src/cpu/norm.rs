@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 /// Softmax (or log-softmax) over the last axis, numerically stable (the row max is subtracted first).
 pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
-    let x = strided(s.f32s("softmax")?, l);
+    let x = strided(s.f32s("softmax")?, l)?;
     let n = *l.shape().last().unwrap_or(&1);
     let mut out = try_zeros(x.len())?;
     if n == 0 {
@@ -49,9 +49,9 @@ pub fn layer_norm(
     lb: &Layout,
     eps: f32,
 ) -> Result<CpuStorage> {
-    let x = strided(s.f32s("layer_norm")?, l);
-    let g = strided(gamma.f32s("layer_norm")?, lg);
-    let b = strided(beta.f32s("layer_norm")?, lb);
+    let x = strided(s.f32s("layer_norm")?, l)?;
+    let g = strided(gamma.f32s("layer_norm")?, lg)?;
+    let b = strided(beta.f32s("layer_norm")?, lb)?;
     let n = *l.shape().last().unwrap_or(&1);
     let mut out = try_zeros(x.len())?;
     if n == 0 {
