@@ -70,8 +70,10 @@ impl Tensor {
                     .par_chunks_mut(CHUNK)
                     .zip(mo.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
                     .zip(vo.spare_capacity_mut()[..n].par_chunks_mut(CHUNK));
+                // Streaming stores only for a variable whose seven arrays outgrow a core's cache.
+                let stream = n >= 1 << 18;
                 outs.zip(ins).for_each(|(((wo, mo), vo), (((w, g), m), v))| {
-                    cpu::adam::chunk([w, g, m, v], cpu::adam::Outs { w: wo, m: mo, v: vo }, &p)
+                    cpu::adam::chunk([w, g, m, v], cpu::adam::Outs { w: wo, m: mo, v: vo }, &p, stream)
                 });
                 // SAFETY: the inputs are contiguous from offset 0 with at least n elements each
                 // (checked shapes, made contiguous above), so the zipped chunks cover 0..n of

@@ -1,6 +1,6 @@
 //! The Cpu kernels' fast paths against plain f64 loops, on awkward shapes: matmul cut into
 //! column blocks per core (transposed operands, batches, sizes that are no multiple of the block),
-//! elementwise ops on contiguous rows and on strided views, max and min (NaN and infinities
+//! elementwise ops on contiguous rows (long ones cut into pieces) and on strided views, max and min (NaN and infinities
 //! included), and the Adam step.
 
 mod common;
@@ -97,6 +97,34 @@ proptest! {
             }
         }
     }
+}
+
+/// A batch of no matrices multiplies to an empty result, not an Err about the layouts.
+#[test]
+fn an_empty_batch_multiplies_to_nothing() -> Result<()> {
+    let d = Device::Cpu;
+    let p = Tensor::zeros(&[0, 3, 4], &d)?.matmul(&Tensor::zeros(&[0, 4, 5], &d)?)?;
+    assert_eq!(p.dims(), &[0, 3, 5]);
+    Ok(())
+}
+
+/// A long contiguous tensor is one row, cut into pieces over the cores: every piece, the last
+/// short one included, is written with the op's value (and a strided view of it too).
+#[test]
+fn one_long_row_is_cut_into_pieces_and_each_is_written() -> Result<()> {
+    let d = Device::Cpu;
+    for n in [65_536, 100_003, 3 * 32_768 + 1] {
+        let x = Tensor::rand(-3.0, 3.0, &[n], 7, &d)?;
+        let xv = vals(&x);
+        let exp: Vec<f32> = xv.iter().map(|&v| (v as f64).exp() as f32).collect();
+        assert_close(&vals(&x.exp()?), &exp, 1e-6, "exp of one long row");
+        let sum: Vec<f32> = xv.iter().map(|&v| v + v).collect();
+        assert_close(&vals(&x.add(&x)?), &sum, 0.0, "x + x of one long row");
+        let wide = x.reshape(&[1, n])?.broadcast_to(&[2, n])?;
+        let relu: Vec<f32> = xv.iter().chain(&xv).map(|v| v.max(0.0)).collect();
+        assert_close(&vals(&wide.relu()?), &relu, 0.0, "relu of two long broadcast rows");
+    }
+    Ok(())
 }
 
 #[test]

@@ -550,10 +550,10 @@ impl Model {
         // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
         // one device it is refused rather than written into every weight (a sharded model's
         // coordinated optimizer skips such a step on every rank instead). The losses and each
-        // gradient's sum come back in one read: a sum is finite only if every value is.
-        let checked = if self.tp.is_none() { gradient_sums(&vars, &grads)? } else { Vec::new() };
+        // gradient's figures (see `gradient_figures`) come back in one read.
+        let checked = if self.tp.is_none() { gradient_figures(&vars, &grads)? } else { Vec::new() };
         let mut parts = vec![losses];
-        parts.extend(checked.iter().map(|(_, _, sum)| sum.clone()));
+        parts.extend(checked.iter().map(|c| c.figures.clone()));
         let figures = Tensor::concat(&parts, 0)?.to_vec::<f32>()?;
         let k = figs.len();
         let value = figures[0];
@@ -562,11 +562,19 @@ impl Model {
             self.loss_not_finite = true;
             return Err(Error::invalid("fit", format!("the loss of this batch is {v}; {not_applied}")));
         }
-        for ((p, g, _), _) in checked.iter().zip(&figures[k..]).filter(|(_, sum)| !sum.is_finite()) {
-            // The sum may only have overflowed: the largest and smallest value tell (any NaN
-            // shows in both, +inf in the first, -inf in the second).
-            if let Some(v) = gradient_ends(g)?.into_iter().find(|v| !v.is_finite()) {
-                return Err(Error::invalid("fit", format!("the gradient of {p} holds {v}; {not_applied}")));
+        let mut at = k;
+        for c in &checked {
+            let n = c.figures.numel();
+            let mine = &figures[at..at + n];
+            at += n;
+            if mine.iter().all(|v| v.is_finite()) {
+                continue;
+            }
+            // A sum may only have overflowed: the largest and smallest value tell (any NaN shows
+            // in both, +inf in the first, -inf in the second).
+            let ends = if c.is_sum { gradient_ends(&c.grad)?.to_vec::<f32>()? } else { mine.to_vec() };
+            if let Some(v) = ends.into_iter().find(|v| !v.is_finite()) {
+                return Err(Error::invalid("fit", format!("the gradient of {} holds {v}; {not_applied}", c.path)));
             }
         }
         let mut batch_counts = Vec::with_capacity(counts.len());
@@ -1261,26 +1269,36 @@ impl Model {
     }
 }
 
-/// Each gradient with its sum, a `[1]` tensor on the device, by variable path: a NaN or an
-/// infinity anywhere makes the sum NaN or infinite (+inf and -inf meet as NaN), so a finite sum
-/// clears the whole gradient in one read of it.
-fn gradient_sums<'a>(
-    vars: &'a [(String, Var)],
-    grads: &weft_core::GradStore,
-) -> Result<Vec<(&'a String, Tensor, Tensor)>> {
+/// What the step reads back to check one gradient for NaN and infinities.
+struct GradientCheck<'a> {
+    path: &'a str,
+    grad: Tensor,
+    /// On the Cpu the gradient's sum (`[1]`): a NaN or an infinity anywhere makes it NaN or
+    /// infinite (+inf and -inf meet as NaN), so a finite sum clears the whole gradient in one
+    /// read of it. On a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
+    /// largest and smallest value (`[2]`, found by the reductions' bit tests).
+    figures: Tensor,
+    is_sum: bool,
+}
+
+fn gradient_figures<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore) -> Result<Vec<GradientCheck<'a>>> {
     no_grad(|| {
         vars.iter()
             .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
-            .map(|(p, g)| Ok((p, g.clone(), g.sum_all()?.reshape(&[1])?)))
+            .map(|(p, g)| {
+                let is_sum = !g.device().is_gpu();
+                let figures = if is_sum { g.sum_all()?.reshape(&[1])? } else { gradient_ends(g)? };
+                Ok(GradientCheck { path: p, grad: g.clone(), figures, is_sum })
+            })
             .collect()
     })
 }
 
-/// The largest and the smallest value of a gradient, read back.
-fn gradient_ends(g: &Tensor) -> Result<Vec<f32>> {
+/// The largest and the smallest value of a gradient, a `[2]` tensor on its device.
+fn gradient_ends(g: &Tensor) -> Result<Tensor> {
     no_grad(|| {
         let axes: Vec<isize> = (0..g.rank() as isize).collect();
-        Tensor::concat(&[g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?], 0)?.to_vec::<f32>()
+        Tensor::concat(&[g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?], 0)
     })
 }
 

@@ -14,7 +14,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch = Layout::contiguous(&la.shape()[..r - 2]);
     let nb = batch.numel();
-    if m * n * k == 0 {
+    if [nb, m, n, k].contains(&0) {
         // No products to sum: every output is 0 (and nothing is read).
         return Ok(f32_storage(try_zeros(nb * m * n)?));
     }
@@ -39,7 +39,9 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     // A transposed left matrix (its columns adjacent in memory) slows the engine's packing by up
     // to a fifth on the backward's `x^T @ g`; a tiled copy into rows costs m*k against m*k*n.
     let lhs_rows;
-    let (x, ars, acs, aoffs) = if ars == 1 && acs > 1 && m > 1 && n >= 64 && work >= 1 << 20 {
+    // (Not for a left matrix broadcast over the batch: the copy would repeat it per entry.)
+    let broadcast = la.strides()[..r - 2].iter().zip(&la.shape()[..r - 2]).any(|(&s, &d)| s == 0 && d > 1);
+    let (x, ars, acs, aoffs) = if ars == 1 && acs > 1 && m > 1 && n >= 64 && work >= 1 << 20 && !broadcast {
         lhs_rows = super::strided_copy::to_contiguous(x, la)?;
         (&lhs_rows[..], k as isize, 1, (0..nb).map(|i| i * m * k).collect())
     } else {

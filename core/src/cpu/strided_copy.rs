@@ -42,8 +42,14 @@ pub fn to_contiguous(data: &[f32], layout: &Layout) -> Result<Vec<f32>> {
     // a block is one matrix (its rows are `i + j * step` from that matrix's start), otherwise one
     // row each.
     let (rows_in_block, outer) = if tiled { (shape[r - 2], r - 2) } else { (1, r - 1) };
-    let starts: Vec<usize> =
-        Layout::new(shape[..outer].into(), st[..outer].into(), layout.offset()).offsets().collect();
+    let table = Layout::new(shape[..outer].into(), st[..outer].into(), layout.offset());
+    // As large as the output for rows of two: refused memory is an Err, as for the output.
+    let mut starts: Vec<usize> = Vec::new();
+    starts.try_reserve_exact(table.numel()).map_err(|_| crate::Error::OutOfMemory {
+        bytes: (table.numel() as u64).saturating_mul(8),
+        device: "cpu".into(),
+    })?;
+    starts.extend(table.offsets());
     let dst = &mut out.spare_capacity_mut()[..numel];
     // Output rows `first..first + chunk.len() / cols` into `chunk`.
     let copy_rows = |first: usize, chunk: &mut [MaybeUninit<f32>]| {
@@ -83,8 +89,9 @@ pub fn to_contiguous(data: &[f32], layout: &Layout) -> Result<Vec<f32>> {
         }
     };
     if numel >= PAR_MIN {
-        // Chunks of whole rows, a multiple of TILE rows each so tiles are not cut.
-        let rows_per = (PAR_MIN / cols).max(1).div_ceil(TILE) * TILE;
+        // Chunks of whole rows (for a transpose, a multiple of TILE rows, so tiles are not cut).
+        let rows_per = (PAR_MIN / cols).max(1);
+        let rows_per = if tiled { rows_per.div_ceil(TILE) * TILE } else { rows_per };
         dst.par_chunks_mut(rows_per * cols).enumerate().for_each(|(t, c)| copy_rows(t * rows_per, c));
     } else {
         copy_rows(0, dst);
@@ -123,7 +130,11 @@ mod tests {
             let shape: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
             let mut strides: Vec<usize> = perm.iter().map(|&p| base.strides()[p]).collect();
             match odd {
-                0 => strides[0] = 0,
+                // A broadcast axis anywhere (the innermost included).
+                0 => {
+                    let at = perm_seed % strides.len();
+                    strides[at] = 0
+                }
                 1 => *strides.last_mut().unwrap() *= 2,
                 _ => {}
             }
