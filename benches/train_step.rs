@@ -4,19 +4,11 @@
 mod common;
 
 use std::time::Duration;
-use weft::nn::layers::Dense;
-use weft::nn::optim::Adam;
-use weft::nn::{Activation, Loss, Model, Sequential};
 use weft::prelude::*;
 
 fn main() -> Result<()> {
     for dev in common::devices() {
-        let net = Sequential::new()
-            .add(Dense::new(1024).activation(Activation::Relu))
-            .add(Dense::new(1024).activation(Activation::Relu))
-            .add(Dense::new(10));
-        let mut model = Model::new(net, &dev);
-        model.compile(Adam::new(1e-3), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[])?;
+        let mut model = common::mlp(&dev)?;
         let x = Tensor::rand(0.0, 1.0, &[256, 784], 1, &dev)?;
         let labels: Vec<u32> = (0..256).map(|i| (i * 7 % 10) as u32).collect();
         let y = Tensor::from_vec(labels, &[256], &dev)?;

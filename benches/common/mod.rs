@@ -56,3 +56,16 @@ pub fn report(bench: &str, dev: &Device, size: &str, value: f64, unit: &str) {
         "{{\"bench\":\"{bench}\",\"device\":\"{device}\",\"size\":\"{size}\",\"value\":{value:.3},\"unit\":\"{unit}\"}}"
     );
 }
+
+/// The peers' MLP on `dev`: 784-1024-1024-10, ReLU, softmax cross-entropy on logits, Adam 1e-3.
+pub fn mlp(dev: &Device) -> Result<weft::nn::Model> {
+    use weft::nn::layers::Dense;
+    use weft::nn::{Activation, Loss, Model, Sequential, optim::Adam};
+    let net = Sequential::new()
+        .add(Dense::new(1024).activation(Activation::Relu))
+        .add(Dense::new(1024).activation(Activation::Relu))
+        .add(Dense::new(10));
+    let mut model = Model::new(net, dev);
+    model.compile(Adam::new(1e-3), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[])?;
+    Ok(model)
+}

@@ -8,7 +8,7 @@ set -euo pipefail
 threads="${1:-2}"
 rounds="${ROUNDS:-3}"
 model="$(bash scripts/fetch_minilm.sh)"
-python3 -c "import onnx, onnxruntime" 2>/dev/null || python3 -m pip install --quiet onnx onnxruntime >&2
+python3 -c "import numpy, onnx, onnxruntime, tokenizers" 2>/dev/null || python3 -m pip install --quiet numpy onnx onnxruntime tokenizers >&2
 cargo bench --bench minilm --no-run >&2
 ratios=()
 for r in $(seq "$rounds"); do

@@ -152,3 +152,105 @@ fn the_adam_step_matches_its_formula_in_f64() -> Result<()> {
     assert_close(&vals(&w2), &ww, 1e-5, "w");
     Ok(())
 }
+
+/// Softmax, log-softmax and layer norm of `x` ([rows, n], contiguous values) in f64.
+fn reference_rows(x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (mut sm, mut lsm, mut ln) = (Vec::new(), Vec::new(), Vec::new());
+    for r in x.chunks(n) {
+        let r: Vec<f64> = r.iter().map(|&v| v as f64).collect();
+        let max = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = r.iter().map(|v| (v - max).exp()).sum();
+        sm.extend(r.iter().map(|v| ((v - max).exp() / sum) as f32));
+        lsm.extend(r.iter().map(|v| (v - max - sum.ln()) as f32));
+        let mean = r.iter().sum::<f64>() / n as f64;
+        let var = r.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+        ln.extend(r.iter().map(|v| ((v - mean) / (var + 1e-5).sqrt() * 1.5 - 0.25) as f32));
+    }
+    (sm, lsm, ln)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Row ops on rows of every length class (shorter than, equal to and longer than the eight
+    /// lanes and the 128-value sum block) and row counts that make one task or many, on
+    /// contiguous input and on a transposed view.
+    #[test]
+    fn row_ops_match_f64(rows in prop::sample::select(vec![1usize, 3, 129, 700]),
+                         n in prop::sample::select(vec![1usize, 7, 8, 9, 32, 129, 300]),
+                         transposed in any::<bool>(), seed in 0u64..1000) {
+        let d = Device::Cpu;
+        let x = if transposed {
+            Tensor::rand(-4.0, 4.0, &[n, rows], seed, &d).unwrap().t().unwrap()
+        } else {
+            Tensor::rand(-4.0, 4.0, &[rows, n], seed, &d).unwrap()
+        };
+        let (sm, lsm, ln) = reference_rows(&vals(&x.contiguous().unwrap()), n);
+        let what = format!("rows {rows} n {n} transposed {transposed}");
+        assert_close(&vals(&x.softmax(-1).unwrap()), &sm, 1e-5, &format!("softmax {what}"));
+        assert_close(&vals(&x.log_softmax(-1).unwrap()), &lsm, 1e-5, &format!("log_softmax {what}"));
+        let g = Tensor::full(1.5, &[n], &d).unwrap();
+        let b = Tensor::full(-0.25, &[n], &d).unwrap();
+        // A row of one value has no spread: its variance is 0 and its output beta.
+        assert_close(&vals(&x.layer_norm(&g, &b, 1e-5).unwrap()), &ln, 2e-4, &format!("layer_norm {what}"));
+    }
+
+    /// `[b, t, k] @ [k, n]` runs as one product over all b*t rows when the rows merge without a
+    /// copy, and as a batch otherwise (a permuted left operand): both equal each entry's own
+    /// product, and their gradients equal those of the batch written out entry by entry.
+    #[test]
+    fn rows_times_one_matrix_match_entry_by_entry(b in 1usize..4, t in 1usize..9, k in 1usize..40, n in 1usize..70,
+                                                 permuted in any::<bool>(), seed in 0u64..1000) {
+        let d = Device::Cpu;
+        let x = if permuted {
+            Tensor::rand(-1.0, 1.0, &[t, b, k], seed, &d).unwrap().permute(&[1, 0, 2]).unwrap()
+        } else {
+            Tensor::rand(-1.0, 1.0, &[b, t, k], seed, &d).unwrap()
+        };
+        let w = weft_core::Var::new(Tensor::rand(-1.0, 1.0, &[k, n], seed + 1, &d).unwrap()).unwrap();
+        let xv = weft_core::Var::new(x.contiguous().unwrap()).unwrap();
+        let x_in = if permuted { x.clone() } else { xv.as_tensor().clone() };
+        let y = x_in.matmul(w.as_tensor()).unwrap();
+        prop_assert_eq!(y.dims(), &[b, t, n][..]);
+        let entries: Vec<Tensor> = (0..b).map(|i| xv.as_tensor().narrow(0, i, 1).unwrap().squeeze(0).unwrap()
+            .matmul(w.as_tensor()).unwrap()).collect();
+        let want = Tensor::stack(&entries, 0).unwrap();
+        assert_close(&vals(&y), &vals(&want), 1e-5, "forward");
+        // The weight's gradient of a weighted sum, both ways.
+        let r = Tensor::rand(-1.0, 1.0, &[b, t, n], seed + 2, &d).unwrap();
+        let g1 = y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        let g2 = want.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_close(&vals(g1.get(w.as_tensor()).unwrap()), &vals(g2.get(w.as_tensor()).unwrap()), 1e-4, "weight gradient");
+        if !permuted {
+            assert_close(&vals(g1.get(xv.as_tensor()).unwrap()), &vals(g2.get(xv.as_tensor()).unwrap()), 1e-5, "input gradient");
+        }
+    }
+
+    /// Concat writes each part (contiguous or a transposed view) as rows; casts gather a strided
+    /// f32 view by rows before converting.
+    #[test]
+    fn concat_and_casts_of_views_match(r in 1usize..40, c in 1usize..40, axis in 0usize..2, seed in 0u64..1000) {
+        let d = Device::Cpu;
+        let a = Tensor::rand(-100.0, 100.0, &[r, c], seed, &d).unwrap();
+        let bt = Tensor::rand(-100.0, 100.0, &[c, r], seed + 1, &d).unwrap().t().unwrap();
+        let (av, bv) = (vals(&a), vals(&bt.contiguous().unwrap()));
+        let got = vals(&Tensor::concat(&[a.clone(), bt.clone(), a.clone()], axis as isize).unwrap());
+        let mut want = Vec::new();
+        if axis == 0 {
+            want.extend(&av);
+            want.extend(&bv);
+            want.extend(&av);
+        } else {
+            for i in 0..r {
+                want.extend(&av[i * c..(i + 1) * c]);
+                want.extend(&bv[i * c..(i + 1) * c]);
+                want.extend(&av[i * c..(i + 1) * c]);
+            }
+        }
+        prop_assert_eq!(got, want);
+        let as_i32 = bt.to_dtype(weft_core::DType::I32).unwrap().to_vec::<i32>().unwrap();
+        prop_assert_eq!(as_i32, bv.iter().map(|&v| v as i32).collect::<Vec<_>>());
+        let as_f16 = bt.to_dtype(weft_core::DType::F16).unwrap().to_dtype(weft_core::DType::F32).unwrap();
+        prop_assert_eq!(vals(&as_f16), bv.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect::<Vec<_>>());
+    }
+}

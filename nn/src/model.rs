@@ -553,7 +553,7 @@ impl Model {
         // gradient's figures (see `gradient_figures`) come back in one read.
         let checked = if self.tp.is_none() { gradient_figures(&vars, &grads)? } else { Vec::new() };
         let mut parts = vec![losses];
-        parts.extend(checked.iter().map(|c| c.figures.clone()));
+        parts.extend(checked.iter().flat_map(|c| c.figures.iter().cloned()));
         let figures = Tensor::concat(&parts, 0)?.to_vec::<f32>()?;
         let k = figs.len();
         let value = figures[0];
@@ -564,7 +564,7 @@ impl Model {
         }
         let mut at = k;
         for c in &checked {
-            let n = c.figures.numel();
+            let n = c.figures.len();
             let mine = &figures[at..at + n];
             at += n;
             if mine.iter().all(|v| v.is_finite()) {
@@ -572,7 +572,8 @@ impl Model {
             }
             // A sum may only have overflowed: the largest and smallest value tell (any NaN shows
             // in both, +inf in the first, -inf in the second).
-            let ends = if c.is_sum { gradient_ends(&c.grad)?.to_vec::<f32>()? } else { mine.to_vec() };
+            let ends =
+                if c.is_sum() { Tensor::concat(&gradient_ends(&c.grad)?, 0)?.to_vec::<f32>()? } else { mine.to_vec() };
             if let Some(v) = ends.into_iter().find(|v| !v.is_finite()) {
                 return Err(Error::invalid("fit", format!("the gradient of {} holds {v}; {not_applied}", c.path)));
             }
@@ -1276,9 +1277,16 @@ struct GradientCheck<'a> {
     /// On the Cpu the gradient's sum (`[1]`): a NaN or an infinity anywhere makes it NaN or
     /// infinite (+inf and -inf meet as NaN), so a finite sum clears the whole gradient in one
     /// read of it. On a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
-    /// largest and smallest value (`[2]`, found by the reductions' bit tests).
-    figures: Tensor,
-    is_sum: bool,
+    /// largest and smallest value (two `[1]` tensors, found by the reductions' bit tests), which
+    /// go into the step's one read as they are (no concat of their own).
+    figures: Vec<Tensor>,
+}
+
+impl GradientCheck<'_> {
+    /// Whether the figure is a sum, which may only have overflowed.
+    fn is_sum(&self) -> bool {
+        self.figures.len() == 1
+    }
 }
 
 fn gradient_figures<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore) -> Result<Vec<GradientCheck<'a>>> {
@@ -1286,19 +1294,19 @@ fn gradient_figures<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore)
         vars.iter()
             .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
             .map(|(p, g)| {
-                let is_sum = !g.device().is_gpu();
-                let figures = if is_sum { g.sum_all()?.reshape(&[1])? } else { gradient_ends(g)? };
-                Ok(GradientCheck { path: p, grad: g.clone(), figures, is_sum })
+                let figures =
+                    if g.device().is_gpu() { gradient_ends(g)?.to_vec() } else { vec![g.sum_all()?.reshape(&[1])?] };
+                Ok(GradientCheck { path: p, grad: g.clone(), figures })
             })
             .collect()
     })
 }
 
-/// The largest and the smallest value of a gradient, a `[2]` tensor on its device.
-fn gradient_ends(g: &Tensor) -> Result<Tensor> {
+/// The largest and the smallest value of a gradient, each a `[1]` tensor on its device.
+fn gradient_ends(g: &Tensor) -> Result<[Tensor; 2]> {
     no_grad(|| {
         let axes: Vec<isize> = (0..g.rank() as isize).collect();
-        Tensor::concat(&[g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?], 0)
+        Ok([g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?])
     })
 }
 

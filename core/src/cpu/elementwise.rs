@@ -54,10 +54,12 @@ fn run<const N: usize>(
     out.reserve_exact(numel);
     // Every element is written once, straight into the spare capacity: no zero fill first.
     let dst = &mut out.spare_capacity_mut()[..numel];
+    // Whether every operand's rows are adjacent in memory: decided once, for every piece.
+    let dense = rows.steps.iter().all(|&s| s == 1);
     // Elements `j0..j0 + o.len()` of row `i`.
     let piece = |i: usize, j0: usize, o: &mut [MaybeUninit<f32>]| {
         let base: [usize; N] = std::array::from_fn(|k| rows.starts[k][i] + j0 * rows.steps[k]);
-        if rows.steps.iter().all(|&s| s == 1) {
+        if dense {
             // Each operand's row as a slice of exactly the row's length: no bounds check inside
             // the loop, so it vectorises.
             let ins: [&[f32]; N] = std::array::from_fn(|k| &data[k][base[k]..base[k] + o.len()]);
@@ -116,7 +118,7 @@ unsafe fn dense_row_avx2<const N: usize>(o: &mut [MaybeUninit<f32>], ins: [&[f32
 
 /// Whether the CPU has AVX2 (the standard library caches the answer).
 #[cfg(target_arch = "x86_64")]
-fn avx2() -> bool {
+pub(super) fn avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
 }
 
@@ -215,33 +217,50 @@ pub fn where_cond(
 /// Convert to another dtype (f32 <-> f16 rounds to nearest; float -> integer truncates toward zero
 /// and saturates, NaN becoming 0: a plain cast that validates nothing, see `Tensor::to_index`).
 pub fn cast(s: &CpuStorage, l: &Layout, to: DType) -> Result<CpuStorage> {
-    if let (CpuStorage::F32(v), DType::F32) = (s, to) {
-        return Ok(f32_storage(super::strided_copy::to_contiguous(v, l)?));
+    // Integers convert directly, so values above 2^24 survive an integer-to-integer cast.
+    match (s, to) {
+        (CpuStorage::U32(v), DType::U32) => return Ok(CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o]).collect()))),
+        (CpuStorage::I32(v), DType::I32) => return Ok(CpuStorage::I32(Arc::new(l.offsets().map(|o| v[o]).collect()))),
+        (CpuStorage::U32(v), DType::I32) => {
+            return Ok(CpuStorage::I32(Arc::new(l.offsets().map(|o| v[o] as i32).collect())));
+        }
+        (CpuStorage::I32(v), DType::U32) => {
+            return Ok(CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o] as u32).collect())));
+        }
+        _ => {}
     }
+    // Everything else goes through f32; f32 data is gathered by rows (`strided_copy`).
     let as_f32: Vec<f32> = match s {
-        CpuStorage::F32(v) => l.offsets().map(|o| v[o]).collect(),
+        CpuStorage::F32(v) => super::strided_copy::to_contiguous(v, l)?,
         CpuStorage::F16(v) => l.offsets().map(|o| v[o].to_f32()).collect(),
         CpuStorage::U32(v) => l.offsets().map(|o| v[o] as f32).collect(),
         CpuStorage::I32(v) => l.offsets().map(|o| v[o] as f32).collect(),
     };
-    // Integers convert directly, so values above 2^24 survive an integer-to-integer cast.
-    Ok(match (s, to) {
-        (CpuStorage::U32(v), DType::U32) => CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o]).collect())),
-        (CpuStorage::I32(v), DType::I32) => CpuStorage::I32(Arc::new(l.offsets().map(|o| v[o]).collect())),
-        (CpuStorage::U32(v), DType::I32) => CpuStorage::I32(Arc::new(l.offsets().map(|o| v[o] as i32).collect())),
-        (CpuStorage::I32(v), DType::U32) => CpuStorage::U32(Arc::new(l.offsets().map(|o| v[o] as u32).collect())),
-        (_, DType::F32) => f32_storage(as_f32),
-        (_, DType::F16) => CpuStorage::F16(Arc::new(as_f32.iter().map(|&x| f16::from_f32(x)).collect())),
-        (_, DType::U32) => CpuStorage::U32(Arc::new(as_f32.iter().map(|&x| x as u32).collect())),
-        (_, DType::I32) => CpuStorage::I32(Arc::new(as_f32.iter().map(|&x| x as i32).collect())),
+    Ok(match to {
+        DType::F32 => f32_storage(as_f32),
+        DType::F16 => CpuStorage::F16(Arc::new(as_f32.iter().map(|&x| f16::from_f32(x)).collect())),
+        DType::U32 => CpuStorage::U32(Arc::new(as_f32.iter().map(|&x| x as u32).collect())),
+        DType::I32 => CpuStorage::I32(Arc::new(as_f32.iter().map(|&x| x as i32).collect())),
     })
 }
 
-/// Copy the elements of `src` (layout `ls`) into `dst` at the positions of layout `ld` (same shape).
+/// Copy the elements of `src` (layout `ls`) into `dst` at the positions of layout `ld` (same
+/// shape): concat's writes of each part. The source is read in row-major order (`strided`, which
+/// borrows contiguous data and copies anything else by rows); a destination whose rows are
+/// adjacent in memory (a narrow of a contiguous tensor, as concat's are) takes them as slices.
 pub fn copy_into(src: &CpuStorage, ls: &Layout, dst: &mut [f32], ld: &Layout) -> Result<()> {
-    let x = src.f32s("copy_into")?;
-    for (o_src, o_dst) in ls.offsets().zip(ld.offsets()) {
-        dst[o_dst] = x[o_src];
+    let x = super::strided(src.f32s("copy_into")?, ls)?;
+    let r = ld.rank();
+    let n = ld.shape().last().copied().unwrap_or(1);
+    if r == 0 || n == 0 || ld.strides()[r - 1] != 1 {
+        for (v, o) in x.iter().zip(ld.offsets()) {
+            dst[o] = *v;
+        }
+        return Ok(());
+    }
+    let starts = Layout::new(ld.shape()[..r - 1].into(), ld.strides()[..r - 1].into(), ld.offset());
+    for (row, o) in x.chunks_exact(n).zip(starts.offsets()) {
+        dst[o..o + n].copy_from_slice(row);
     }
     Ok(())
 }

@@ -125,14 +125,6 @@ impl Pairwise {
         }
     }
 
-    fn add_one(&mut self, v: f32) {
-        self.lanes[self.filled % 8] += v;
-        self.filled += 1;
-        if self.filled == BLOCK {
-            self.close_block();
-        }
-    }
-
     fn close_block(&mut self) {
         let l = self.lanes;
         self.push(((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
@@ -161,12 +153,11 @@ impl Pairwise {
     }
 }
 
-/// The blocked pairwise sum of `values`, in order (for row ops: softmax, layer norm).
-pub(crate) fn pairwise_sum(values: impl IntoIterator<Item = f32>) -> f32 {
+/// The blocked pairwise sum of `values`, in order (for row ops: softmax, layer norm): eight
+/// lanes at a time, so it vectorises.
+pub(crate) fn pairwise_sum(values: &[f32]) -> f32 {
     let mut p = Pairwise::default();
-    for v in values {
-        p.add_one(v);
-    }
+    p.add(values, 0, values.len(), 1);
     p.finish()
 }
 

@@ -29,6 +29,18 @@ impl Tensor {
         if k != k2 {
             return Err(err());
         }
+        // A stack of rows times one matrix (a Dense layer on `[batch, steps, features]`) is one
+        // product over all the rows when they merge without a copy: the engine packs the matrix
+        // once rather than per batch entry, and the backward's gradient of the matrix is one
+        // product, not a batch of them summed after.
+        if rb == 2 && ra > 2 {
+            let rows: usize = self.dims()[..ra - 1].iter().product();
+            if self.layout().reshape(&[rows, k]).is_some() {
+                let mut shape = self.dims().to_vec();
+                shape[ra - 1] = n;
+                return self.reshape(&[rows, k])?.matmul(rhs)?.reshape(&shape);
+            }
+        }
         let batch = broadcast_shape("matmul", &self.dims()[..ra - 2], &rhs.dims()[..rb - 2]).map_err(|_| err())?;
         let shape_a: Vec<usize> = batch.iter().copied().chain([m, k]).collect();
         let shape_b: Vec<usize> = batch.iter().copied().chain([k, n]).collect();
