@@ -17,10 +17,19 @@ if [ -z "$py" ]; then
 fi
 "$py" -c "import numpy, jax, keras" 2>/dev/null || "$py" -m pip install --quiet numpy "jax[cpu]" keras >&2
 cargo bench --bench train_memory --no-run >&2
+[ "$rounds" -ge 1 ] || { echo "ROUNDS must be at least 1" >&2; exit 2; }
+# Each side's figures, or a message saying which side gave none (its own errors are shown).
+figures() {
+  local who="$1"; shift
+  local out
+  out=$("$@" | grep '"train_' || true)
+  [ -n "$out" ] || { echo "$who printed no resident-memory figures (they are read on Linux only)" >&2; exit 1; }
+  printf '%s\n' "$out"
+}
 lines=()
 for r in $(seq "$rounds"); do
-  w=$(cargo bench --bench train_memory 2>/dev/null | grep '"train_')
-  k=$("$py" benches/peers/mlp_memory.py 2>/dev/null | grep '"train_')
+  w=$(figures weft cargo bench --bench train_memory)
+  k=$(figures keras-jax "$py" benches/peers/mlp_memory.py)
   echo "$w"
   echo "$k"
   lines+=("$(printf '%s\n%s' "$w" "$k" | python3 -c 'import json,sys; print(json.dumps([json.loads(l) for l in sys.stdin if l.strip()]))')")

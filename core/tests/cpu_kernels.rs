@@ -196,12 +196,22 @@ proptest! {
     }
 
     /// `[b, t, k] @ [k, n]` runs as one product over all b*t rows when the rows merge without a
-    /// copy, and as a batch otherwise (a permuted left operand): both equal each entry's own
-    /// product, and their gradients equal those of the batch written out entry by entry.
+    /// copy, and as a batch otherwise (a permuted left operand with b and t above 1): both equal
+    /// each entry's own product, and their gradients equal those of the batch written out entry
+    /// by entry.
     #[test]
-    fn rows_times_one_matrix_match_entry_by_entry(b in 1usize..4, t in 1usize..9, k in 1usize..40, n in 1usize..70,
+    fn rows_times_one_matrix_match_entry_by_entry(b in 2usize..4, t in 2usize..9, k in 1usize..40, n in 1usize..70,
                                                  permuted in any::<bool>(), seed in 0u64..1000) {
         let d = Device::Cpu;
+        // Which way it runs: one 2-D product of b*t rows, or a batch of b.
+        let (_, nodes) = weft_core::trace::trace(|| {
+            let x = Tensor::zeros(&[b, t, k], &Device::Meta)?;
+            let x = if permuted { Tensor::zeros(&[t, b, k], &Device::Meta)?.permute(&[1, 0, 2])? } else { x };
+            x.matmul(&Tensor::zeros(&[k, n], &Device::Meta)?)
+        }).unwrap();
+        let product = nodes.iter().find(|n| n.kind == "matmul").unwrap();
+        let want_shape = if permuted { vec![b, t, n] } else { vec![b * t, n] };
+        prop_assert_eq!(&product.shape, &want_shape);
         let x = if permuted {
             Tensor::rand(-1.0, 1.0, &[t, b, k], seed, &d).unwrap().permute(&[1, 0, 2]).unwrap()
         } else {

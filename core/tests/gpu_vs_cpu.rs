@@ -295,6 +295,25 @@ fn every_matmul_variant_covers_several_workgroups() {
     }
 }
 
+/// A stack of rows times one matrix is one product of all the rows; more row tiles than one
+/// dispatch may have along y (65,535 of 64 rows for the tiled kernel) run as several products,
+/// each written into its rows of the output.
+#[test]
+fn rows_beyond_one_dispatch_run_in_blocks() {
+    let Some(g) = gpu() else { return };
+    // wgpu's default limit, which weft asks for (lavapipe's own).
+    let limit: usize = 65_535 * 64;
+    let (b, k, n) = (3, 2, 1);
+    let t = limit.div_ceil(b) + 13;
+    let a = Tensor::rand(-1.0, 1.0, &[b, t, k], 7, &Device::Cpu).unwrap();
+    let w = Tensor::rand(-1.0, 1.0, &[k, n], 8, &Device::Cpu).unwrap();
+    let want = vals(&a.matmul(&w).unwrap());
+    let (variant, dev) = matmul_devices(&g).into_iter().find(|(v, _)| *v == "matmul/tiled").unwrap();
+    let got = a.to_device(&dev).unwrap().matmul(&w.to_device(&dev).unwrap()).unwrap();
+    assert_eq!(got.dims(), &[b, t, n]);
+    assert_close(&vals(&got), &want, REDUCE_TOL, variant);
+}
+
 #[test]
 fn the_fused_adam_step_matches_cpu() {
     let Some(g) = gpu() else { return };

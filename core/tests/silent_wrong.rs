@@ -198,7 +198,7 @@ fn elementwise_ops_propagate_nan() {
         is(y.maximum(&x).unwrap(), [nan, nan, 2.0], "maximum, NaN on the right");
         is(x.sign().unwrap(), [nan, -1.0, 1.0], "sign");
         is(x.unary(weft_core::ops::UnaryOp::Step).unwrap(), [nan, 0.0, 1.0], "step");
-        // Keras' other activations, each as its own kernel: NaN in, NaN out (and gradients).
+        // Keras' other activations and erf, each as its own kernel: NaN in, NaN out (and gradients).
         for (name, t) in [
             ("softsign", x.softsign()),
             ("softplus", x.softplus()),
@@ -209,6 +209,8 @@ fn elementwise_ops_propagate_nan() {
             ("hard_silu", x.hard_silu()),
             ("leaky_relu", x.leaky_relu(0.2)),
             ("elu", x.elu(1.0)),
+            ("erf", x.erf()),
+            ("gelu_erf", x.gelu_erf()),
         ] {
             let got = vals(&t.unwrap());
             assert!(got[0].is_nan() && got[1..].iter().all(|v| v.is_finite()), "{name} on {dev:?}: {got:?}");
@@ -233,6 +235,8 @@ fn t_op(name: &str) -> weft_core::ops::UnaryOp {
         "hard_sigmoid" => U::HardSigmoid,
         "hard_silu" => U::HardSilu,
         "leaky_relu" => U::LeakyRelu(0.2),
+        "erf" => U::Erf,
+        "gelu_erf" => U::GeluErf,
         _ => U::Elu(1.0),
     }
 }

@@ -49,8 +49,11 @@ fn param(at: u32) -> f32 {
 }
 
 // The error function: x P(x^2) / Q(x^2) on x clamped to [-4, 4], within 5e-7 (the same rational
-// fit, in the same order, as the Cpu reference `ops::erf`).
+// fit, in the same order, as the Cpu reference `ops::erf`); keeps a NaN, which clamp may not.
 fn erf_(x: f32) -> f32 {
+    if (is_nan_(x)) {
+        return x;
+    }
     let c = clamp(x, -4.0, 4.0);
     let u = c * c;
     let p = (((((1.91236e-8 * u - 1.9569466e-6) * u + 1.500411e-4) * u + 4.0954305e-3) * u
@@ -106,7 +109,7 @@ fn min_(a: f32, b: f32) -> f32 {
     return min(a, b);
 }
 
-// tanh: x P(x^2) / Q(x^2) for x in [-9, 9] (beyond, ±1), within 4e-7 (the same rational fit, in the
+// tanh: x P(x^2) / Q(x^2) inside (-9, 9), ±1 from there on, within 4e-7 (the same rational fit, in the
 // same order, as the Cpu reference `ops::tanh`); finite for large |x| on every driver, and keeps a NaN.
 fn tanh_(x: f32) -> f32 {
     if (is_nan_(x)) {

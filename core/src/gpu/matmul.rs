@@ -186,12 +186,28 @@ fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVarian
     if k == 0 {
         return super::fill(&a.ctx, nb * m * n, 0);
     }
+    let max_z = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
+    let rows_per = max_z * v.tile_m;
+    if m > rows_per {
+        // More row tiles than one dispatch may have along y (a stack of rows folded into one
+        // product can reach it): products of row blocks, each copied into its rows of the output.
+        let mut out = GpuStorage::alloc(&a.ctx, nb * m * n, DType::F32)?;
+        let lo = Layout::contiguous(&out_shape(la, lb));
+        for start in (0..m).step_by(rows_per) {
+            let len = rows_per.min(m - start);
+            let part = run(a, &la.narrow(r - 2, start, len)?, b, lb, v)?;
+            let mut shape = out_shape(la, lb);
+            shape[r - 2] = len;
+            super::copy_into(&part, &Layout::contiguous(&shape), &out, &lo.narrow(r - 2, start, len)?)?;
+            out = out.inherit(&[&part]);
+        }
+        return Ok(out);
+    }
     let out = GpuStorage::alloc(&a.ctx, nb * m * n, DType::F32)?;
     let push4 = |info: &mut Vec<u32>, v: &[usize], pad: u32| {
         info.extend(v.iter().map(|&x| x as u32));
         info.extend(std::iter::repeat_n(pad, MAX_BATCH_RANK - v.len()));
     };
-    let max_z = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
     let groups = [n.div_ceil(v.tile_n) as u32, m.div_ceil(v.tile_m) as u32];
     // Batches beyond the z limit go in further dispatches, each starting at `batch_start`.
     let mut start = 0;
