@@ -123,6 +123,12 @@ impl Layout {
         Layout { shape, strides, offset }
     }
 
+    /// The first `k` axes alone, from the same offset: its offsets are where each row (`k` =
+    /// rank - 1) or each matrix (`k` = rank - 2) starts.
+    pub(crate) fn leading(&self, k: usize) -> Self {
+        Layout { shape: self.shape[..k].into(), strides: self.strides[..k].into(), offset: self.offset }
+    }
+
     /// The shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape

@@ -1283,9 +1283,9 @@ struct GradientCheck<'a> {
 }
 
 impl GradientCheck<'_> {
-    /// Whether the figure is a sum, which may only have overflowed.
+    /// Whether the figure is a sum (on the Cpu), which may only have overflowed.
     fn is_sum(&self) -> bool {
-        self.figures.len() == 1
+        !self.grad.device().is_gpu()
     }
 }
 
@@ -1295,7 +1295,7 @@ fn gradient_figures<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore)
             .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
             .map(|(p, g)| {
                 let figures =
-                    if g.device().is_gpu() { gradient_ends(g)?.to_vec() } else { vec![g.sum_all()?.reshape(&[1])?] };
+                    if g.device().is_gpu() { gradient_ends(g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] };
                 Ok(GradientCheck { path: p, grad: g.clone(), figures })
             })
             .collect()

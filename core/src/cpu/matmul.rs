@@ -23,9 +23,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let (ars, acs) = (la.strides()[r - 2] as isize, la.strides()[r - 1] as isize);
     let (brs, bcs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
     // Offsets of each batch's matrix in a and b.
-    let boff = |l: &Layout| -> Vec<usize> {
-        Layout::new(l.shape()[..r - 2].into(), l.strides()[..r - 2].into(), l.offset()).offsets().collect()
-    };
+    let boff = |l: &Layout| -> Vec<usize> { l.leading(r - 2).offsets().collect() };
     let (aoffs, boffs) = (boff(la), boff(lb));
     // The last element each matrix reads must lie inside its buffer: the bound the unsafe gemm
     // calls below rely on (checked here, not assumed from how the layouts were made).

@@ -338,6 +338,7 @@ pub fn reduce(op: ReduceOp, s: &CpuStorage, l: &Layout, axes: &[usize]) -> Resul
     })
 }
 
-fn oom(bytes: usize) -> Error {
+/// The Err for `bytes` the allocator refused.
+pub(super) fn oom(bytes: usize) -> Error {
     Error::OutOfMemory { bytes: bytes as u64, device: "cpu".into() }
 }

@@ -186,8 +186,9 @@ fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVarian
     if k == 0 {
         return super::fill(&a.ctx, nb * m * n, 0);
     }
-    let max_z = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
-    let rows_per = max_z * v.tile_m;
+    // The adapter's limit of workgroups per dispatch dimension (y for row tiles, z for batches).
+    let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
+    let rows_per = max_groups * v.tile_m;
     if m > rows_per {
         // More row tiles than one dispatch may have along y (a stack of rows folded into one
         // product can reach it): products of row blocks, each copied into its rows of the output.
@@ -196,9 +197,8 @@ fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVarian
         for start in (0..m).step_by(rows_per) {
             let len = rows_per.min(m - start);
             let part = run(a, &la.narrow(r - 2, start, len)?, b, lb, v)?;
-            let mut shape = out_shape(la, lb);
-            shape[r - 2] = len;
-            super::copy_into(&part, &Layout::contiguous(&shape), &out, &lo.narrow(r - 2, start, len)?)?;
+            let block = lo.narrow(r - 2, start, len)?;
+            super::copy_into(&part, &Layout::contiguous(block.shape()), &out, &block)?;
             out = out.inherit(&[&part]);
         }
         return Ok(out);
@@ -212,7 +212,7 @@ fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVarian
     // Batches beyond the z limit go in further dispatches, each starting at `batch_start`.
     let mut start = 0;
     while start < nb {
-        let count = (nb - start).min(max_z);
+        let count = (nb - start).min(max_groups);
         let mut info = vec![
             m as u32,
             n as u32,
