@@ -41,12 +41,29 @@ fn mpirun(n: usize, mode: &str, limit: Duration) -> (Option<i32>, String, Durati
     run_example(n, example(), mode, limit)
 }
 
+/// A fresh, empty directory for one `mpirun`'s session files. Open MPI makes its per-user session
+/// directory under `TMPDIR` with a check-then-mkdir that two jobs started at once can both lose
+/// ("mkdir ... File exists", the job never starts); the tests run their jobs concurrently, so each
+/// gets its own. Short, since Open MPI's socket paths under it are limited to about 100 bytes.
+fn session_dir() -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir =
+        std::env::temp_dir().join(format!("weft-mpi-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary directory for mpirun's session files");
+    dir
+}
+
 fn run_example(n: usize, exe: PathBuf, mode: &str, limit: Duration) -> (Option<i32>, String, Duration) {
+    let tmp = session_dir();
     let mut child = Command::new("mpirun")
         .args(["--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", &n.to_string()])
         .arg(exe)
         .args(mode.split(' '))
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .env("TMPDIR", &tmp)
+        .env("OMPI_MCA_orte_tmpdir_base", &tmp)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -68,6 +85,7 @@ fn run_example(n: usize, exe: PathBuf, mode: &str, limit: Duration) -> (Option<i
     use std::io::Read;
     child.stdout.take().unwrap().read_to_string(&mut text).unwrap();
     child.stderr.take().unwrap().read_to_string(&mut text).unwrap();
+    let _ = std::fs::remove_dir_all(&tmp);
     (status, text, elapsed)
 }
 
