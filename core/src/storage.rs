@@ -237,15 +237,22 @@ impl Storage {
 
     /// The values of `l` (of dtype `from`) as u32 indices, checked to be whole, not negative,
     /// finite and below `bound`; with the flat position of the first value that is not, if any
-    /// (the indices are then not to be used).
-    pub fn index_check(&self, l: &Layout, from: DType, bound: Option<usize>) -> Result<(Storage, Option<usize>)> {
+    /// (the indices are then not to be used). `later`: (what the values are, whether a GPU may
+    /// leave the verdict to the first read of a result, see `Tensor::to_index_later`).
+    pub fn index_check(
+        &self,
+        l: &Layout,
+        from: DType,
+        bound: Option<usize>,
+        later: (&str, bool),
+    ) -> Result<(Storage, Option<usize>)> {
         Ok(match self {
             Storage::Cpu(s) => {
                 let (out, bad) = cpu::index_check(s, l, bound)?;
                 (Storage::Cpu(out), bad)
             }
             Storage::Gpu(s) => {
-                let (out, bad) = gpu::index_check(s, l, from, bound)?;
+                let (out, bad) = gpu::index_check(s, l, from, bound, later)?;
                 (Storage::Gpu(out), bad)
             }
             Storage::Meta => (Storage::Meta, None),

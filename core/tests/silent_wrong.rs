@@ -476,6 +476,11 @@ fn to_index_converts_valid_values() {
         assert_eq!(f.t().unwrap().to_index("labels", None).unwrap().to_vec::<u32>().unwrap(), vec![0, 1, 2, 4]);
         let i = Tensor::from_vec(vec![3i32, 0], &[2], &dev).unwrap();
         assert_eq!(i.to_index("ids", Some(4)).unwrap().to_vec::<u32>().unwrap(), vec![3, 0]);
+        assert_eq!(
+            f.t().unwrap().to_index_later("labels", Some(5)).unwrap().to_vec::<u32>().unwrap(),
+            vec![0, 1, 2, 4]
+        );
+        assert_eq!(i.to_index_later("ids", Some(4)).unwrap().to_vec::<u32>().unwrap(), vec![3, 0]);
         let u = Tensor::from_vec(vec![7u32], &[1], &dev).unwrap();
         let out = u.to_index("ids", Some(8)).unwrap();
         assert_eq!((out.dtype(), out.to_vec::<u32>().unwrap()), (DType::U32, vec![7]));
@@ -511,6 +516,12 @@ fn to_index_refuses_what_is_not_an_index() {
         for (t, bound, value, at) in cases {
             let e = err_text(t.to_index("batch labels", bound));
             assert!(e.contains("batch labels") && e.contains(value) && e.contains(at), "{dev:?}: {e}");
+            // Left to the first read (on a GPU): the same Err, from the result and from what is
+            // computed from it.
+            let later = t.to_index_later("batch labels", bound);
+            let derived = later.as_ref().map_err(Clone::clone).and_then(|i| i.to_dtype(DType::F32)?.sum_all());
+            assert_eq!(err_text(later.and_then(|i| i.to_vec::<u32>())), e, "{dev:?}");
+            assert_eq!(err_text(derived.and_then(|d| d.to_vec::<f32>())), e, "{dev:?}");
             if let Some(b) = bound {
                 assert!(e.contains(&format!("0..{b}")), "{dev:?}: the bound is named: {e}");
             }

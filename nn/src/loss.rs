@@ -407,14 +407,16 @@ impl Loss {
         Ok((sum, over.map(|o| o.clamp(f32::MIN_POSITIVE, f32::INFINITY)).transpose()?))
     }
 
-    /// The mean loss over the batch, as a 0-dimensional tensor.
+    /// The mean loss over the batch, as a 0-dimensional tensor. A sparse label that is not a
+    /// class is an `Err` naming it: at once on the Cpu; on a GPU from the first read of the loss
+    /// or of anything computed from it (the check does not wait for the device).
     pub fn compute(&self, y_pred: &Tensor, y_true: &Tensor) -> Result<Tensor> {
         match self {
             Loss::Options { .. } => self.compute_weighted(y_pred, y_true, None),
             Loss::SparseCategoricalCrossentropy { from_logits: true } => {
                 // The fused kernel: log-softmax and the pick in one pass.
                 let (y, classes) = sparse_labels(y_pred, y_true)?;
-                Tensor::cross_entropy(y_pred, &y.to_index("labels", Some(classes))?)
+                Tensor::cross_entropy(y_pred, &y.to_index_later("labels", Some(classes))?)
             }
             _ => match self.terms(y_pred, y_true, None)?.0 {
                 Terms::Elements(t) | Terms::Samples(t) => t.mean_all(),
@@ -512,7 +514,7 @@ impl Loss {
                     None => (y, None),
                 };
                 // Every label must be a whole number in 0..classes: -1 or 2.7 is an error, never class 0 or 2.
-                let labels = y.to_index("labels", Some(classes))?;
+                let labels = y.to_index_later("labels", Some(classes))?;
                 let logp = if *from_logits { y_pred.log_softmax(-1)? } else { prob_log(y_pred)? };
                 let picked = logp.gather(-1, &labels.unsqueeze(-1)?)?.squeeze(-1)?;
                 return Ok((Terms::Samples(picked.neg()?), keep));

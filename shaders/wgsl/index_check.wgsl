@@ -8,8 +8,8 @@
 // the host can name its value and position.
 //
 // info: [numel, rank, x_offset, bound, has_bound, shape[8], x_strides[8]]
-// result: [flag, complement of the first bad position], zeroed by the host; the complement makes
-// atomicMax keep the smallest position.
+// result: a fault slot's layout, zeroed by the host: [flag, unused, complement of the first bad
+// position, unused]; the complement makes atomicMax keep the smallest position.
 
 @group(0) @binding(1) var<storage, read> x_buf: array<{{IN}}>;
 @group(0) @binding(2) var<storage, read_write> y_buf: array<u32>;
@@ -27,7 +27,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let ok = c.y == 1u && (info[4] == 0u || c.x < info[3]);
         if (!ok) {
             atomicStore(&result[0], 1u);
-            atomicMax(&result[1], ~i);
+            atomicMax(&result[2], ~i);
         }
         y_buf[i] = select(0u, c.x, ok);
     }

@@ -46,6 +46,20 @@ struct Recorded {
 struct Pending {
     recorded: Vec<Recorded>,
     outstanding: Vec<Arc<FaultSlot>>,
+    activity: Activity,
+}
+
+/// How often the host has waited for a device and how much work it recorded: what shows that a
+/// training step records all its work before it reads anything back (see
+/// [`GpuContext::activity`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Dispatches recorded since the device was opened.
+    pub dispatches: u64,
+    /// Times the host waited for the device: every read-back and every `synchronize`.
+    pub waits: u64,
+    /// Dispatches recorded after the last wait (work the device has not been waited for).
+    pub since_last_wait: u64,
 }
 
 /// An open device on one adapter. Several may be open on the same adapter ("virtual devices").
@@ -258,6 +272,8 @@ impl GpuContext {
         hold.push(info_buf);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         pending.recorded.push(Recorded { kernel: pipeline, bind_group, groups, _hold: hold });
+        pending.activity.dispatches += 1;
+        pending.activity.since_last_wait += 1;
         let mut settle_now = false;
         if let Some(s) = slot {
             pending.outstanding.push(s.clone());
@@ -380,6 +396,8 @@ impl GpuContext {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        pending.activity.waits += 1;
+        pending.activity.since_last_wait = 0;
         let batch = self.submit_locked(&mut pending.recorded, |encoder| {
             if let Some((buf, ..)) = data
                 && end > start
@@ -425,7 +443,7 @@ impl GpuContext {
             // read-back, on the error path only.
             let first = match *seen {
                 Seen::Bad { at, .. } => slot.ids().and_then(|ids| {
-                    let b = self.settle_faults(Some((&ids, u64::from(at) * 4, 4)), &[]).ok()?;
+                    let b = self.settle_faults(Some((&ids, slot.element_at(at) * 4, 4)), &[]).ok()?;
                     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 }),
                 Seen::Clean => None,
@@ -454,6 +472,23 @@ impl GpuContext {
 
     pub(crate) fn forced_matmul(&self) -> Option<super::matmul::MatmulVariant> {
         *self.matmul.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Dispatches recorded and waits so far on this device.
+    ///
+    /// ```no_run
+    /// # fn main() -> weft_core::Result<()> {
+    /// use weft_core::{Device, Tensor};
+    /// let Device::Gpu(gpu) = Device::gpu(0)? else { unreachable!() };
+    /// let before = gpu.activity();
+    /// let y = Tensor::ones(&[4], &Device::Gpu(gpu.clone()))?.exp()?;
+    /// assert!(gpu.activity().since_last_wait > 0); // recorded, not yet waited for
+    /// y.to_vec::<f32>()?;
+    /// assert_eq!(gpu.activity().waits, before.waits + 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn activity(&self) -> Activity {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).activity
     }
 
     /// Current memory figures of this device.

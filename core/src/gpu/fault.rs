@@ -19,18 +19,27 @@
 //! it did not submit.
 
 use super::pool::PooledBuffer;
-use crate::Error;
+use crate::{DType, Error, Layout};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Bytes of one slot: flag, largest bad index, complement of the first bad position, unused.
 pub(crate) const SLOT_BYTES: u64 = 16;
 
+/// What a slot's dispatch checks, for its message.
+enum Check {
+    /// Indices into an axis of this size (index_select, gather and their adjoints); the indices
+    /// buffer is contiguous.
+    Axis(usize),
+    /// Values that must be valid indices (`Tensor::to_index_later`): what they are, their dtype,
+    /// the bound, and where they lie in their buffer.
+    Values { what: String, dtype: DType, bound: Option<usize>, layout: Layout },
+}
+
 /// The fault record of one index dispatch.
 pub(crate) struct FaultSlot {
     /// The op that owns it, for the error message.
     op: &'static str,
-    /// The size of the indexed axis.
-    size: usize,
+    check: Check,
     /// The slot's device buffer and the (contiguous) indices it checks, until settled.
     device: Mutex<Option<(Arc<PooledBuffer>, Arc<PooledBuffer>)>>,
     /// `None` while outstanding; then `Some(None)` when clean, `Some(Some(err))` when it faulted.
@@ -64,7 +73,29 @@ impl Seen {
 impl FaultSlot {
     /// A slot for `op` over an axis of `size`, checking the contiguous indices `ids`.
     pub(crate) fn new(op: &'static str, size: usize, buf: Arc<PooledBuffer>, ids: Arc<PooledBuffer>) -> Self {
-        FaultSlot { op, size, device: Mutex::new(Some((buf, ids))), outcome: OnceLock::new() }
+        FaultSlot { op, check: Check::Axis(size), device: Mutex::new(Some((buf, ids))), outcome: OnceLock::new() }
+    }
+
+    /// A slot for the check of `values` (laid out as `layout`, of `dtype`) as indices below
+    /// `bound`, named `what` in its message.
+    pub(crate) fn values(
+        what: &str,
+        dtype: DType,
+        bound: Option<usize>,
+        layout: &Layout,
+        buf: Arc<PooledBuffer>,
+        values: Arc<PooledBuffer>,
+    ) -> Self {
+        let check = Check::Values { what: what.to_string(), dtype, bound, layout: layout.clone() };
+        FaultSlot { op: "to_index", check, device: Mutex::new(Some((buf, values))), outcome: OnceLock::new() }
+    }
+
+    /// The element of the indices buffer at flat position `at` (to read the bad one back).
+    pub(crate) fn element_at(&self, at: u32) -> u64 {
+        match &self.check {
+            Check::Axis(_) => u64::from(at),
+            Check::Values { layout, .. } => layout.offsets().nth(at as usize).unwrap_or(0) as u64,
+        }
     }
 
     /// The slot's device buffer, while it is still outstanding.
@@ -103,7 +134,24 @@ impl FaultSlot {
         let show = |i: u32| {
             if i > i32::MAX as u32 { format!("{i} (or {} as i32)", i as i32) } else { i.to_string() }
         };
-        let size = self.size;
+        let size = match &self.check {
+            Check::Axis(size) => *size,
+            Check::Values { what, dtype, bound, .. } => {
+                let range = crate::tensor::index_range(*bound);
+                let value = match (first, dtype) {
+                    (Some(b), DType::F32) => f32::from_bits(b).to_string(),
+                    (Some(b), DType::I32) => (b as i32).to_string(),
+                    (Some(b), _) => b.to_string(),
+                    (None, _) => "(not read back)".into(),
+                };
+                return Error::invalid(
+                    self.op,
+                    format!(
+                        "{what}: value {value} at flat position {at} is not a valid index: indices must be {range}"
+                    ),
+                );
+            }
+        };
         let msg = match first {
             Some(i) => format!(
                 "index {} (at flat position {at} of the indices) is out of range for an axis of size {size}",

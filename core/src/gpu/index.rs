@@ -98,29 +98,38 @@ fn accumulate(
 }
 
 /// Check that the values of `l` (of `dtype`: f32, i32 or u32) are valid u32 indices below `bound`
-/// and convert them, in one pass on the device; reads back only the verdict, an 8-byte record of
-/// the first bad flat position.
+/// and convert them, in one pass on the device. `defer`: the output carries the check as a fault
+/// slot, reported by the first read of anything computed from it, and nothing waits here;
+/// otherwise the verdict (the first bad flat position) is read back now.
 pub fn index_check(
     s: &GpuStorage,
     l: &Layout,
     dtype: DType,
     bound: Option<usize>,
+    (what, defer): (&str, bool),
 ) -> Result<(GpuStorage, Option<usize>)> {
     check_rank("to_index", l)?;
     // A bound past u32 adds nothing: the kernel already refuses values from 2^32 up.
-    let (bound, has_bound) = match bound {
+    let (bound32, has_bound) = match bound {
         Some(b) if b <= u32::MAX as usize => (b as u32, 1),
         _ => (0, 0),
     };
     let n = l.numel();
-    let out = GpuStorage::alloc(&s.ctx, n, DType::U32)?.inherit(&[s]);
-    let verdict = s.ctx.upload(&[0; 8])?;
-    let mut info = vec![n as u32, l.rank() as u32, l.offset() as u32, bound, has_bound];
+    let mut out = GpuStorage::alloc(&s.ctx, n, DType::U32)?.inherit(&[s]);
+    let verdict = s.ctx.upload(&[0; SLOT_BYTES as usize])?;
+    let mut info = vec![n as u32, l.rank() as u32, l.offset() as u32, bound32, has_bound];
     push_dims(&mut info, l.shape(), 1);
     push_dims(&mut info, l.strides(), 0);
     let kernel = format!("index_check/{}", dtype.name());
-    s.ctx.dispatch(&kernel, "main", &info, &[&s.buf, &out.buf, &verdict], s.ctx.grid_1d(n))?;
-    let b = s.ctx.read(&verdict, 0, 8, &s.faults)?;
+    let buffers = [&s.buf, &out.buf, &verdict];
+    if defer {
+        let slot = Arc::new(FaultSlot::values(what, dtype, bound, l, verdict.clone(), s.buf.clone()));
+        s.ctx.dispatch_faulting(&kernel, "main", &info, &buffers, s.ctx.grid_1d(n), &slot)?;
+        out.faults.push(slot);
+        return Ok((out, None));
+    }
+    s.ctx.dispatch(&kernel, "main", &info, &buffers, s.ctx.grid_1d(n))?;
+    let b = s.ctx.read(&verdict, 0, SLOT_BYTES, &s.faults)?;
     let word = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
-    Ok((out, (word(0) != 0).then(|| !word(1) as usize)))
+    Ok((out, (word(0) != 0).then(|| !word(2) as usize)))
 }

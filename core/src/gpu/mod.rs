@@ -11,7 +11,7 @@ mod matmul;
 mod pool;
 mod rows;
 
-pub use context::GpuContext;
+pub use context::{Activity, GpuContext};
 pub(crate) use conv::{conv2d, pool2d, pool2d_grad};
 pub(crate) use elementwise::{binary, cast, copy_into, fill, rand_uniform, unary, where_cond};
 pub(crate) use index::{gather, index_add, index_check, index_select, scatter_add};

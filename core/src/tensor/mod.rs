@@ -15,6 +15,7 @@ mod reduce;
 mod to_index;
 mod views;
 pub use host::HostF32;
+pub(crate) use to_index::index_range;
 
 use crate::backprop::Op;
 use crate::storage::Storage;

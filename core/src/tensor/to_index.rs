@@ -26,19 +26,37 @@ impl Tensor {
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn to_index(&self, what: &str, bound: Option<usize>) -> Result<Tensor> {
+        self.index_checked(what, bound, false)
+    }
+
+    /// [`to_index`](Tensor::to_index) without waiting for the device: on a GPU the check runs in
+    /// the same kernel, but a bad value is an `Err` (the same message) from the first read of the
+    /// result or of anything computed from it, as a bad index of `index_select` is. What a
+    /// training step uses for its labels, so that the device runs the whole step before the host
+    /// waits. On the Cpu and the Meta device it is `to_index`.
+    ///
+    /// ```
+    /// # use weft_core::{Device, Tensor};
+    /// let bad = Tensor::from_vec(vec![0f32, 7., 1.], &[3], &Device::Cpu)?;
+    /// let err = bad.to_index_later("labels", Some(3)).unwrap_err().to_string();
+    /// assert!(err.contains("labels: value 7 at flat position 1"), "{err}");
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn to_index_later(&self, what: &str, bound: Option<usize>) -> Result<Tensor> {
+        self.index_checked(what, bound, true)
+    }
+
+    fn index_checked(&self, what: &str, bound: Option<usize>, later: bool) -> Result<Tensor> {
         let from = match self.dtype() {
             // The kernels read 32-bit values; f16 holds every index it can exactly as f32.
             DType::F16 if !matches!(self.device(), Device::Meta) => {
-                return self.to_dtype(DType::F32)?.to_index(what, bound);
+                return self.to_dtype(DType::F32)?.index_checked(what, bound, later);
             }
             d @ (DType::F32 | DType::F16 | DType::I32 | DType::U32) => d,
         };
-        let (storage, bad) = self.storage().index_check(self.layout(), from, bound)?;
+        let (storage, bad) = self.storage().index_check(self.layout(), from, bound, (what, later))?;
         if let Some(at) = bad {
-            let range = match bound {
-                Some(b) => format!("whole numbers in 0..{b}"),
-                None => format!("whole numbers in 0..={}", u32::MAX),
-            };
+            let range = index_range(bound);
             return Err(Error::invalid(
                 "to_index",
                 format!(
@@ -59,5 +77,13 @@ impl Tensor {
             DType::I32 => one.to_vec::<i32>()?[0].to_string(),
             DType::U32 => one.to_vec::<u32>()?[0].to_string(),
         })
+    }
+}
+
+/// What valid indices below `bound` are, for messages.
+pub(crate) fn index_range(bound: Option<usize>) -> String {
+    match bound {
+        Some(b) => format!("whole numbers in 0..{b}"),
+        None => format!("whole numbers in 0..={}", u32::MAX),
     }
 }

@@ -54,6 +54,14 @@ pub trait Optimizer: Send {
     fn last_step_skipped(&self) -> bool {
         false
     }
+    /// A copy of this optimizer as it stands (counters, schedule, slots), which the model puts
+    /// back when a step it has already applied turns out to fail (a loss or gradient that is not
+    /// finite, read back after the update). Slots share their tensors (storage is never written
+    /// in place), so this copies no data. `None`, the default, makes the model read the step's
+    /// figures back and check them before the update instead: on a GPU a wait in mid-step.
+    fn fork(&self) -> Option<Box<dyn Optimizer>> {
+        None
+    }
     /// Check the hyper-parameters (learning rate and schedule, betas, epsilon, clipping, decay):
     /// `compile` calls this, so a bad value is an `Err` naming it before any step runs.
     fn validate(&self) -> Result<()> {
@@ -295,16 +303,16 @@ impl Base {
             if let Some(clip) = self.clip_global_norm
                 && let Some((_, _, first)) = pairs.first()
             {
-                // Summed on the device; one read-back per step, not one per variable.
-                let mut sq = Tensor::zeros(&[], first.device())?;
+                // On the device, with nothing read back: every gradient times clip / max(norm,
+                // clip), exactly 1 when the norm is within the bound.
+                let dev = first.device().clone();
+                let mut sq = Tensor::zeros(&[], &dev)?;
                 for (_, _, g) in &pairs {
                     sq = sq.add(&g.square()?.sum_all()?)?;
                 }
-                let norm = sq.to_scalar::<f32>()?.sqrt();
-                if norm > clip {
-                    for p in pairs.iter_mut() {
-                        p.2 = p.2.mul_scalar(clip / norm)?;
-                    }
+                let scale = Tensor::scalar(clip, &dev)?.div(&sq.sqrt()?.clamp(clip, f32::INFINITY)?)?;
+                for p in pairs.iter_mut() {
+                    p.2 = p.2.mul(&scale)?;
                 }
             }
             let lr = self.lr();
@@ -444,6 +452,9 @@ macro_rules! optimizer_trait {
             fn validate(&self) -> Result<()> {
                 self.base.validate()?;
                 self.check()
+            }
+            fn fork(&self) -> Option<Box<dyn Optimizer>> {
+                Some(Box::new(self.clone()))
             }
         }
     };
@@ -702,5 +713,8 @@ impl Optimizer for Box<dyn Optimizer> {
     }
     fn gradient_accumulation_steps(&self) -> Option<u64> {
         (**self).gradient_accumulation_steps()
+    }
+    fn fork(&self) -> Option<Box<dyn Optimizer>> {
+        (**self).fork()
     }
 }

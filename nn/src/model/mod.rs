@@ -1,6 +1,8 @@
 //! `Model`: a layer plus an optimizer, a loss and metrics, with Keras' `compile`, `fit`,
 //! `evaluate`, `predict` and `summary`.
 
+mod step;
+
 use crate::callback::{Callback, Control};
 use crate::data::Dataset;
 use crate::layer::join;
@@ -457,21 +459,6 @@ impl Model {
         Ok(self.step(&x, &y, &mut [])?.0)
     }
 
-    /// Forward, loss, backward and update; returns the loss and, on a model of several outputs,
-    /// each output's loss.
-    fn step(&mut self, x: &Inputs, y: &Inputs, counts: &mut [Vec<f64>]) -> Result<(f32, Vec<f32>)> {
-        self.ctx.training = true;
-        self.ctx.step += 1;
-        self.loss_not_finite = false;
-        let out = self.step_inner(x, y, counts);
-        if out.is_err() {
-            // A step that failed did not happen: the next one draws the same dropout masks (on a
-            // sharded model, every rank's counter stays equal however far each got).
-            self.ctx.step -= 1;
-        }
-        out
-    }
-
     /// The loss of each head on `preds`, and their weighted sum. On a data axis (`part` of the
     /// batch here) each rank's loss is its share of the whole batch's: scaled by `part`, or,
     /// for a loss with weights or options, divided by the divisor summed over the axis (`sync`).
@@ -515,92 +502,6 @@ impl Model {
         }
         let total = total.ok_or_else(|| Error::invalid("fit", "no output has a loss"))?;
         Ok((total, per))
-    }
-
-    fn step_inner(&mut self, x: &Inputs, y: &Inputs, counts: &mut [Vec<f64>]) -> Result<(f32, Vec<f32>)> {
-        let heads = self.parts()?.1;
-        let (x, y, part) = self.data_part(x, y)?;
-        let (y, weights) = sample_weights::take(&y);
-        let labels = heads.labels("fit", &y)?;
-        let mut ctx = std::mem::replace(&mut self.ctx, Ctx::inference());
-        let preds = self.forward(&x, &mut ctx);
-        // State updates (moving statistics) wait for the step to be applied.
-        let updates = std::mem::take(&mut ctx.updates);
-        let added = std::mem::take(&mut ctx.losses);
-        self.ctx = ctx;
-        let preds = preds?;
-        let sync = self.tp.as_ref().is_some_and(|tp| tp.data.world_size() > 1);
-        let (loss, per) = self.head_losses(&heads, &preds, &labels, weights.as_ref(), (part, sync))?;
-        let loss = self.with_penalties(loss, added, part)?;
-        let grads = loss.backward()?;
-        // Everything that can fail runs before the update, so a step that returns `Err` has
-        // changed nothing: the losses are read back (which also reports a bad label or id found
-        // on a GPU) and must be finite, and the metrics are counted.
-        let mut figs = vec![loss.detach().reshape(&[1])?];
-        if per.len() > 1 {
-            for l in &per {
-                figs.push(l.detach().reshape(&[1])?);
-            }
-        }
-        let mut losses = if figs.len() == 1 { figs[0].clone() } else { Tensor::concat(&figs, 0)? };
-        if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
-            losses = tp.data.all_reduce(&losses, ReduceKind::Sum)?;
-        }
-        let vars = self.trainable_variables();
-        // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
-        // one device it is refused rather than written into every weight (a sharded model's
-        // coordinated optimizer skips such a step on every rank instead). The losses and each
-        // gradient's figures (see `gradient_figures`) come back in one read.
-        let checked = if self.tp.is_none() { gradient_figures(&vars, &grads)? } else { Vec::new() };
-        let mut parts = vec![losses];
-        parts.extend(checked.iter().flat_map(|c| c.figures.iter().cloned()));
-        let figures = Tensor::concat(&parts, 0)?.to_vec::<f32>()?;
-        let k = figs.len();
-        let value = figures[0];
-        let not_applied = "the step was not applied (weights, optimizer state and counters are unchanged)";
-        if let Some(v) = figures[..k].iter().find(|v| !v.is_finite()) {
-            self.loss_not_finite = true;
-            return Err(Error::invalid("fit", format!("the loss of this batch is {v}; {not_applied}")));
-        }
-        let mut at = k;
-        for c in &checked {
-            let n = c.figures.len();
-            let mine = &figures[at..at + n];
-            at += n;
-            if mine.iter().all(|v| v.is_finite()) {
-                continue;
-            }
-            // A sum may only have overflowed: the largest and smallest value tell (any NaN shows
-            // in both, +inf in the first, -inf in the second).
-            let ends =
-                if c.is_sum() { Tensor::concat(&gradient_ends(&c.grad)?, 0)?.to_vec::<f32>()? } else { mine.to_vec() };
-            if let Some(v) = ends.into_iter().find(|v| !v.is_finite()) {
-                return Err(Error::invalid("fit", format!("the gradient of {} holds {v}; {not_applied}", c.path)));
-            }
-        }
-        let mut batch_counts = Vec::with_capacity(counts.len());
-        if !counts.is_empty() {
-            for ((at, o), y) in heads.list.iter().zip(&labels) {
-                // Metrics need the whole output; without metrics a split output is never gathered.
-                let pred = no_grad(|| self.whole(&preds[*at]))?;
-                for m in &o.metrics {
-                    batch_counts.push(self.sum_over_data(m.update(&pred, y, o.loss.base().1)?)?);
-                }
-            }
-        }
-        crate::ctx::check_updates(&updates)?;
-        crate::penalty::in_model::check_constraints(self.net.as_ref())?;
-        let optimizer = self.parts()?.0;
-        optimizer.apply(&vars, &grads)?;
-        if !optimizer.last_step_skipped() {
-            crate::penalty::in_model::apply_constraints(self.net.as_ref(), self.tp.as_ref())?;
-            self.ctx.updates = updates;
-            self.ctx.commit_updates()?;
-        }
-        for (c, b) in counts.iter_mut().zip(batch_counts) {
-            c.iter_mut().zip(b).for_each(|(c, b)| *c += b);
-        }
-        Ok((value, figures[1..k].to_vec()))
     }
 
     /// `loss` plus the weight penalties of the layers' regularizers and the losses the layers
@@ -1268,46 +1169,6 @@ impl Model {
         let optimizer_params = slots.map(|s| s.iter().map(|(_, _, t)| t.numel()).sum::<usize>());
         Ok(crate::summary::render(self.net.as_ref(), &nodes, &[&varied], expand_nested, optimizer_params))
     }
-}
-
-/// What the step reads back to check one gradient for NaN and infinities.
-struct GradientCheck<'a> {
-    path: &'a str,
-    grad: Tensor,
-    /// On the Cpu the gradient's sum (`[1]`): a NaN or an infinity anywhere makes it NaN or
-    /// infinite (+inf and -inf meet as NaN), so a finite sum clears the whole gradient in one
-    /// read of it. On a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
-    /// largest and smallest value (two `[1]` tensors, found by the reductions' bit tests), which
-    /// go into the step's one read as they are (no concat of their own).
-    figures: Vec<Tensor>,
-}
-
-impl GradientCheck<'_> {
-    /// Whether the figure is a sum (on the Cpu), which may only have overflowed.
-    fn is_sum(&self) -> bool {
-        !self.grad.device().is_gpu()
-    }
-}
-
-fn gradient_figures<'a>(vars: &'a [(String, Var)], grads: &weft_core::GradStore) -> Result<Vec<GradientCheck<'a>>> {
-    no_grad(|| {
-        vars.iter()
-            .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
-            .map(|(p, g)| {
-                let figures =
-                    if g.device().is_gpu() { gradient_ends(g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] };
-                Ok(GradientCheck { path: p, grad: g.clone(), figures })
-            })
-            .collect()
-    })
-}
-
-/// The largest and the smallest value of a gradient, each a `[1]` tensor on its device.
-fn gradient_ends(g: &Tensor) -> Result<[Tensor; 2]> {
-    no_grad(|| {
-        let axes: Vec<isize> = (0..g.rank() as isize).collect();
-        Ok([g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?])
-    })
 }
 
 /// Inputs and targets must hold the same positive number of samples along their first axis.

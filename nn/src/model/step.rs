@@ -1,0 +1,224 @@
+//! One training step: forward, loss, backward, update, and the check that makes a failed step
+//! change nothing.
+//!
+//! The step reads back its losses and one or two figures per gradient, and refuses a step whose
+//! loss or gradient is not finite. When the optimizer can [`fork`](Optimizer::fork) (every
+//! built-in one can) and the model is on one device, the update is applied *before* that read:
+//! the device runs forward, backward and update as one stream of work, with no wait in between,
+//! and a step that then turns out to fail is undone on the host by putting back the variables'
+//! tensors and the optimizer as they were (storage is never written in place, so keeping them
+//! costs no copy). Otherwise (a user's optimizer without `fork`, a model split over devices,
+//! whose coordinated optimizer skips bad steps itself) the figures are checked first.
+
+use super::Model;
+use crate::optim::Optimizer;
+use crate::outputs::Heads;
+use crate::{Inputs, sample_weights};
+use weft_core::{Error, GradStore, ReduceKind, Result, Tensor, Var, no_grad};
+
+/// What a step hands back: the loss and, on a model of several outputs, each output's loss.
+type Figures = (f32, Vec<f32>);
+
+impl Model {
+    /// Forward, loss, backward and update; returns the loss and, on a model of several outputs,
+    /// each output's loss. An `Err` leaves every weight, slot and counter as it was.
+    pub(super) fn step(&mut self, x: &Inputs, y: &Inputs, counts: &mut [Vec<f64>]) -> Result<Figures> {
+        self.ctx.training = true;
+        self.ctx.step += 1;
+        self.loss_not_finite = false;
+        let out = self.step_inner(x, y, counts);
+        if out.is_err() {
+            // A step that failed did not happen: the next one draws the same dropout masks (on a
+            // sharded model, every rank's counter stays equal however far each got).
+            self.ctx.step -= 1;
+        }
+        out
+    }
+
+    fn step_inner(&mut self, x: &Inputs, y: &Inputs, counts: &mut [Vec<f64>]) -> Result<Figures> {
+        let heads = self.parts()?.1;
+        let (x, y, part) = self.data_part(x, y)?;
+        let (y, weights) = sample_weights::take(&y);
+        let labels = heads.labels("fit", &y)?;
+        let mut ctx = std::mem::replace(&mut self.ctx, crate::Ctx::inference());
+        let preds = self.forward(&x, &mut ctx);
+        // State updates (moving statistics) wait for the step to be applied.
+        let updates = std::mem::take(&mut ctx.updates);
+        let added = std::mem::take(&mut ctx.losses);
+        self.ctx = ctx;
+        let preds = preds?;
+        let sync = self.tp.as_ref().is_some_and(|tp| tp.data.world_size() > 1);
+        let (loss, per) = self.head_losses(&heads, &preds, &labels, weights.as_ref(), (part, sync))?;
+        let loss = self.with_penalties(loss, added, part)?;
+        let grads = loss.backward()?;
+        let mut figs = vec![loss.detach().reshape(&[1])?];
+        if per.len() > 1 {
+            for l in &per {
+                figs.push(l.detach().reshape(&[1])?);
+            }
+        }
+        let mut losses = if figs.len() == 1 { figs[0].clone() } else { Tensor::concat(&figs, 0)? };
+        if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
+            losses = tp.data.all_reduce(&losses, ReduceKind::Sum)?;
+        }
+        let vars = self.trainable_variables();
+        // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
+        // one device it is refused rather than written into every weight (a sharded model's
+        // coordinated optimizer skips such a step on every rank instead). The losses and each
+        // gradient's figures (see `gradient_figures`) come back in one read.
+        let checked = if self.tp.is_none() { gradient_figures(&vars, &grads)? } else { Vec::new() };
+        let mut parts = vec![losses];
+        parts.extend(checked.iter().flat_map(|c| c.figures.iter().cloned()));
+        let read = Read { figures: Tensor::concat(&parts, 0)?, losses: figs.len(), checked };
+        let wanted = !counts.is_empty();
+        let metrics = |m: &Model| m.count_metrics(&heads, &preds, &labels, wanted);
+        let forked = if self.tp.is_none() { self.parts()?.0.fork() } else { None };
+        let Some(optimizer_before) = forked else {
+            // Everything that can fail runs before the update: the figures are read and checked
+            // (which also reports a bad label or id found on a GPU), and the metrics counted.
+            let figures = self.read_figures(&read)?;
+            let batch = metrics(self)?;
+            self.update(&vars, &grads, updates)?;
+            add_counts(counts, batch);
+            return Ok(figures);
+        };
+        // Applied first, checked after; undone on the host if anything fails.
+        let kept: Vec<(Var, Tensor)> = self
+            .variables()
+            .into_iter()
+            .map(|(_, v)| v)
+            .chain(updates.iter().map(|(v, _)| v.clone()))
+            .map(|v| {
+                let t = v.as_tensor().snapshot();
+                (v, t)
+            })
+            .collect();
+        let out = self.update(&vars, &grads, updates).and_then(|()| Ok((self.read_figures(&read)?, metrics(self)?)));
+        match out {
+            Ok((figures, batch)) => {
+                add_counts(counts, batch);
+                Ok(figures)
+            }
+            Err(e) => {
+                for (v, t) in kept {
+                    v.set(&t)?;
+                }
+                self.optimizer = Some(optimizer_before);
+                Err(e)
+            }
+        }
+    }
+
+    /// Read the step's figures back (one read) and check them: `Err` naming the loss or the
+    /// variable whose gradient is not finite.
+    fn read_figures(&mut self, read: &Read) -> Result<Figures> {
+        let figures = read.figures.to_vec::<f32>()?;
+        let k = read.losses;
+        let not_applied = "the step was not applied (weights, optimizer state and counters are unchanged)";
+        if let Some(v) = figures[..k].iter().find(|v| !v.is_finite()) {
+            self.loss_not_finite = true;
+            return Err(Error::invalid("fit", format!("the loss of this batch is {v}; {not_applied}")));
+        }
+        let mut at = k;
+        for c in &read.checked {
+            let n = c.figures.len();
+            let mine = &figures[at..at + n];
+            at += n;
+            if mine.iter().all(|v| v.is_finite()) {
+                continue;
+            }
+            // A sum may only have overflowed: the largest and smallest value tell (any NaN shows
+            // in both, +inf in the first, -inf in the second).
+            let ends =
+                if c.is_sum() { Tensor::concat(&gradient_ends(&c.grad)?, 0)?.to_vec::<f32>()? } else { mine.to_vec() };
+            if let Some(v) = ends.into_iter().find(|v| !v.is_finite()) {
+                return Err(Error::invalid("fit", format!("the gradient of {} holds {v}; {not_applied}", c.path)));
+            }
+        }
+        Ok((figures[0], figures[1..k].to_vec()))
+    }
+
+    /// Each metric's count on this batch (nothing when `wanted` is false).
+    fn count_metrics(&self, heads: &Heads, preds: &[Tensor], labels: &[Tensor], wanted: bool) -> Result<Vec<Vec<f64>>> {
+        let mut batch = Vec::new();
+        if !wanted {
+            return Ok(batch);
+        }
+        for ((at, o), y) in heads.list.iter().zip(labels) {
+            // Metrics need the whole output; without metrics a split output is never gathered.
+            let pred = no_grad(|| self.whole(&preds[*at]))?;
+            for m in &o.metrics {
+                batch.push(self.sum_over_data(m.update(&pred, y, o.loss.base().1)?)?);
+            }
+        }
+        Ok(batch)
+    }
+
+    /// The optimizer's update, the layers' constraints and state updates (moving statistics).
+    fn update(&mut self, vars: &[(String, Var)], grads: &GradStore, updates: Vec<(Var, Tensor)>) -> Result<()> {
+        crate::ctx::check_updates(&updates)?;
+        crate::penalty::in_model::check_constraints(self.net.as_ref())?;
+        let optimizer = self.parts()?.0;
+        optimizer.apply(vars, grads)?;
+        if !optimizer.last_step_skipped() {
+            crate::penalty::in_model::apply_constraints(self.net.as_ref(), self.tp.as_ref())?;
+            self.ctx.updates = updates;
+            self.ctx.commit_updates()?;
+        }
+        Ok(())
+    }
+}
+
+fn add_counts(counts: &mut [Vec<f64>], batch: Vec<Vec<f64>>) {
+    for (c, b) in counts.iter_mut().zip(batch) {
+        c.iter_mut().zip(b).for_each(|(c, b)| *c += b);
+    }
+}
+
+/// The step's figures on the device, not yet read: the losses first (`losses` of them), then
+/// each checked gradient's.
+struct Read<'a> {
+    figures: Tensor,
+    losses: usize,
+    checked: Vec<GradientCheck<'a>>,
+}
+
+/// What the step reads back to check one gradient for NaN and infinities.
+struct GradientCheck<'a> {
+    path: &'a str,
+    grad: Tensor,
+    /// On the Cpu the gradient's sum (`[1]`): a NaN or an infinity anywhere makes it NaN or
+    /// infinite (+inf and -inf meet as NaN), so a finite sum clears the whole gradient in one
+    /// read of it. On a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
+    /// largest and smallest value (two `[1]` tensors, found by the reductions' bit tests), which
+    /// go into the step's one read as they are (no concat of their own).
+    figures: Vec<Tensor>,
+}
+
+impl GradientCheck<'_> {
+    /// Whether the figure is a sum (on the Cpu), which may only have overflowed.
+    fn is_sum(&self) -> bool {
+        !self.grad.device().is_gpu()
+    }
+}
+
+fn gradient_figures<'a>(vars: &'a [(String, Var)], grads: &GradStore) -> Result<Vec<GradientCheck<'a>>> {
+    no_grad(|| {
+        vars.iter()
+            .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
+            .map(|(p, g)| {
+                let figures =
+                    if g.device().is_gpu() { gradient_ends(g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] };
+                Ok(GradientCheck { path: p, grad: g.clone(), figures })
+            })
+            .collect()
+    })
+}
+
+/// The largest and the smallest value of a gradient, each a `[1]` tensor on its device.
+fn gradient_ends(g: &Tensor) -> Result<[Tensor; 2]> {
+    no_grad(|| {
+        let axes: Vec<isize> = (0..g.rank() as isize).collect();
+        Ok([g.max(&axes, false)?.reshape(&[1])?, g.min(&axes, false)?.reshape(&[1])?])
+    })
+}
