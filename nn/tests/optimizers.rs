@@ -1,6 +1,8 @@
 //! Each optimizer against its formula over several steps, schedules at chosen steps, and
 //! clipping by global norm.
 
+mod common;
+
 use weft_core::{Device, GradStore, Tensor, Var};
 use weft_nn::optim::{Adam, AdamW, LearningRate, Optimizer, RMSprop, Sgd};
 
@@ -146,6 +148,31 @@ fn clipping_scales_every_gradient_by_the_global_norm() {
     close(&b.to_vec::<f32>().unwrap(), &[-1.2]);
     assert_eq!(opt.iterations(), 1);
     assert!(opt.slot("a", "momentum").is_none());
+}
+
+/// A global norm within the bound (or at it) leaves every gradient exactly as it is, on every
+/// device: the factor is chosen on the device, never worked out as clip / clip.
+#[test]
+fn clipping_within_the_bound_changes_no_gradient_by_a_bit() {
+    for dev in [Some(Device::Cpu), common::gpu()].into_iter().flatten() {
+        for clip in [13.0f32, 13.5, 1e6] {
+            let run = |clip: Option<f32>| {
+                let a = Var::new(Tensor::zeros(&[3], &dev).unwrap()).unwrap();
+                let params = vec![("a".to_string(), a.clone())];
+                let mut store = GradStore::default();
+                // Norm sqrt(3^2 + 4^2 + 12^2) = 13.
+                store.insert(a.as_tensor(), Tensor::from_vec(vec![3.0f32, 4.0, 12.0], &[3], &dev).unwrap());
+                let opt = Sgd::new(0.37);
+                let mut opt = match clip {
+                    Some(c) => opt.clip_global_norm(c),
+                    None => opt,
+                };
+                opt.apply(&params, &store).unwrap();
+                a.to_vec::<f32>().unwrap()
+            };
+            assert_eq!(run(Some(clip)), run(None), "{dev:?}, clip {clip}");
+        }
+    }
 }
 
 #[test]

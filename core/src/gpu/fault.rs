@@ -2,7 +2,9 @@
 //!
 //! A kernel cannot return an error, so an index kernel that meets an index past its axis skips it
 //! and records it in a *fault slot*: a 16-byte buffer of its own, zeroed on creation, holding
-//! `[flag, largest bad index, !first bad position]`. The slot belongs to that one dispatch:
+//! `[flag, largest bad index, !first bad position]`. `Tensor::to_index_later`'s check of values
+//! that must be indices (labels) uses the same slot, leaving the second word 0. The slot belongs
+//! to that one dispatch:
 //!
 //! - the output storage carries a handle to the slot, and every storage computed from it carries
 //!   the handles of its inputs (`GpuStorage::inherit`), so a fault follows the data it spoiled;
@@ -40,7 +42,7 @@ pub(crate) struct FaultSlot {
     /// The op that owns it, for the error message.
     op: &'static str,
     check: Check,
-    /// The slot's device buffer and the (contiguous) indices it checks, until settled.
+    /// The slot's device buffer and the indices (or values) it checks, until settled.
     device: Mutex<Option<(Arc<PooledBuffer>, Arc<PooledBuffer>)>>,
     /// `None` while outstanding; then `Some(None)` when clean, `Some(Some(err))` when it faulted.
     outcome: OnceLock<Option<Error>>,

@@ -11,7 +11,7 @@ impl Tensor {
     /// truncated (-1 never becomes 0, 2.7 never becomes 2). Takes f32, f16, i32 or u32.
     ///
     /// The check runs where the data is: on a GPU it is one kernel that checks and converts, and
-    /// one read-back of an 8-byte verdict (so this call waits for the device). On the Meta device,
+    /// one read-back of a 16-byte verdict (so this call waits for the device). On the Meta device,
     /// which holds no values, only the dtype changes.
     ///
     /// [`to_dtype`](Tensor::to_dtype) with `DType::U32` is the plain, unchecked cast.

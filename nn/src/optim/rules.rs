@@ -4,6 +4,7 @@
 
 use super::LearningRate;
 use std::collections::HashMap;
+use weft_core::ops::BinaryOp;
 use weft_core::optim_ops::AdamStep;
 use weft_core::{Error, GradStore, Result, Tensor, Var, no_grad};
 
@@ -54,11 +55,13 @@ pub trait Optimizer: Send {
     fn last_step_skipped(&self) -> bool {
         false
     }
-    /// A copy of this optimizer as it stands (counters, schedule, slots), which the model puts
-    /// back when a step it has already applied turns out to fail (a loss or gradient that is not
-    /// finite, read back after the update). Slots share their tensors (storage is never written
-    /// in place), so this copies no data. `None`, the default, makes the model read the step's
-    /// figures back and check them before the update instead: on a GPU a wait in mid-step.
+    /// A copy of this whole optimizer as it stands (counters, schedule, slots), which the model
+    /// puts back in its place when a step it has already applied turns out to fail (a loss or
+    /// gradient that is not finite, read back after the update). It must share no mutable state
+    /// with `self` (a wrapper copies itself, not only what it wraps); slots may share their
+    /// tensors, since storage is never written in place, so this copies no data. `None`, the
+    /// default, makes the model read the step's figures back and check them before the update
+    /// instead: on a GPU, a wait in mid-step.
     fn fork(&self) -> Option<Box<dyn Optimizer>> {
         None
     }
@@ -303,14 +306,20 @@ impl Base {
             if let Some(clip) = self.clip_global_norm
                 && let Some((_, _, first)) = pairs.first()
             {
-                // On the device, with nothing read back: every gradient times clip / max(norm,
-                // clip), exactly 1 when the norm is within the bound.
+                // On the device, with nothing read back: every gradient times clip / norm when
+                // the norm is past the bound, else times exactly 1 (a division of clip by itself
+                // need not be 1 on a GPU).
                 let dev = first.device().clone();
                 let mut sq = Tensor::zeros(&[], &dev)?;
                 for (_, _, g) in &pairs {
                     sq = sq.add(&g.square()?.sum_all()?)?;
                 }
-                let scale = Tensor::scalar(clip, &dev)?.div(&sq.sqrt()?.clamp(clip, f32::INFINITY)?)?;
+                let norm = sq.sqrt()?;
+                let scale = Tensor::where_cond(
+                    &norm.cmp_scalar(BinaryOp::Gt, clip)?,
+                    &Tensor::scalar(clip, &dev)?.div(&norm)?,
+                    &Tensor::scalar(1.0, &dev)?,
+                )?;
                 for p in pairs.iter_mut() {
                     p.2 = p.2.mul(&scale)?;
                 }
