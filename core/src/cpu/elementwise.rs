@@ -76,7 +76,7 @@ fn run<const N: usize>(
             }
         }
     };
-    if numel < 2 * PAR_CHUNK {
+    if numel < 2 * PAR_CHUNK || super::one_thread() {
         dst.chunks_mut(n).enumerate().for_each(|(i, o)| piece(i, 0, o));
     } else if n <= PAR_CHUNK {
         // Tasks of whole rows.

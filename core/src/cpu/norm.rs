@@ -19,7 +19,7 @@ const TASK: usize = 1 << 14;
 fn for_rows(out: &mut [f32], x: &[f32], n: usize, f: impl Fn(&mut [f32], &[f32]) + Sync) {
     let per = (TASK / n).max(1) * n;
     let group = |o: &mut [f32], r: &[f32]| o.chunks_mut(n).zip(r.chunks(n)).for_each(|(o, r)| f(o, r));
-    if out.len() <= per {
+    if out.len() <= per || super::one_thread() {
         group(out, x);
     } else {
         out.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(o, r)| group(o, r));

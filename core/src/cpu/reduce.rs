@@ -261,6 +261,9 @@ fn over_pieces<T: Send>(n: usize, pieces: usize, f: impl Fn(usize, usize) -> T +
     if pieces == 1 {
         return smallvec::smallvec![f(0, n)];
     }
+    if super::one_thread() {
+        return (0..pieces).map(|p| f(p * PIECE, ((p + 1) * PIECE).min(n))).collect();
+    }
     let parts: Vec<T> = (0..pieces).into_par_iter().map(|p| f(p * PIECE, ((p + 1) * PIECE).min(n))).collect();
     parts.into_iter().collect()
 }
@@ -315,7 +318,7 @@ pub fn reduce(op: ReduceOp, s: &CpuStorage, l: &Layout, axes: &[usize]) -> Resul
         let rows = Layout::new(cs[..cs.len() - 1].into(), cst[0][..cs.len() - 1].into(), l.offset());
         let row_bases: Vec<usize> = rows.offsets().collect();
         let mut out = super::try_zeros(rows.numel() * len)?;
-        super::sum_columns::sum_columns(&run, &row_bases, len, &mut out, total >= PAR_MIN);
+        super::sum_columns::sum_columns(&run, &row_bases, len, &mut out, total >= PAR_MIN && !super::one_thread());
         return Ok(f32_storage(out));
     }
     let outer = Layout::new(outer_shape.into(), outer_strides.into(), l.offset());
@@ -323,10 +326,13 @@ pub fn reduce(op: ReduceOp, s: &CpuStorage, l: &Layout, axes: &[usize]) -> Resul
     let mut bases: Vec<usize> = Vec::new();
     bases.try_reserve_exact(n_out).map_err(|_| oom(n_out * 8))?;
     bases.extend(outer.offsets());
-    let results: Vec<(f32, u32)> = if n_out >= 64 && total >= PAR_MIN {
+    // Many outputs: in parallel over outputs, each run whole; few: each long run in pieces. The
+    // pieces follow the shape alone, so one thread or many give the same bits.
+    let many = n_out >= 64;
+    let results: Vec<(f32, u32)> = if many && total >= PAR_MIN && !super::one_thread() {
         bases.par_iter().map(|&b| reduce_run(op, &run, b, false)).collect()
     } else {
-        bases.iter().map(|&b| reduce_run(op, &run, b, total >= PAR_MIN)).collect()
+        bases.iter().map(|&b| reduce_run(op, &run, b, !many && total >= PAR_MIN)).collect()
     };
     Ok(match op {
         ReduceOp::ArgMax => CpuStorage::U32(Arc::new(results.into_iter().map(|r| r.1).collect())),

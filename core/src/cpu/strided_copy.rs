@@ -85,7 +85,7 @@ pub fn to_contiguous(data: &[f32], layout: &Layout) -> Result<Vec<f32>> {
             }
         }
     };
-    if numel >= PAR_MIN {
+    if numel >= PAR_MIN && !super::one_thread() {
         // Chunks of whole rows (for a transpose, a multiple of TILE rows, so tiles are not cut).
         let rows_per = (PAR_MIN / cols).max(1);
         let rows_per = if tiled { rows_per.div_ceil(TILE) * TILE } else { rows_per };
