@@ -16,6 +16,9 @@ fn gflops(dev: &Device, batch: usize, n: usize) -> Result<f64> {
 }
 
 fn main() -> Result<()> {
+    // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
+    // who sets the thread count does.
+    weft::set_num_threads(0)?;
     for dev in common::devices() {
         if let Device::Gpu(ctx) = &dev {
             // The adapter's own limit: a kernel of nothing but independent multiply-adds.

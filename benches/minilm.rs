@@ -11,6 +11,9 @@ use weft::nn::models::bert::{BertConfig, bert_encoder};
 use weft::prelude::*;
 
 fn main() -> Result<()> {
+    // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
+    // who sets the thread count does.
+    weft::set_num_threads(0)?;
     let cfg = BertConfig::all_minilm_l6_v2();
     let (b, t) = (8, 32);
     for dev in common::devices() {

@@ -7,6 +7,9 @@ use std::time::Duration;
 use weft::prelude::*;
 
 fn main() -> Result<()> {
+    // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
+    // who sets the thread count does.
+    weft::set_num_threads(0)?;
     for dev in common::devices() {
         let mut model = common::mlp(&dev)?;
         let x = Tensor::rand(0.0, 1.0, &[256, 784], 1, &dev)?;

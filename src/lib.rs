@@ -12,7 +12,7 @@
 //! ```
 
 pub use weft_core as core;
-pub use weft_core::{DType, Device, Error, Result, Tensor, Var, devices, no_grad, trace};
+pub use weft_core::{DType, Device, Error, Result, Tensor, Var, devices, no_grad, set_num_threads, trace};
 pub use weft_nn as nn;
 pub use weft_parallel as parallel;
 

@@ -31,6 +31,7 @@ pub mod optim_ops;
 pub mod rng;
 pub(crate) mod storage;
 mod tensor;
+mod threads;
 pub mod trace;
 mod var;
 
@@ -42,4 +43,5 @@ pub use error::{Error, Result};
 pub use gpu::MemoryStats;
 pub use layout::Layout;
 pub use tensor::{HostF32, Tensor, TensorId};
+pub use threads::set_num_threads;
 pub use var::Var;

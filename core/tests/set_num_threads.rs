@@ -1,0 +1,37 @@
+//! `set_num_threads`: the calling thread becomes one of the pool's threads, ops give the bits of
+//! any other pool, other threads still get their ops run, and a second call is an `Err`. One test
+//! in its own binary: rayon's global pool is per process.
+
+use std::sync::mpsc;
+use std::time::Duration;
+use weft_core::{Device, Tensor};
+
+fn ops() -> Vec<Vec<f32>> {
+    let x = Tensor::rand(-2.0, 2.0, &[300, 1030], 1, &Device::Cpu).unwrap();
+    let g = Tensor::rand(0.5, 1.5, &[1030], 2, &Device::Cpu).unwrap();
+    let outs = [
+        x.exp().unwrap(),
+        x.softmax(-1).unwrap(),
+        x.layer_norm(&g, &g, 1e-5).unwrap(),
+        x.sum(&[0], false).unwrap(),
+        x.t().unwrap().contiguous().unwrap(),
+        x.matmul(&x.t().unwrap()).unwrap(),
+    ];
+    outs.iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
+}
+
+#[test]
+fn the_calling_thread_joins_the_pool() {
+    let reference = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap().install(ops);
+    weft_core::set_num_threads(2).unwrap();
+    assert_eq!(rayon::current_thread_index(), Some(0), "this thread is worker 0");
+    assert_eq!(rayon::current_num_threads(), 2);
+    assert_eq!(ops(), reference, "ops on the adopted thread");
+    // Another thread's ops run on the other worker, while this one waits outside the pool.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(ops()).unwrap());
+    let theirs = rx.recv_timeout(Duration::from_secs(120)).expect("another thread's ops finish");
+    assert_eq!(theirs, reference);
+    let e = weft_core::set_num_threads(2).unwrap_err().to_string();
+    assert!(e.contains("set_num_threads") && e.contains("once"), "{e}");
+}
