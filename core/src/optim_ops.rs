@@ -64,17 +64,27 @@ impl Tensor {
                 const CHUNK: usize = 1 << 14;
                 // Zipped slices of one chunk each, written straight into the outputs' spare
                 // capacity (no zero fill first).
-                let ins =
-                    w.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)).zip(m.par_chunks(CHUNK)).zip(v.par_chunks(CHUNK));
-                let outs = wo.spare_capacity_mut()[..n]
-                    .par_chunks_mut(CHUNK)
-                    .zip(mo.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
-                    .zip(vo.spare_capacity_mut()[..n].par_chunks_mut(CHUNK));
                 // Streaming stores only for a variable whose seven arrays outgrow a core's cache.
                 let stream = n >= 1 << 18;
-                outs.zip(ins).for_each(|(((wo, mo), vo), (((w, g), m), v))| {
+                let job = |(((wo, mo), vo), (((w, g), m), v))| {
                     cpu::adam::chunk([w, g, m, v], cpu::adam::Outs { w: wo, m: mo, v: vo }, &p, stream)
-                });
+                };
+                let (wo_s, mo_s, vo_s) = (
+                    &mut wo.spare_capacity_mut()[..n],
+                    &mut mo.spare_capacity_mut()[..n],
+                    &mut vo.spare_capacity_mut()[..n],
+                );
+                if cpu::one_thread() {
+                    let ins = w.chunks(CHUNK).zip(g.chunks(CHUNK)).zip(m.chunks(CHUNK)).zip(v.chunks(CHUNK));
+                    let outs = wo_s.chunks_mut(CHUNK).zip(mo_s.chunks_mut(CHUNK)).zip(vo_s.chunks_mut(CHUNK));
+                    outs.zip(ins).for_each(job);
+                } else {
+                    let ins =
+                        w.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)).zip(m.par_chunks(CHUNK)).zip(v.par_chunks(CHUNK));
+                    let outs =
+                        wo_s.par_chunks_mut(CHUNK).zip(mo_s.par_chunks_mut(CHUNK)).zip(vo_s.par_chunks_mut(CHUNK));
+                    outs.zip(ins).for_each(job);
+                }
                 // SAFETY: the inputs are contiguous from offset 0 with at least n elements each
                 // (checked shapes, made contiguous above), so the zipped chunks cover 0..n of
                 // every output once, and every element was written.

@@ -3,21 +3,26 @@
 use crate::{Error, Result};
 
 /// Work on `n` threads (0: `RAYON_NUM_THREADS`, else one per core), the calling thread being one
-/// of them, as `torch.set_num_threads` and onnxruntime's intra-op threads do.
+/// of them, as onnxruntime's intra-op threads do (unlike `torch.set_num_threads`, once per
+/// process).
 ///
 /// Without it, the Cpu ops run on rayon's pool of `n` threads of its own: the thread that calls
 /// an op hands it over and sleeps until the pool wakes it, a few microseconds per op that a model
-/// of many small ops (a transformer's) feels. With it, the calling thread works on each op with
-/// `n - 1` others and never waits to be woken. With `n` = 1 the ops run their serial loops on the
-/// calling thread either way.
+/// of many small ops (a transformer's) feels. With it, the calling thread works on each op itself
+/// with `n - 1` others (it may still wait for the last of them). With `n` = 1 nothing is adopted:
+/// the ops run on the calling thread anyway.
 ///
-/// Call it once, early, from the thread that drives the model (usually `main`), which must live
-/// as long as anything uses weft: for `n` > 1 it becomes worker 0 of rayon's global pool (and
-/// runs the pool's work only inside its own calls). Other threads may still run ops: the `n - 1`
-/// other workers take their work.
+/// Call it once, early, from the thread that drives the model (usually `main`), before anything
+/// calls rayon (weft's Cpu ops do, even a small matmul). For `n` > 1 that thread becomes worker 0
+/// of rayon's global pool, which has two consequences:
+/// - it must live as long as anything uses the pool;
+/// - it runs the pool's work only inside its own calls, so `rayon::broadcast` (which needs every
+///   worker) waits while it is busy elsewhere, and threads that run ops while it waits outside
+///   rayon (the ranks of a model split over in-host devices) share `n - 1` workers. Leave it out
+///   of such programs.
 ///
-/// `Err` when rayon's global pool already exists (any parallel work, weft's or another crate's,
-/// creates it) or this thread already belongs to a pool.
+/// `Err`, changing nothing, when this thread already belongs to a pool or rayon's global pool
+/// already exists.
 ///
 /// ```no_run
 /// fn main() -> weft_core::Result<()> {
@@ -28,6 +33,13 @@ use crate::{Error, Result};
 /// }
 /// ```
 pub fn set_num_threads(n: usize) -> Result<()> {
+    if let Some(i) = rayon::current_thread_index() {
+        // Checked here: rayon would fail too, but only after marking its global pool as made.
+        return Err(Error::invalid(
+            "set_num_threads",
+            format!("this thread is already worker {i} of a rayon pool: call it once, before any parallel work"),
+        ));
+    }
     let n = if n > 0 { n } else { default_threads() };
     let builder = rayon::ThreadPoolBuilder::new().num_threads(n);
     // One thread: nothing is handed over anyway, and a pool whose only worker is this thread

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 use weft_core::{Device, Tensor};
 
-fn ops() -> Vec<Vec<f32>> {
+fn ops() -> Vec<Vec<u32>> {
     let x = Tensor::rand(-2.0, 2.0, &[300, 1030], 1, &Device::Cpu).unwrap();
     let g = Tensor::rand(0.5, 1.5, &[1030], 2, &Device::Cpu).unwrap();
     let outs = [
@@ -17,12 +17,17 @@ fn ops() -> Vec<Vec<f32>> {
         x.t().unwrap().contiguous().unwrap(),
         x.matmul(&x.t().unwrap()).unwrap(),
     ];
-    outs.iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
+    // Bits: -0.0 and 0.0 differ.
+    outs.iter().map(|t| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()).collect()
 }
 
 #[test]
 fn the_calling_thread_joins_the_pool() {
-    let reference = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap().install(ops);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let reference = pool.install(ops);
+    // From inside another pool: an Err that leaves the global pool to be made.
+    let e = pool.install(|| weft_core::set_num_threads(2)).unwrap_err().to_string();
+    assert!(e.contains("already worker"), "{e}");
     weft_core::set_num_threads(2).unwrap();
     assert_eq!(rayon::current_thread_index(), Some(0), "this thread is worker 0");
     assert_eq!(rayon::current_num_threads(), 2);

@@ -6,7 +6,6 @@
 use super::{CpuStorage, f32_storage, matmul, strided, try_zeros};
 use crate::conv::{PoolKind, Window2d};
 use crate::{Layout, Result};
-use rayon::prelude::*;
 
 /// Columns per chunk, in floats (16 MiB).
 const CHUNK_FLOATS: usize = 1 << 22;
@@ -33,7 +32,7 @@ fn im2col(x: &[f32], g: &Window2d, n0: usize, n1: usize) -> Vec<f32> {
     let [h, w] = g.input;
     let c = g.channels;
     let mut cols = vec![0f32; (n1 - n0) * per * k];
-    cols.par_chunks_mut(k).enumerate().for_each(|(row, dst)| {
+    super::for_chunks(&mut cols, k, |row, dst| {
         let n = n0 + row / per;
         let (oh, ow) = ((row % per) / g.output[1], row % g.output[1]);
         for ky in 0..g.kernel[0] {
@@ -115,7 +114,7 @@ pub fn conv2d_input_grad(
             continue;
         }
         // col2im: each sample's input gradient is the sum of its windows' column gradients.
-        dx[n0 * per_sample..n1 * per_sample].par_chunks_mut(per_sample).enumerate().for_each(|(s, dst)| {
+        super::for_chunks(&mut dx[n0 * per_sample..n1 * per_sample], per_sample, |s, dst| {
             for row in 0..per {
                 let (oh, ow) = (row / g.output[1], row % g.output[1]);
                 let src_row = &dcols[(s * per + row) * kk..(s * per + row + 1) * kk];
@@ -191,7 +190,7 @@ pub fn pool2d(kind: PoolKind, x: &CpuStorage, lx: &Layout, g: &Window2d) -> Resu
     let c = g.channels;
     let [oh_n, ow_n] = g.output;
     let mut y = try_zeros(g.batch * oh_n * ow_n * c)?;
-    y.par_chunks_mut(c).enumerate().for_each(|(pos, dst)| {
+    super::for_chunks(&mut y, c, |pos, dst| {
         let (n, oh, ow) = (pos / (oh_n * ow_n), (pos / ow_n) % oh_n, pos % ow_n);
         match kind {
             PoolKind::Max => {
@@ -229,7 +228,7 @@ pub fn pool2d_grad(
     let [oh_n, ow_n] = g.output;
     let per_sample = h * w * c;
     let mut dx = try_zeros(g.batch * per_sample)?;
-    dx.par_chunks_mut(per_sample).enumerate().for_each(|(n, dst)| {
+    super::for_chunks(&mut dx, per_sample, |n, dst| {
         let base = n * per_sample;
         for oh in 0..oh_n {
             for ow in 0..ow_n {

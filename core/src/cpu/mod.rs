@@ -122,6 +122,17 @@ pub(crate) fn one_thread() -> bool {
     rayon::current_num_threads() == 1
 }
 
+/// `f(i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter): in parallel,
+/// or in order on this thread when the pool has one thread.
+pub(crate) fn for_chunks<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
+    use rayon::prelude::*;
+    if one_thread() {
+        dst.chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+    } else {
+        dst.par_chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
+
 /// Wrap an f32 result.
 pub(crate) fn f32_storage(v: Vec<f32>) -> CpuStorage {
     CpuStorage::F32(Arc::new(HostBuf::new(v)))
