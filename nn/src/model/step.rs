@@ -61,7 +61,9 @@ impl Model {
         if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
             losses = tp.data.all_reduce(&losses, ReduceKind::Sum)?;
         }
-        let vars = self.trainable_variables();
+        // Every variable (kept for an undo below) and, of them, what the optimizer trains.
+        let all = self.variables();
+        let vars: Vec<(String, Var)> = all.iter().filter(|(_, v)| v.is_trainable()).cloned().collect();
         // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
         // one device it is refused rather than written into every weight (a sharded model's
         // coordinated optimizer skips such a step on every rank instead). The losses and each
@@ -83,8 +85,7 @@ impl Model {
             return Ok(figures);
         };
         // Applied first, checked after; undone on the host if anything fails.
-        let kept: Vec<(Var, Tensor)> = self
-            .variables()
+        let kept: Vec<(Var, Tensor)> = all
             .into_iter()
             .map(|(_, v)| v)
             .chain(updates.iter().map(|(v, _)| v.clone()))
@@ -100,11 +101,16 @@ impl Model {
                 Ok(figures)
             }
             Err(e) => {
-                for (v, t) in kept {
-                    v.set(&t)?;
-                }
+                // Everything is put back even if one variable refuses (it cannot: same shape,
+                // dtype and device), and the step's own error is the one reported.
                 self.optimizer = Some(optimizer_before);
-                Err(e)
+                let refused: Vec<String> =
+                    kept.iter().filter_map(|(v, t)| v.set(t).err()).map(|u| u.to_string()).collect();
+                if refused.is_empty() {
+                    Err(e)
+                } else {
+                    Err(Error::invalid("fit", format!("{e}; undoing the step failed too: {}", refused.join("; "))))
+                }
             }
         }
     }
