@@ -1,5 +1,6 @@
 //! f32 matmul throughput (GFLOP/s) on every device found; on GPUs also each kernel variant at
-//! 1024 and the adapter's FMA ceiling. `cargo bench --bench matmul`
+//! 1024 and the adapter's FMA ceiling; and small-batch inference products (a few rows times a
+//! 384 x 1536 weight, without gradients, as `predict` runs them). `cargo bench --bench matmul`
 //! (WEFT_BENCH_DEVICES=cpu,gpu:0 chooses the devices).
 
 mod common;
@@ -38,6 +39,13 @@ fn main() -> Result<()> {
             [("256", 1, 256), ("512", 1, 512), ("1024", 1, 1024), ("2048", 1, 2048), ("16x256x256x256", 16, 256)]
         {
             common::report("matmul", &dev, label, gflops(&dev, batch, n)?, "GFLOP/s");
+        }
+        for rows in [1, 8, 32] {
+            let x = Tensor::rand(-1.0, 1.0, &[rows, 384], 1, &dev)?;
+            let w = Tensor::rand(-1.0, 1.0, &[384, 1536], 2, &dev)?;
+            let secs = common::time_per_call(&dev, Duration::from_secs(1), 2, || no_grad(|| x.matmul(&w)).map(drop))?;
+            let label = format!("{rows}x384x1536");
+            common::report("matmul_infer", &dev, &label, 2.0 * (rows * 384 * 1536) as f64 / secs / 1e9, "GFLOP/s");
         }
     }
     Ok(())

@@ -34,6 +34,11 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
         return Err(crate::Error::invalid("matmul", format!("layouts {la:?} and {lb:?} reach outside their buffers")));
     }
     let work = m * n * k;
+    let threads = rayon::current_num_threads();
+    #[cfg(target_arch = "x86_64")]
+    if let Some(out) = packed(x, b, (m, n, k), (ars, acs, aoffs[0]), (brs, bcs, boffs[0]), nb, threads)? {
+        return Ok(out);
+    }
     // A transposed left matrix (its columns adjacent in memory) slows the engine's packing by up
     // to a fifth on the backward's `x^T @ g`; a tiled copy into rows costs m*k against m*k*n.
     let lhs_rows;
@@ -69,7 +74,6 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
         // which this call writes only columns c0..c0+cn, which no other call writes.
         unsafe { p.run(engine, threads) }
     };
-    let threads = rayon::current_num_threads();
     let big = work >= 1 << 18 && threads > 1;
     let base = Dst(out.as_mut_ptr());
     if nb >= threads && threads > 1 && work >= 1 << 15 {
@@ -105,6 +109,53 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     Ok(f32_storage(out))
 }
 
+/// The product on weft's own kernel (`packed_gemm`), when no gradient is recorded, the CPU has
+/// AVX2 without AVX-512, there is one matrix of at most `MAX_ROWS` rows, and its rows are rows in
+/// memory (unit column stride): the right matrix is packed once per storage and layout and kept (a
+/// model's weights, from its second call on). `None`: the engine's turn.
+#[cfg(target_arch = "x86_64")]
+fn packed(
+    x: &[f32],
+    b: &CpuStorage,
+    (m, n, k): (usize, usize, usize),
+    (ars, acs, aoff): (isize, isize, usize),
+    (brs, bcs, boff): (isize, isize, usize),
+    nb: usize,
+    threads: usize,
+) -> Result<Option<CpuStorage>> {
+    use super::packed_gemm;
+    let CpuStorage::F32(buf) = b else { return Ok(None) };
+    if nb != 1 || m > packed_gemm::MAX_ROWS || acs != 1 || crate::backprop::grad_enabled() || !packed_gemm::available()
+    {
+        return Ok(None);
+    }
+    let rhs = buf.packed_rhs((boff, brs as usize, bcs as usize, k, n))?;
+    if rhs.dims() != (k, n) {
+        // The kernel writes the packed matrix's columns: never let a mismatch reach it.
+        return Err(crate::Error::invalid("matmul", format!("packed right matrix {:?} for a {k}x{n} one", rhs.dims())));
+    }
+    let mut out = try_take(m * n)?;
+    let panels = rhs.panels();
+    // Columns split over the threads: each output element is summed in the same order either way.
+    let parts = if threads > 1 && m * n * k >= 1 << 18 { threads.min(panels) } else { 1 };
+    let per = panels.div_ceil(parts);
+    let dst = Dst(out.as_mut_ptr());
+    let run = |part: usize| {
+        let cols = (part * per).min(panels)..((part + 1) * per).min(panels);
+        // SAFETY: the caller checked that a's rows reach inside x (the reach check), the kernel
+        // exists (available), out has room for m*n, and each part writes only its own columns.
+        unsafe { packed_gemm::run(m, x.as_ptr().add(aoff), ars as usize, &rhs, cols, dst.ptr(), n) }
+    };
+    if parts > 1 {
+        (0..parts).into_par_iter().for_each(run);
+    } else {
+        run(0);
+    }
+    // SAFETY: the parts cover every panel, and the kernel writes every row and column of each.
+    unsafe { out.set_len(m * n) };
+    Ok(Some(f32_storage(out)))
+}
+
 /// Columns per block are a multiple of this (gemm's microkernels are 16 by 6 and 8 by 6 on x86).
 const COLS: usize = 48;
 
@@ -117,6 +168,10 @@ unsafe impl Send for Dst {}
 unsafe impl Sync for Dst {}
 
 impl Dst {
+    fn ptr(self) -> *mut f32 {
+        self.0
+    }
+
     fn at(self, offset: usize) -> Dst {
         // SAFETY: callers pass the start of a batch entry's m*n block, inside the buffer.
         Dst(unsafe { self.0.add(offset) })

@@ -8,6 +8,7 @@ mod gemm_engine;
 mod index;
 mod matmul;
 mod norm;
+mod packed_gemm;
 mod pool;
 mod reduce;
 mod strided_copy;

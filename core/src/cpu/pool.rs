@@ -71,24 +71,37 @@ fn recycle(v: Vec<f32>) {
 
 /// The f32 data of a Cpu tensor; returns its buffer to the cache when dropped.
 #[derive(Debug, Default)]
-pub struct HostBuf(Vec<f32>);
+pub struct HostBuf {
+    data: Vec<f32>,
+    /// Packed copies of the data as a right matrix (inference products; see `packed_gemm`):
+    /// storage is never written after it is made, so they stay true while it lives.
+    rhs: super::packed_gemm::RhsCache,
+}
 
 impl HostBuf {
     /// Wrap a vector.
     pub fn new(v: Vec<f32>) -> Self {
-        HostBuf(v)
+        HostBuf { data: v, rhs: Default::default() }
+    }
+
+    /// The data as the right matrix `key` of a product, packed (kept from the second use on).
+    pub(crate) fn packed_rhs(
+        &self,
+        key: super::packed_gemm::Key,
+    ) -> Result<std::sync::Arc<super::packed_gemm::PackedRhs>> {
+        self.rhs.get(&self.data, key)
     }
 }
 
 impl std::ops::Deref for HostBuf {
     type Target = Vec<f32>;
     fn deref(&self) -> &Vec<f32> {
-        &self.0
+        &self.data
     }
 }
 
 impl Drop for HostBuf {
     fn drop(&mut self) {
-        recycle(std::mem::take(&mut self.0));
+        recycle(std::mem::take(&mut self.data));
     }
 }
