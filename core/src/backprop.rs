@@ -133,6 +133,14 @@ impl Op {
 
 thread_local! {
     static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+    static IN_BACKWARD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is computing a backward pass (which records no gradients either): the Cpu
+/// keeps packed copies of right matrices only outside it, since a training step's weights are new
+/// storage every step.
+pub(crate) fn in_backward() -> bool {
+    IN_BACKWARD.with(|b| b.get())
 }
 
 /// Whether ops on this thread record their backward.
@@ -252,6 +260,14 @@ impl Tensor {
         if grad.dims() != self.dims() {
             return Err(Error::ShapeMismatch { op: "backward", lhs: self.dims().to_vec(), rhs: grad.dims().to_vec() });
         }
+        let prev = IN_BACKWARD.with(|b| b.replace(true));
+        struct Restore(bool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                IN_BACKWARD.with(|b| b.set(self.0));
+            }
+        }
+        let _restore = Restore(prev);
         no_grad(|| {
             let mut store = GradStore::default();
             store.insert(self, grad);

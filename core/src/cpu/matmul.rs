@@ -18,8 +18,6 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
         // No products to sum: every output is 0 (and nothing is read).
         return Ok(f32_storage(try_zeros(nb * m * n)?));
     }
-    // Every element is written by the engine (it replaces, not adds): no zero fill first.
-    let mut out = try_take(nb * m * n)?;
     let (ars, acs) = (la.strides()[r - 2] as isize, la.strides()[r - 1] as isize);
     let (brs, bcs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
     // Offsets of each batch's matrix in a and b.
@@ -39,6 +37,8 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     if let Some(out) = packed(x, b, (m, n, k), (ars, acs, aoffs[0]), (brs, bcs, boffs[0]), nb, threads)? {
         return Ok(out);
     }
+    // Every element is written by the engine (it replaces, not adds): no zero fill first.
+    let mut out = try_take(nb * m * n)?;
     // A transposed left matrix (its columns adjacent in memory) slows the engine's packing by up
     // to a fifth on the backward's `x^T @ g`; a tiled copy into rows costs m*k against m*k*n.
     let lhs_rows;
@@ -109,10 +109,11 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     Ok(f32_storage(out))
 }
 
-/// The product on weft's own kernel (`packed_gemm`), when no gradient is recorded, the CPU has
-/// AVX2 without AVX-512, there is one matrix of at most `MAX_ROWS` rows, and its rows are rows in
-/// memory (unit column stride): the right matrix is packed once per storage and layout and kept (a
-/// model's weights, from its second call on). `None`: the engine's turn.
+/// The product on weft's own kernel (`packed_gemm`) in inference (no gradient recorded, outside a
+/// backward pass, whose weights are new storage every training step), when the CPU has AVX2
+/// without AVX-512, there is one matrix of at most `MAX_ROWS` rows and at least 16 columns, and
+/// its rows are rows in memory (unit column stride): the right matrix is packed per storage and
+/// layout, and kept from its second use (a model's weights). `None`: the engine's turn.
 #[cfg(target_arch = "x86_64")]
 fn packed(
     x: &[f32],
@@ -125,7 +126,13 @@ fn packed(
 ) -> Result<Option<CpuStorage>> {
     use super::packed_gemm;
     let CpuStorage::F32(buf) = b else { return Ok(None) };
-    if nb != 1 || m > packed_gemm::MAX_ROWS || acs != 1 || crate::backprop::grad_enabled() || !packed_gemm::available()
+    let inference = !crate::backprop::grad_enabled() && !crate::backprop::in_backward();
+    if !inference
+        || nb != 1
+        || m > packed_gemm::MAX_ROWS
+        || n < packed_gemm::NR
+        || acs != 1
+        || !packed_gemm::available()
     {
         return Ok(None);
     }

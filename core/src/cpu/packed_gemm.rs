@@ -1,9 +1,9 @@
-//! weft's own f32 product for AVX2+FMA CPUs, for products of few rows when no gradient is
-//! recorded: inference on small batches (one request, a few sentences). The right matrix (a
-//! layer's weights) is packed into 16-column panels, and a storage used twice in the same layout
-//! keeps its packed copy, so a model's weights are packed once, as onnxruntime pre-packs its
-//! constant weights; this costs a second copy of the weights while they live. The left matrix is
-//! read in place.
+//! weft's own f32 product for AVX2+FMA CPUs, for products of few rows in inference (no gradient
+//! recorded, outside a backward pass): small batches (one request, a few sentences). The right
+//! matrix (a layer's weights) is packed into 16-column panels; a storage keeps its packed copy
+//! from its second use in the same layout on, so a model's weights are packed on their first two
+//! calls and never again, as onnxruntime pre-packs its constant weights. This costs a second copy
+//! of the weights while they live. The left matrix is read in place.
 //!
 //! Why not faer's kernels here: with few rows they cannot amortise their own packing. Measured in
 //! one process, best of 9 runs each (AMD EPYC Zen 3, AVX2), this kernel against faer's: 1 x 384 x
@@ -12,9 +12,10 @@
 //!
 //! The blocks: `k` in chunks of at most 256 (a 16-column panel chunk, 16 KiB, stays in L1 while
 //! every row passes over it; the rows, at most 32 x 256 values, stay in L1 and L2), and a 6 x 16
-//! micro-kernel with 12 accumulators. Each output element is summed in
-//! the same order whatever `m`, `n` and the thread count, so splitting the columns over threads or
-//! devices changes no bit.
+//! micro-kernel with 12 accumulators. Within this kernel each output element is summed in the
+//! same order whatever `m`, `n` and the thread count, so splitting the columns over threads or
+//! devices changes no bit (a product of more rows, or with gradients, runs on faer's kernels and
+//! may round differently).
 
 use crate::{Error, Result};
 use std::ops::Range;
@@ -98,31 +99,42 @@ impl PackedRhs {
 /// Where a right matrix lies in its storage: offset, row and column strides, `k`, `n`.
 pub(crate) type Key = (usize, usize, usize, usize, usize);
 
-/// What a storage keeps of its uses as a right matrix: the layouts seen, and the packed copy of one
-/// seen twice. Two entries, so that a matrix used both ways (a tied embedding) keeps both.
+/// What a storage keeps of its uses as a right matrix: the layouts seen, each with its packed copy
+/// once seen twice. Up to four layouts (a tied embedding used both ways, a fused projection cut
+/// into three); a new one replaces the oldest layout seen only once, and only when every entry
+/// holds a copy, the oldest copy.
 #[derive(Debug, Default)]
 pub(crate) struct RhsCache(Mutex<Vec<(Key, Option<Arc<PackedRhs>>)>>);
 
+/// Layouts a storage remembers.
+const LAYOUTS: usize = 4;
+
 impl RhsCache {
+    /// How many layouts are remembered (for tests).
+    #[cfg(test)]
+    pub fn layouts(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// The packed matrix at `key`: kept from an earlier use, packed and kept on the second use, or
     /// packed for this use only on the first.
     pub fn get(&self, b: &[f32], key: Key) -> Result<Arc<PackedRhs>> {
+        let (off, rs, cs, k, n) = key;
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = seen.iter().position(|(k, _)| *k == key) {
             if let Some(p) = &seen[i].1 {
                 return Ok(p.clone());
             }
-            let (off, rs, cs, k, n) = key;
             let p = Arc::new(PackedRhs::pack(b, off, rs, cs, k, n)?);
             seen[i].1 = Some(p.clone());
             return Ok(p);
         }
-        if seen.len() == 2 {
-            seen.remove(0);
+        if seen.len() == LAYOUTS {
+            let once = seen.iter().position(|(_, p)| p.is_none()).unwrap_or(0);
+            seen.remove(once);
         }
         seen.push((key, None));
         drop(seen);
-        let (off, rs, cs, k, n) = key;
         Ok(Arc::new(PackedRhs::pack(b, off, rs, cs, k, n)?))
     }
 }
@@ -278,6 +290,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A fused projection cut into three column blocks and used in turn keeps all three copies
+    /// (a cache of two would evict each before its next use and pack on every call).
+    #[test]
+    fn three_layouts_used_in_turn_are_all_kept() {
+        let b: Vec<f32> = (0..48 * 10).map(|i| i as f32).collect();
+        let cache = RhsCache::default();
+        let keys: Vec<Key> = (0..3).map(|i| (i * 16, 48, 1, 10, 16)).collect();
+        let mut kept = Vec::new();
+        for round in 0..4 {
+            for (i, key) in keys.iter().enumerate() {
+                let p = cache.get(&b, *key).unwrap();
+                if round == 1 {
+                    kept.push(p);
+                } else if round > 1 {
+                    assert!(Arc::ptr_eq(&p, &kept[i]), "layout {i} was packed again in round {round}");
+                }
+            }
+        }
+    }
+
+    /// A backward pass records no gradients either, but its weights are new storage every
+    /// training step: it leaves them no packed copies (nor remembered layouts).
+    #[test]
+    fn a_backward_pass_keeps_no_packed_copies() {
+        use crate::{Device, Tensor, Var};
+        let dev = Device::Cpu;
+        let w = Var::new(Tensor::rand(-1.0, 1.0, &[64, 40], 1, &dev).unwrap()).unwrap();
+        let x = Var::new(Tensor::rand(-1.0, 1.0, &[4, 64], 2, &dev).unwrap()).unwrap();
+        for _ in 0..3 {
+            // The backward's g @ w^T has 4 rows: the kernel's size, were it inference.
+            // (A square, so that the gradient reaching the product is a real matrix, not a
+            // broadcast of ones.)
+            let y = x.as_tensor().matmul(w.as_tensor()).unwrap();
+            y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
+        }
+        let crate::storage::Storage::Cpu(super::super::CpuStorage::F32(buf)) = w.as_tensor().storage() else {
+            panic!("a Cpu f32 variable")
+        };
+        assert_eq!(buf.rhs_layouts(), 0);
+        crate::no_grad(|| x.as_tensor().matmul(w.as_tensor())).unwrap();
+        assert_eq!(buf.rhs_layouts(), 1, "inference remembers the layout");
     }
 
     /// A matrix that does not lie in its buffer is an `Err` naming its size, not a read outside.

@@ -91,6 +91,12 @@ impl HostBuf {
     ) -> Result<std::sync::Arc<super::packed_gemm::PackedRhs>> {
         self.rhs.get(&self.data, key)
     }
+
+    /// How many right-matrix layouts of this storage are remembered (for tests).
+    #[cfg(test)]
+    pub(crate) fn rhs_layouts(&self) -> usize {
+        self.rhs.layouts()
+    }
 }
 
 impl std::ops::Deref for HostBuf {
