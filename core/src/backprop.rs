@@ -158,14 +158,19 @@ pub fn grad_enabled() -> bool {
 /// # Ok::<(), weft_core::Error>(())
 /// ```
 pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
-    let prev = GRAD_ENABLED.with(|g| g.replace(false));
-    struct Restore(bool);
+    with_flag(&GRAD_ENABLED, false, f)
+}
+
+/// Run `f` with this thread's `flag` set to `value`, put back as it was afterwards (also when `f`
+/// panics).
+fn with_flag<T>(flag: &'static std::thread::LocalKey<Cell<bool>>, value: bool, f: impl FnOnce() -> T) -> T {
+    struct Restore(&'static std::thread::LocalKey<Cell<bool>>, bool);
     impl Drop for Restore {
         fn drop(&mut self) {
-            GRAD_ENABLED.with(|g| g.set(self.0));
+            self.0.with(|c| c.set(self.1));
         }
     }
-    let _restore = Restore(prev);
+    let _restore = Restore(flag, flag.with(|c| c.replace(value)));
     f()
 }
 
@@ -260,39 +265,33 @@ impl Tensor {
         if grad.dims() != self.dims() {
             return Err(Error::ShapeMismatch { op: "backward", lhs: self.dims().to_vec(), rhs: grad.dims().to_vec() });
         }
-        let prev = IN_BACKWARD.with(|b| b.replace(true));
-        struct Restore(bool);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                IN_BACKWARD.with(|b| b.set(self.0));
-            }
-        }
-        let _restore = Restore(prev);
-        no_grad(|| {
-            let mut store = GradStore::default();
-            store.insert(self, grad);
-            for node in sorted_nodes(self) {
-                let Some(op) = node.op() else { continue };
-                // Vars keep their gradient; intermediate gradients are dropped once used.
-                let g = match store.get(&node) {
-                    Some(g) => g.clone(),
-                    None => continue,
-                };
-                if !node.is_var() && node.id() != self.id() {
-                    store.remove(&node);
-                }
-                // Only inputs that take part in the gradient get one: the data fed to a model's
-                // first layer does not, and its matmul gradient is the largest of the step.
-                let inputs = op.inputs();
-                let need: smallvec::SmallVec<[bool; 4]> = inputs.iter().map(|i| i.tracks_grad()).collect();
-                let grads = input_grads(op, &node, &g, &need)?;
-                for ((input, gi), need) in inputs.into_iter().zip(grads).zip(need) {
-                    if let Some(gi) = gi.filter(|_| need) {
-                        store.accumulate(input, gi)?;
+        with_flag(&IN_BACKWARD, true, || {
+            no_grad(|| {
+                let mut store = GradStore::default();
+                store.insert(self, grad);
+                for node in sorted_nodes(self) {
+                    let Some(op) = node.op() else { continue };
+                    // Vars keep their gradient; intermediate gradients are dropped once used.
+                    let g = match store.get(&node) {
+                        Some(g) => g.clone(),
+                        None => continue,
+                    };
+                    if !node.is_var() && node.id() != self.id() {
+                        store.remove(&node);
+                    }
+                    // Only inputs that take part in the gradient get one: the data fed to a model's
+                    // first layer does not, and its matmul gradient is the largest of the step.
+                    let inputs = op.inputs();
+                    let need: smallvec::SmallVec<[bool; 4]> = inputs.iter().map(|i| i.tracks_grad()).collect();
+                    let grads = input_grads(op, &node, &g, &need)?;
+                    for ((input, gi), need) in inputs.into_iter().zip(grads).zip(need) {
+                        if let Some(gi) = gi.filter(|_| need) {
+                            store.accumulate(input, gi)?;
+                        }
                     }
                 }
-            }
-            Ok(store)
+                Ok(store)
+            })
         })
     }
 }

@@ -119,15 +119,16 @@ impl RhsCache {
     /// The packed matrix at `key`: kept from an earlier use, packed and kept on the second use, or
     /// packed for this use only on the first.
     pub fn get(&self, b: &[f32], key: Key) -> Result<Arc<PackedRhs>> {
-        let (off, rs, cs, k, n) = key;
+        let pack = || {
+            let (off, rs, cs, k, n) = key;
+            PackedRhs::pack(b, off, rs, cs, k, n).map(Arc::new)
+        };
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = seen.iter().position(|(k, _)| *k == key) {
-            if let Some(p) = &seen[i].1 {
-                return Ok(p.clone());
-            }
-            let p = Arc::new(PackedRhs::pack(b, off, rs, cs, k, n)?);
-            seen[i].1 = Some(p.clone());
-            return Ok(p);
+        if let Some((_, kept)) = seen.iter_mut().find(|(k, _)| *k == key) {
+            return match kept {
+                Some(p) => Ok(p.clone()),
+                None => Ok(kept.insert(pack()?).clone()),
+            };
         }
         if seen.len() == LAYOUTS {
             let once = seen.iter().position(|(_, p)| p.is_none()).unwrap_or(0);
@@ -135,7 +136,7 @@ impl RhsCache {
         }
         seen.push((key, None));
         drop(seen);
-        Ok(Arc::new(PackedRhs::pack(b, off, rs, cs, k, n)?))
+        pack()
     }
 }
 

@@ -139,19 +139,13 @@ impl FaultSlot {
         let size = match &self.check {
             Check::Axis(size) => *size,
             Check::Values { what, dtype, bound, .. } => {
-                let range = crate::tensor::index_range(*bound);
                 let value = match (first, dtype) {
                     (Some(b), DType::F32) => f32::from_bits(b).to_string(),
                     (Some(b), DType::I32) => (b as i32).to_string(),
                     (Some(b), _) => b.to_string(),
                     (None, _) => "(not read back)".into(),
                 };
-                return Error::invalid(
-                    self.op,
-                    format!(
-                        "{what}: value {value} at flat position {at} is not a valid index: indices must be {range}"
-                    ),
-                );
+                return crate::tensor::not_an_index(what, &value, at as usize, *bound);
             }
         };
         let msg = match first {

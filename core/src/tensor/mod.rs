@@ -15,7 +15,7 @@ mod reduce;
 mod to_index;
 mod views;
 pub use host::HostF32;
-pub(crate) use to_index::index_range;
+pub(crate) use to_index::not_an_index;
 
 use crate::backprop::Op;
 use crate::storage::Storage;

@@ -56,14 +56,7 @@ impl Tensor {
         };
         let (storage, bad) = self.storage().index_check(self.layout(), from, bound, (what, later))?;
         if let Some(at) = bad {
-            let range = index_range(bound);
-            return Err(Error::invalid(
-                "to_index",
-                format!(
-                    "{what}: value {} at flat position {at} is not a valid index: indices must be {range}",
-                    self.show_at(at)?
-                ),
-            ));
+            return Err(not_an_index(what, &self.show_at(at)?, at, bound));
         }
         Ok(Tensor::from_storage(storage, self.dims(), DType::U32, self.device().clone(), Some(Op::Cast(self.clone()))))
     }
@@ -80,10 +73,15 @@ impl Tensor {
     }
 }
 
-/// What valid indices below `bound` are, for messages.
-pub(crate) fn index_range(bound: Option<usize>) -> String {
-    match bound {
+/// The `Err` for `value` at flat position `at` of `what`, which is not an index below `bound`
+/// (`to_index` at once, or a GPU's fault slot for `to_index_later`: the same words).
+pub(crate) fn not_an_index(what: &str, value: &str, at: usize, bound: Option<usize>) -> Error {
+    let range = match bound {
         Some(b) => format!("whole numbers in 0..{b}"),
         None => format!("whole numbers in 0..={}", u32::MAX),
-    }
+    };
+    Error::invalid(
+        "to_index",
+        format!("{what}: value {value} at flat position {at} is not a valid index: indices must be {range}"),
+    )
 }
