@@ -54,7 +54,7 @@ fn packed(s: &CpuStorage, l: &Layout, op: &'static str) -> Result<CpuStorage> {
     if l.is_contiguous() && l.offset() == 0 {
         return Ok(s.clone());
     }
-    Ok(f32_storage(strided(s.f32s(op)?, l)?.into_owned()))
+    Ok(f32_storage(strided(s.f32s(op)?, l)?.into_vec()?))
 }
 
 /// `a @ b` for row-major views given by shape and strides.
@@ -72,7 +72,7 @@ pub fn conv2d(x: &CpuStorage, lx: &Layout, k: &CpuStorage, lk: &Layout, g: &Wind
     let lw = Layout::contiguous(&[kk, c_out]);
     if identity_columns(g) {
         let m = g.batch * per;
-        return Ok(f32_storage(product(xs.into_owned(), Layout::contiguous(&[m, kk]), &kernel, &lw)?));
+        return Ok(f32_storage(product(xs.into_vec()?, Layout::contiguous(&[m, kk]), &kernel, &lw)?));
     }
     let mut y = try_zeros(g.batch * per * c_out)?;
     let step = chunk(g);

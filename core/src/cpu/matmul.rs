@@ -45,7 +45,8 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     // (Not for a left matrix broadcast over the batch: the copy would repeat it per entry.)
     let broadcast = la.strides()[..r - 2].iter().zip(&la.shape()[..r - 2]).any(|(&s, &d)| s == 0 && d > 1);
     let (x, ars, acs, aoffs) = if ars == 1 && acs > 1 && m > 1 && n >= 64 && work >= 1 << 20 && !broadcast {
-        lhs_rows = super::strided_copy::to_contiguous(x, la)?;
+        // A HostBuf, so the copy's buffer goes back to the cache for the next step.
+        lhs_rows = super::HostBuf::new(super::strided_copy::to_contiguous(x, la)?);
         (&lhs_rows[..], k as isize, 1, (0..nb).map(|i| i * m * k).collect())
     } else {
         (x, ars, acs, aoffs)

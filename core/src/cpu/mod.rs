@@ -108,12 +108,46 @@ impl CpuStorage {
 }
 
 /// The f32 elements of a layout in row-major order, borrowing when already contiguous.
-pub(crate) fn strided<'a>(data: &'a [f32], layout: &Layout) -> Result<std::borrow::Cow<'a, [f32]>> {
+pub(crate) fn strided<'a>(data: &'a [f32], layout: &Layout) -> Result<Gathered<'a>> {
     Ok(if layout.is_contiguous() {
-        std::borrow::Cow::Borrowed(&data[layout.offset()..layout.offset() + layout.numel()])
+        Gathered::Borrowed(&data[layout.offset()..layout.offset() + layout.numel()])
     } else {
-        std::borrow::Cow::Owned(strided_copy::to_contiguous(data, layout)?)
+        Gathered::Copied(HostBuf::new(strided_copy::to_contiguous(data, layout)?))
     })
+}
+
+/// A layout's elements in rows: the storage itself, or a copy that goes back to the buffer cache
+/// when dropped (a temporary dropped to the allocator is a fresh allocation, page faults and all,
+/// on the next step).
+pub(crate) enum Gathered<'a> {
+    /// Already in rows.
+    Borrowed(&'a [f32]),
+    /// Copied into rows.
+    Copied(HostBuf),
+}
+
+impl std::ops::Deref for Gathered<'_> {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            Gathered::Borrowed(s) => s,
+            Gathered::Copied(h) => h,
+        }
+    }
+}
+
+impl Gathered<'_> {
+    /// The elements as a vector of their own (the copy itself, when there is one).
+    pub fn into_vec(self) -> Result<Vec<f32>> {
+        match self {
+            Gathered::Borrowed(s) => {
+                let mut v = try_take(s.len())?;
+                v.extend_from_slice(s);
+                Ok(v)
+            }
+            Gathered::Copied(h) => Ok(h.into_vec()),
+        }
+    }
 }
 
 /// Whether rayon's pool has a single thread: the ops then run their serial loops on the calling

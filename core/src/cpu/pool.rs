@@ -84,6 +84,11 @@ impl HostBuf {
         HostBuf { data: v, rhs: Default::default() }
     }
 
+    /// The vector itself, no longer returned to the cache on drop (its new owner decides).
+    pub fn into_vec(mut self) -> Vec<f32> {
+        std::mem::take(&mut self.data)
+    }
+
     /// The data as the right matrix `key` of a product, packed (kept from the second use on).
     pub(crate) fn packed_rhs(
         &self,

@@ -4,7 +4,10 @@
 //!
 //! - rows whose elements are adjacent in the source (last stride 1) are copied as slices;
 //! - a transpose at the innermost two axes (the source's stride 1 is on the second-to-last axis)
-//!   is copied in 16 x 16 tiles, so each source cache line is used whole while it is loaded;
+//!   reads its source rows in order, eight at a time, and turns 8 x 8 blocks in registers (AVX).
+//!   The first version walked 16 x 16 tiles element by element, a page apart when a row is 1024
+//!   values, where no prefetcher follows: 1.5–2 ms for the MLP backward's two `x^T` copies from
+//!   memory not in cache, 0.5 ms now (AMD EPYC Zen 3);
 //! - anything else reads each row with its one stride.
 //!
 //! Large copies are cut over the cores by output rows.
@@ -17,7 +20,10 @@ use std::mem::MaybeUninit;
 
 /// Elements below which one thread copies (splitting costs more than it saves).
 const PAR_MIN: usize = 1 << 16;
-/// Side of the square tiles a transpose is copied in.
+/// Rows of a transpose's output copied as one band: the band's 8-column strip stays in L1 while
+/// its source rows are read in order.
+const BAND: usize = 128;
+/// A parallel chunk of a transpose is a multiple of this many rows (whole 8 x 8 blocks).
 const TILE: usize = 16;
 
 /// The elements of `layout` over `data`, in row-major order, in a new vector.
@@ -48,26 +54,20 @@ pub fn to_contiguous(data: &[f32], layout: &Layout) -> Result<Vec<f32>> {
     starts.try_reserve_exact(table.numel()).map_err(|_| super::reduce::oom(table.numel().saturating_mul(8)))?;
     starts.extend(table.offsets());
     let dst = &mut out.spare_capacity_mut()[..numel];
+    #[cfg(target_arch = "x86_64")]
+    let avx = std::arch::is_x86_feature_detected!("avx");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx = false;
     // Output rows `first..first + chunk.len() / cols` into `chunk`.
     let copy_rows = |first: usize, chunk: &mut [MaybeUninit<f32>]| {
         if tiled {
             let rows = chunk.len() / cols;
             let mut q = 0;
             while q < rows {
-                // Rows q.. of this chunk that lie in one matrix, at most TILE of them.
+                // Rows q.. of this chunk that lie in one matrix, at most BAND of them.
                 let (mat, i0) = ((first + q) / rows_in_block, (first + q) % rows_in_block);
-                let n = TILE.min(rows - q).min(rows_in_block - i0);
-                let base = starts[mat] + i0;
-                for j0 in (0..cols).step_by(TILE) {
-                    let jn = TILE.min(cols - j0);
-                    // Source column j of the tile: rows base+j*step .. +n, adjacent in memory.
-                    for dj in 0..jn {
-                        let src = &data[base + (j0 + dj) * step..][..n];
-                        for (di, &v) in src.iter().enumerate() {
-                            chunk[(q + di) * cols + j0 + dj].write(v);
-                        }
-                    }
-                }
+                let n = BAND.min(rows - q).min(rows_in_block - i0);
+                transpose_band(data, starts[mat] + i0, step, &mut chunk[q * cols..(q + n) * cols], cols, avx);
                 q += n;
             }
         } else {
@@ -86,7 +86,7 @@ pub fn to_contiguous(data: &[f32], layout: &Layout) -> Result<Vec<f32>> {
         }
     };
     if numel >= PAR_MIN && !super::one_thread() {
-        // Chunks of whole rows (for a transpose, a multiple of TILE rows, so tiles are not cut).
+        // Chunks of whole rows (for a transpose, a multiple of TILE rows, so blocks are not cut).
         let rows_per = (PAR_MIN / cols).max(1);
         let rows_per = if tiled { rows_per.div_ceil(TILE) * TILE } else { rows_per };
         dst.par_chunks_mut(rows_per * cols).enumerate().for_each(|(t, c)| copy_rows(t * rows_per, c));
@@ -98,10 +98,98 @@ pub fn to_contiguous(data: &[f32], layout: &Layout) -> Result<Vec<f32>> {
     Ok(out)
 }
 
+/// `n = out.len() / cols` output rows of a transpose: `out[i * cols + j] = data[base + i + j * step]`.
+/// Source rows (the output's columns) are read in order, eight at a time: in 8 x 8 blocks turned in
+/// registers where the CPU has AVX, element by element at the edges.
+fn transpose_band(data: &[f32], base: usize, step: usize, out: &mut [MaybeUninit<f32>], cols: usize, avx: bool) {
+    let n = out.len() / cols;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx;
+    for j0 in (0..cols).step_by(8) {
+        let jn = 8.min(cols - j0);
+        let mut i0 = 0;
+        #[cfg(target_arch = "x86_64")]
+        if avx && jn == 8 {
+            while i0 + 8 <= n {
+                // Bounds checked here, once per block: the kernel reads 8 source rows of 8 values
+                // and writes 8 output rows of 8 values.
+                let src = &data[base + i0 + j0 * step..][..7 * step + 8];
+                let dst = &mut out[i0 * cols + j0..][..7 * cols + 8];
+                // SAFETY: AVX is present; src and dst cover every element the kernel touches.
+                unsafe { transpose8(src.as_ptr(), step, dst.as_mut_ptr().cast(), cols) };
+                i0 += 8;
+            }
+        }
+        for dj in 0..jn {
+            let src = &data[base + i0 + (j0 + dj) * step..][..n - i0];
+            for (di, &v) in src.iter().enumerate() {
+                out[(i0 + di) * cols + j0 + dj].write(v);
+            }
+        }
+    }
+}
+
+/// `dst[i * dstride + j] = src[j * sstride + i]` for `i, j < 8`.
+///
+/// # Safety
+/// The CPU has AVX; `src` reaches `7 * sstride + 8` and `dst` `7 * dstride + 8` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose8(src: *const f32, sstride: usize, dst: *mut f32, dstride: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's bounds.
+    unsafe {
+        let r = |j: usize| _mm256_loadu_ps(src.add(j * sstride));
+        let (r0, r1, r2, r3, r4, r5, r6, r7) = (r(0), r(1), r(2), r(3), r(4), r(5), r(6), r(7));
+        // Pairs interleaved, then quads, then the two 128-bit halves swapped into place.
+        let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+        let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+        let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+        let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+        let (u0, u1) = (_mm256_shuffle_ps::<0x44>(t0, t2), _mm256_shuffle_ps::<0xEE>(t0, t2));
+        let (u2, u3) = (_mm256_shuffle_ps::<0x44>(t1, t3), _mm256_shuffle_ps::<0xEE>(t1, t3));
+        let (u4, u5) = (_mm256_shuffle_ps::<0x44>(t4, t6), _mm256_shuffle_ps::<0xEE>(t4, t6));
+        let (u6, u7) = (_mm256_shuffle_ps::<0x44>(t5, t7), _mm256_shuffle_ps::<0xEE>(t5, t7));
+        let w = |i: usize, v| _mm256_storeu_ps(dst.add(i * dstride), v);
+        w(0, _mm256_permute2f128_ps::<0x20>(u0, u4));
+        w(1, _mm256_permute2f128_ps::<0x20>(u1, u5));
+        w(2, _mm256_permute2f128_ps::<0x20>(u2, u6));
+        w(3, _mm256_permute2f128_ps::<0x20>(u3, u7));
+        w(4, _mm256_permute2f128_ps::<0x31>(u0, u4));
+        w(5, _mm256_permute2f128_ps::<0x31>(u1, u5));
+        w(6, _mm256_permute2f128_ps::<0x31>(u2, u6));
+        w(7, _mm256_permute2f128_ps::<0x31>(u3, u7));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Transposes whose output rows cross 8 x 8 blocks, a band (128 rows) and the matrices of a
+    /// batch within one parallel chunk, with rows a page apart (1024 values) and not, copy as
+    /// the offset walk does: each block is a transpose in registers, so a wrong shuffle shows.
+    #[test]
+    fn transposes_across_blocks_bands_and_matrices() {
+        for (batch, rows, cols, off) in
+            [(1, 1024, 37, 0), (3, 133, 21, 5), (2, 300, 1024, 3), (5, 8, 8, 1), (1, 7, 9, 0)]
+        {
+            // Stored [batch, cols, rows]; viewed [batch, rows, cols]: the source's stride 1 is
+            // on the view's second-to-last axis.
+            let layout = Layout::new(vec![batch, rows, cols].into(), vec![rows * cols, 1, rows].into(), off);
+            let data: Vec<f32> = (0..layout.extent()).map(|i| i as f32 * 0.25 - 7.0).collect();
+            let want: Vec<f32> = layout.offsets().map(|o| data[o]).collect();
+            assert_eq!(to_contiguous(&data, &layout).unwrap(), want, "{batch}x{rows}x{cols} at {off}");
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx_transpose_is_what_ci_checks() {
+        let has = std::arch::is_x86_feature_detected!("avx");
+        assert!(has || std::env::var("CI").is_err(), "no AVX under CI=true: the 8 x 8 transpose went untested");
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
