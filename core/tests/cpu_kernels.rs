@@ -47,6 +47,39 @@ proptest! {
         }
     }
 
+    /// Operands that repeat one value along each row (a column `[r, 1]`, a scalar) in every
+    /// pattern over one, two and three operands give each element's own result, bit for bit:
+    /// the loop compiled per pattern must read each operand from the right place.
+    #[test]
+    fn operands_repeated_along_rows_match_elementwise(r in 1usize..40, c in 1usize..300, pick in 0usize..8, seed in 0u64..1000) {
+        let d = Device::Cpu;
+        let full = |s: u64| Tensor::rand(-2.0, 2.0, &[r, c], s, &d).unwrap();
+        let column = |s: u64| Tensor::rand(-2.0, 2.0, &[r, 1], s, &d).unwrap();
+        // Operand k is a column when bit k of `pick` is set, else a full matrix.
+        let operand = |k: usize| if pick >> k & 1 == 1 { column(seed + k as u64) } else { full(seed + k as u64) };
+        let at = |t: &Tensor, i: usize, j: usize| {
+            let v = vals(t);
+            if t.dims()[1] == 1 { v[i] } else { v[i * c + j] }
+        };
+        let (a, b, m) = (operand(0), operand(1), operand(2).cmp_scalar(weft_core::ops::BinaryOp::Gt, 0.0).unwrap());
+        // The output's elements by (row, column); all-column operands give a column.
+        let each = |t: &Tensor, f: &dyn Fn(usize, usize) -> f32| -> Vec<f32> {
+            let n = t.dims()[1];
+            (0..r * n).map(|e| f(e / n, e % n)).collect()
+        };
+        let sub = a.sub(&b).unwrap();
+        prop_assert_eq!(vals(&sub), each(&sub, &|i, j| at(&a, i, j) - at(&b, i, j)), "sub, pattern {}", pick);
+        let picked = Tensor::where_cond(&m, &a, &b).unwrap();
+        let want = each(&picked, &|i, j| if at(&m, i, j) != 0.0 { at(&a, i, j) } else { at(&b, i, j) });
+        prop_assert_eq!(vals(&picked), want, "where_cond, pattern {}", pick);
+        // A scalar tensor, and a unary op on a column broadcast along the rows.
+        let (x, s) = (full(seed + 7), Tensor::rand(-2.0, 2.0, &[1], seed + 9, &d).unwrap());
+        let (prod, sv) = (x.mul(&s).unwrap(), vals(&s)[0]);
+        prop_assert_eq!(vals(&prod), each(&prod, &|i, j| at(&x, i, j) * sv), "times a scalar");
+        let wide = column(seed + 5).broadcast_to(&[r, c]).unwrap();
+        prop_assert_eq!(vals(&wide.relu().unwrap()), each(&wide, &|i, j| at(&wide, i, j).max(0.0)), "relu of a column");
+    }
+
     /// Contiguous rows and strided views (a transpose, a broadcast row) give the same values.
     #[test]
     fn elementwise_on_rows_and_views_matches_f64(r in 1usize..200, c in 1usize..600, seed in 0u64..1000) {

@@ -3,7 +3,9 @@
 //! Operands are first coalesced (`layout::coalesce`) so most tensors become one or two axes;
 //! the work is then a loop over rows, each a tight loop over the last axis with its own stride
 //! per operand (1 for contiguous data, 0 for a broadcast value). The op is matched once, outside
-//! the loops, so each loop is compiled for one op.
+//! the loops, so each loop is compiled for one op; where every stride is 0 or 1, also for the
+//! pattern of which operands repeat (a scalar, a row's mean, a fill value), so those rows vectorise
+//! too (`x * scalar` and `x - mean` ran 4–7x slower than `x + x` on the element-by-element loop).
 
 use super::{CpuStorage, f32_storage, try_take};
 use crate::layout::coalesce;
@@ -54,22 +56,36 @@ fn run<const N: usize>(
     out.reserve_exact(numel);
     // Every element is written once, straight into the spare capacity: no zero fill first.
     let dst = &mut out.spare_capacity_mut()[..numel];
-    // Whether every operand's rows are adjacent in memory: decided once, for every piece.
-    let dense = rows.steps.iter().all(|&s| s == 1);
+    // Whether every operand's rows are adjacent in memory, or one value repeated along the row
+    // (a scalar, a row's mean, a fill value): decided once, for every piece.
+    // Bit k: operand k repeats one value along the row (at most three operands).
+    let dense = rows.steps.iter().all(|&s| s <= 1) && N <= 3;
+    let splat = rows.steps.iter().enumerate().filter(|&(_, &s)| s == 0).fold(0u32, |m, (k, _)| m | 1 << k);
     // Elements `j0..j0 + o.len()` of row `i`.
     let piece = |i: usize, j0: usize, o: &mut [MaybeUninit<f32>]| {
         let base: [usize; N] = std::array::from_fn(|k| rows.starts[k][i] + j0 * rows.steps[k]);
-        if dense {
+        if dense && splat == 0 {
             // Each operand's row as a slice of exactly the row's length: no bounds check inside
             // the loop, so it vectorises.
             let ins: [&[f32]; N] = std::array::from_fn(|k| &data[k][base[k]..base[k] + o.len()]);
-            #[cfg(target_arch = "x86_64")]
-            if avx2() {
-                // SAFETY: the CPU has AVX2 (checked once, at run time).
-                unsafe { dense_row_avx2(o, ins, &f) };
-                return;
+            dense_rows(o, ins, &f);
+        } else if dense {
+            // Repeated operands are passed as values: the loop is compiled for the pattern of
+            // which operands repeat, so it vectorises as the dense one does.
+            let ins: [&[f32]; N] = std::array::from_fn(|k| {
+                let len = if rows.steps[k] == 0 { 0 } else { o.len() };
+                &data[k][base[k]..base[k] + len]
+            });
+            let vals: [f32; N] = std::array::from_fn(|k| data[k][base[k]]);
+            match splat {
+                1 => mixed_rows::<N, 1>(o, ins, vals, &f),
+                2 => mixed_rows::<N, 2>(o, ins, vals, &f),
+                3 => mixed_rows::<N, 3>(o, ins, vals, &f),
+                4 => mixed_rows::<N, 4>(o, ins, vals, &f),
+                5 => mixed_rows::<N, 5>(o, ins, vals, &f),
+                6 => mixed_rows::<N, 6>(o, ins, vals, &f),
+                _ => mixed_rows::<N, 7>(o, ins, vals, &f),
             }
-            dense_row(o, ins, &f);
         } else {
             for (j, o) in o.iter_mut().enumerate() {
                 o.write(f(std::array::from_fn(|k| data[k][base[k] + j * rows.steps[k]])));
@@ -94,6 +110,66 @@ fn run<const N: usize>(
     // SAFETY: the pieces above cover 0..numel (numel is a whole number of rows of n, and the
     // pieces of a row cover it) and each wrote every element it was given.
     unsafe { out.set_len(numel) };
+}
+
+/// One row of operands that are all adjacent in memory, on the widest loop the CPU has.
+#[inline(always)]
+fn dense_rows<const N: usize>(o: &mut [MaybeUninit<f32>], ins: [&[f32]; N], f: &impl Fn([f32; N]) -> f32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: the CPU has AVX2 (checked once, at run time).
+        unsafe { dense_row_avx2(o, ins, f) };
+        return;
+    }
+    dense_row(o, ins, f);
+}
+
+/// One row where operand k repeats `vals[k]` when bit k of `M` is set and is read from `ins[k]`
+/// (adjacent in memory) otherwise, on the widest loop the CPU has.
+#[inline(always)]
+fn mixed_rows<const N: usize, const M: u32>(
+    o: &mut [MaybeUninit<f32>],
+    ins: [&[f32]; N],
+    vals: [f32; N],
+    f: &impl Fn([f32; N]) -> f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: the CPU has AVX2 (checked once, at run time).
+        unsafe { mixed_row_avx2::<N, M>(o, ins, vals, f) };
+        return;
+    }
+    mixed_row::<N, M>(o, ins, vals, f);
+}
+
+#[inline(always)]
+fn mixed_row<const N: usize, const M: u32>(
+    o: &mut [MaybeUninit<f32>],
+    ins: [&[f32]; N],
+    vals: [f32; N],
+    f: &impl Fn([f32; N]) -> f32,
+) {
+    // The read operands cut to the row's length, so the loop needs no bounds check.
+    let n = o.len();
+    let ins: [&[f32]; N] = std::array::from_fn(|k| if M >> k & 1 == 1 { ins[k] } else { &ins[k][..n] });
+    for (j, o) in o.iter_mut().enumerate() {
+        o.write(f(std::array::from_fn(|k| if M >> k & 1 == 1 { vals[k] } else { ins[k][j] })));
+    }
+}
+
+/// `mixed_row` compiled for AVX2 (see `dense_row_avx2`).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn mixed_row_avx2<const N: usize, const M: u32>(
+    o: &mut [MaybeUninit<f32>],
+    ins: [&[f32]; N],
+    vals: [f32; N],
+    f: &impl Fn([f32; N]) -> f32,
+) {
+    mixed_row::<N, M>(o, ins, vals, f)
 }
 
 /// One row of operands that are all adjacent in memory.
