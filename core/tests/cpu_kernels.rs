@@ -295,5 +295,20 @@ proptest! {
         prop_assert_eq!(as_i32, bv.iter().map(|&v| v as i32).collect::<Vec<_>>());
         let as_f16 = bt.to_dtype(weft_core::DType::F16).unwrap().to_dtype(weft_core::DType::F32).unwrap();
         prop_assert_eq!(vals(&as_f16), bv.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect::<Vec<_>>());
+        // Integer storage read as a slice (rows at an offset) and by an offset walk (a narrowed
+        // transpose), through every integer cast and to f32.
+        let code = |i: usize| (i * 7 % 1000) as u32;
+        let u = Tensor::from_vec((0..r * c).map(code).collect::<Vec<u32>>(), &[r, c], &d).unwrap();
+        let (r0, c0) = (r / 2, c / 2);
+        let views = [
+            (u.narrow(0, r0, r - r0).unwrap(), (0..(r - r0) * c).map(|e| code((r0 + e / c) * c + e % c)).collect::<Vec<_>>()),
+            (u.t().unwrap().narrow(0, c0, c - c0).unwrap(), (0..(c - c0) * r).map(|e| code((e % r) * c + c0 + e / r)).collect()),
+        ];
+        for (view, want) in views {
+            let ints = view.to_dtype(weft_core::DType::I32).unwrap();
+            prop_assert_eq!(ints.to_vec::<i32>().unwrap(), want.iter().map(|&v| v as i32).collect::<Vec<_>>());
+            prop_assert_eq!(ints.to_dtype(weft_core::DType::U32).unwrap().to_vec::<u32>().unwrap(), want.clone());
+            prop_assert_eq!(vals(&view.to_dtype(weft_core::DType::F32).unwrap()), want.iter().map(|&v| v as f32).collect::<Vec<_>>());
+        }
     }
 }
