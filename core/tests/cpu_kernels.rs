@@ -55,29 +55,25 @@ proptest! {
         let d = Device::Cpu;
         let full = |s: u64| Tensor::rand(-2.0, 2.0, &[r, c], s, &d).unwrap();
         let column = |s: u64| Tensor::rand(-2.0, 2.0, &[r, 1], s, &d).unwrap();
-        // Operand k is a column when bit k of `pick` is set, else a full matrix.
-        let operand = |k: usize| if pick >> k & 1 == 1 { column(seed + k as u64) } else { full(seed + k as u64) };
-        let at = |t: &Tensor, i: usize, j: usize| {
-            let v = vals(t);
-            if t.dims()[1] == 1 { v[i] } else { v[i * c + j] }
-        };
-        let (a, b, m) = (operand(0), operand(1), operand(2).cmp_scalar(weft_core::ops::BinaryOp::Gt, 0.0).unwrap());
-        // The output's elements by (row, column); all-column operands give a column.
-        let each = |t: &Tensor, f: &dyn Fn(usize, usize) -> f32| -> Vec<f32> {
-            let n = t.dims()[1];
-            (0..r * n).map(|e| f(e / n, e % n)).collect()
-        };
-        let sub = a.sub(&b).unwrap();
-        prop_assert_eq!(vals(&sub), each(&sub, &|i, j| at(&a, i, j) - at(&b, i, j)), "sub, pattern {}", pick);
+        // Operand k is a column broadcast along the rows (stride 0) when bit k of `pick` is set,
+        // else a full matrix: every pattern, all-repeated ones included, gives an [r, c] result.
+        let wide = |t: Tensor| t.broadcast_to(&[r, c]).unwrap();
+        let operand = |k: usize| if pick >> k & 1 == 1 { wide(column(seed + k as u64)) } else { full(seed + k as u64) };
+        let gt0 = |t: &Tensor| t.cmp_scalar(weft_core::ops::BinaryOp::Gt, 0.0).unwrap();
+        let m = if pick >> 2 & 1 == 1 { wide(gt0(&column(seed + 2))) } else { gt0(&full(seed + 2)) };
+        let (a, b) = (operand(0), operand(1));
+        let each = |f: &dyn Fn(usize) -> f32| -> Vec<f32> { (0..r * c).map(f).collect() };
+        let (av, bv, mv) = (vals(&a), vals(&b), vals(&m));
+        prop_assert_eq!(vals(&a.sub(&b).unwrap()), each(&|e| av[e] - bv[e]), "sub, pattern {}", pick);
         let picked = Tensor::where_cond(&m, &a, &b).unwrap();
-        let want = each(&picked, &|i, j| if at(&m, i, j) != 0.0 { at(&a, i, j) } else { at(&b, i, j) });
-        prop_assert_eq!(vals(&picked), want, "where_cond, pattern {}", pick);
+        prop_assert_eq!(vals(&picked), each(&|e| if mv[e] != 0.0 { av[e] } else { bv[e] }), "where_cond, pattern {}", pick);
         // A scalar tensor, and a unary op on a column broadcast along the rows.
         let (x, s) = (full(seed + 7), Tensor::rand(-2.0, 2.0, &[1], seed + 9, &d).unwrap());
-        let (prod, sv) = (x.mul(&s).unwrap(), vals(&s)[0]);
-        prop_assert_eq!(vals(&prod), each(&prod, &|i, j| at(&x, i, j) * sv), "times a scalar");
-        let wide = column(seed + 5).broadcast_to(&[r, c]).unwrap();
-        prop_assert_eq!(vals(&wide.relu().unwrap()), each(&wide, &|i, j| at(&wide, i, j).max(0.0)), "relu of a column");
+        let (xv, sv) = (vals(&x), vals(&s)[0]);
+        prop_assert_eq!(vals(&x.mul(&s).unwrap()), each(&|e| xv[e] * sv), "times a scalar");
+        let spread = wide(column(seed + 5));
+        let pv = vals(&spread);
+        prop_assert_eq!(vals(&spread.relu().unwrap()), each(&|e| pv[e].max(0.0)), "relu of a column");
     }
 
     /// Contiguous rows and strided views (a transpose, a broadcast row) give the same values.

@@ -40,7 +40,8 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     // Every element is written by the engine (it replaces, not adds): no zero fill first.
     let mut out = try_take(nb * m * n)?;
     // A transposed left matrix (its columns adjacent in memory) slows the engine's packing by up
-    // to a fifth on the backward's `x^T @ g`; a tiled copy into rows costs m*k against m*k*n.
+    // to a fifth on the backward's `x^T @ g`; a blocked transpose into rows (`strided_copy`) costs m*k
+    // against m*k*n.
     let lhs_rows;
     // (Not for a left matrix broadcast over the batch: the copy would repeat it per entry.)
     let broadcast = la.strides()[..r - 2].iter().zip(&la.shape()[..r - 2]).any(|(&s, &d)| s == 0 && d > 1);

@@ -23,7 +23,9 @@ const PAR_MIN: usize = 1 << 16;
 /// Rows of a transpose's output copied as one band: the band's 8-column strip stays in L1 while
 /// its source rows are read in order.
 const BAND: usize = 128;
-/// A parallel chunk of a transpose is a multiple of this many rows (whole 8 x 8 blocks).
+/// A parallel chunk of a transpose is a multiple of this many rows, so the chunks of a matrix
+/// whose rows are a multiple of 8 hold whole 8 x 8 blocks (elsewhere a block cut by a chunk's
+/// edge is copied element by element).
 const TILE: usize = 16;
 
 /// The elements of `layout` over `data`, in row-major order, in a new vector.
@@ -86,7 +88,7 @@ pub fn to_contiguous(data: &[f32], layout: &Layout) -> Result<Vec<f32>> {
         }
     };
     if numel >= PAR_MIN && !super::one_thread() {
-        // Chunks of whole rows (for a transpose, a multiple of TILE rows, so blocks are not cut).
+        // Chunks of whole rows (for a transpose, a multiple of TILE rows).
         let rows_per = (PAR_MIN / cols).max(1);
         let rows_per = if tiled { rows_per.div_ceil(TILE) * TILE } else { rows_per };
         dst.par_chunks_mut(rows_per * cols).enumerate().for_each(|(t, c)| copy_rows(t * rows_per, c));
@@ -107,19 +109,11 @@ fn transpose_band(data: &[f32], base: usize, step: usize, out: &mut [MaybeUninit
     let _ = avx;
     for j0 in (0..cols).step_by(8) {
         let jn = 8.min(cols - j0);
-        let mut i0 = 0;
+        // Rows 0..i0 of these eight columns done in blocks.
         #[cfg(target_arch = "x86_64")]
-        if avx && jn == 8 {
-            while i0 + 8 <= n {
-                // Bounds checked here, once per block: the kernel reads 8 source rows of 8 values
-                // and writes 8 output rows of 8 values.
-                let src = &data[base + i0 + j0 * step..][..7 * step + 8];
-                let dst = &mut out[i0 * cols + j0..][..7 * cols + 8];
-                // SAFETY: AVX is present; src and dst cover every element the kernel touches.
-                unsafe { transpose8(src.as_ptr(), step, dst.as_mut_ptr().cast(), cols) };
-                i0 += 8;
-            }
-        }
+        let i0 = if avx && jn == 8 { blocks(data, base + j0 * step, step, &mut out[j0..], cols, n) } else { 0 };
+        #[cfg(not(target_arch = "x86_64"))]
+        let i0 = 0;
         for dj in 0..jn {
             let src = &data[base + i0 + (j0 + dj) * step..][..n - i0];
             for (di, &v) in src.iter().enumerate() {
@@ -127,6 +121,24 @@ fn transpose_band(data: &[f32], base: usize, step: usize, out: &mut [MaybeUninit
             }
         }
     }
+}
+
+/// The whole 8 x 8 blocks of eight output columns, `out[i * cols + j] = data[base + i + j * step]`
+/// for `j < 8` and `i` below `n` rounded down to 8 (`out` starts at the first column); returns
+/// how many rows that is. The CPU must have AVX (the caller checked).
+#[cfg(target_arch = "x86_64")]
+fn blocks(data: &[f32], base: usize, step: usize, out: &mut [MaybeUninit<f32>], cols: usize, n: usize) -> usize {
+    let mut i0 = 0;
+    while i0 + 8 <= n {
+        // Bounds checked here, once per block: the kernel reads 8 source rows of 8 values and
+        // writes 8 output rows of 8 values.
+        let src = &data[base + i0..][..7 * step + 8];
+        let dst = &mut out[i0 * cols..][..7 * cols + 8];
+        // SAFETY: the caller checked AVX; src and dst cover every element the kernel touches.
+        unsafe { transpose8(src.as_ptr(), step, dst.as_mut_ptr().cast(), cols) };
+        i0 += 8;
+    }
+    i0
 }
 
 /// `dst[i * dstride + j] = src[j * sstride + i]` for `i, j < 8`.
