@@ -57,27 +57,25 @@ fn run<const N: usize>(
     // Every element is written once, straight into the spare capacity: no zero fill first.
     let dst = &mut out.spare_capacity_mut()[..numel];
     // Whether every operand's rows are adjacent in memory, or one value repeated along the row
-    // (a scalar, a row's mean, a fill value): decided once, for every piece.
-    // Bit k: operand k repeats one value along the row (at most three operands).
+    // (a scalar, a row's mean, a fill value): decided once, for every piece. At most three
+    // operands, so the pattern below has three bits.
     let dense = rows.steps.iter().all(|&s| s <= 1) && N <= 3;
+    // Bit k: operand k repeats one value along the row.
     let splat = rows.steps.iter().enumerate().filter(|&(_, &s)| s == 0).fold(0u32, |m, (k, _)| m | 1 << k);
     // Elements `j0..j0 + o.len()` of row `i`.
     let piece = |i: usize, j0: usize, o: &mut [MaybeUninit<f32>]| {
         let base: [usize; N] = std::array::from_fn(|k| rows.starts[k][i] + j0 * rows.steps[k]);
-        if dense && splat == 0 {
-            // Each operand's row as a slice of exactly the row's length: no bounds check inside
-            // the loop, so it vectorises.
-            let ins: [&[f32]; N] = std::array::from_fn(|k| &data[k][base[k]..base[k] + o.len()]);
-            dense_rows(o, ins, &f);
-        } else if dense {
-            // Repeated operands are passed as values: the loop is compiled for the pattern of
-            // which operands repeat, so it vectorises as the dense one does.
+        if dense {
+            // Each read operand's row as a slice of exactly the row's length (no bounds check
+            // inside the loop, so it vectorises); a repeated one passed as its value, the loop
+            // compiled for the pattern of which operands repeat.
             let ins: [&[f32]; N] = std::array::from_fn(|k| {
                 let len = if rows.steps[k] == 0 { 0 } else { o.len() };
                 &data[k][base[k]..base[k] + len]
             });
             let vals: [f32; N] = std::array::from_fn(|k| data[k][base[k]]);
             match splat {
+                0 => mixed_rows::<N, 0>(o, ins, vals, &f),
                 1 => mixed_rows::<N, 1>(o, ins, vals, &f),
                 2 => mixed_rows::<N, 2>(o, ins, vals, &f),
                 3 => mixed_rows::<N, 3>(o, ins, vals, &f),
@@ -112,20 +110,8 @@ fn run<const N: usize>(
     unsafe { out.set_len(numel) };
 }
 
-/// One row of operands that are all adjacent in memory, on the widest loop the CPU has.
-#[inline(always)]
-fn dense_rows<const N: usize>(o: &mut [MaybeUninit<f32>], ins: [&[f32]; N], f: &impl Fn([f32; N]) -> f32) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: the CPU has AVX2 (checked once, at run time).
-        unsafe { dense_row_avx2(o, ins, f) };
-        return;
-    }
-    dense_row(o, ins, f);
-}
-
 /// One row where operand k repeats `vals[k]` when bit k of `M` is set and is read from `ins[k]`
-/// (adjacent in memory) otherwise, on the widest loop the CPU has.
+/// (adjacent in memory) otherwise, on the widest loop the CPU has (`M` = 0: every operand read).
 #[inline(always)]
 fn mixed_rows<const N: usize, const M: u32>(
     o: &mut [MaybeUninit<f32>],
@@ -142,6 +128,7 @@ fn mixed_rows<const N: usize, const M: u32>(
     mixed_row::<N, M>(o, ins, vals, f);
 }
 
+/// `mixed_rows` on the baseline loop.
 #[inline(always)]
 fn mixed_row<const N: usize, const M: u32>(
     o: &mut [MaybeUninit<f32>],
@@ -157,7 +144,9 @@ fn mixed_row<const N: usize, const M: u32>(
     }
 }
 
-/// `mixed_row` compiled for AVX2 (see `dense_row_avx2`).
+/// The same loop compiled for AVX2: the op is inlined into it, so its arithmetic runs eight lanes
+/// wide instead of the baseline's four. No fused multiply-adds are formed (Rust does not contract
+/// `a * b + c`), so the results are the same bits as the baseline loop's.
 ///
 /// # Safety
 /// The CPU has AVX2.
@@ -170,26 +159,6 @@ unsafe fn mixed_row_avx2<const N: usize, const M: u32>(
     f: &impl Fn([f32; N]) -> f32,
 ) {
     mixed_row::<N, M>(o, ins, vals, f)
-}
-
-/// One row of operands that are all adjacent in memory.
-#[inline(always)]
-fn dense_row<const N: usize>(o: &mut [MaybeUninit<f32>], ins: [&[f32]; N], f: &impl Fn([f32; N]) -> f32) {
-    for (j, o) in o.iter_mut().enumerate() {
-        o.write(f(std::array::from_fn(|k| ins[k][j])));
-    }
-}
-
-/// The same loop compiled for AVX2: the op is inlined into it, so its arithmetic runs eight lanes
-/// wide instead of the baseline's four. No fused multiply-adds are formed (Rust does not contract
-/// `a * b + c`), so the results are the same bits as the baseline loop's.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn dense_row_avx2<const N: usize>(o: &mut [MaybeUninit<f32>], ins: [&[f32]; N], f: &impl Fn([f32; N]) -> f32) {
-    dense_row(o, ins, f)
 }
 
 /// Whether the CPU has AVX2 (the standard library caches the answer).
@@ -391,7 +360,7 @@ mod tests {
                 let f = |[a, b]: [f32; 2]| op.apply(a, b);
                 let mut want = vec![MaybeUninit::new(0.0f32); n];
                 for (m, ins) in [(1u32, [&rep[..], &xs[..]]), (2, [&xs[..], &rep[..]]), (3, [&rep[..], &rep[..]])] {
-                    dense_row(&mut want, ins, &f);
+                    mixed_row::<2, 0>(&mut want, ins, [0.0; 2], &f);
                     let mut got = want.clone();
                     let vals = [if m & 1 == 1 { held } else { 0.0 }, if m & 2 == 2 { held } else { 0.0 }];
                     let cut: [&[f32]; 2] = std::array::from_fn(|k| if m >> k & 1 == 1 { &ins[k][..0] } else { ins[k] });
@@ -417,7 +386,7 @@ mod tests {
                 let base: [&[f32]; 3] = [&xs, &xs, &ys];
                 let ins: [&[f32]; 3] = std::array::from_fn(|k| if m >> k & 1 == 1 { &rep[..] } else { base[k] });
                 let mut want = vec![MaybeUninit::new(0.0f32); n];
-                dense_row(&mut want, ins, &f);
+                mixed_row::<3, 0>(&mut want, ins, [0.0; 3], &f);
                 let vals: [f32; 3] = std::array::from_fn(|k| if m >> k & 1 == 1 { held } else { 0.0 });
                 let cut: [&[f32]; 3] = std::array::from_fn(|k| if m >> k & 1 == 1 { &ins[k][..0] } else { ins[k] });
                 let mut got = vec![MaybeUninit::new(7.0f32); n];
@@ -473,9 +442,9 @@ mod tests {
             let f = |[v]: [f32; 1]| op.apply(v);
             let mut a = vec![MaybeUninit::new(0.0f32); xs.len()];
             let mut b = a.clone();
-            dense_row(&mut a, [&xs], &f);
+            mixed_row::<1, 0>(&mut a, [&xs], [0.0], &f);
             // SAFETY: avx2() said the CPU has AVX2.
-            unsafe { dense_row_avx2(&mut b, [&xs], &f) };
+            unsafe { mixed_row_avx2::<1, 0>(&mut b, [&xs], [0.0], &f) };
             for (i, (a, b)) in a.iter().zip(&b).enumerate() {
                 // SAFETY: both loops wrote every element.
                 let (a, b) = unsafe { (a.assume_init(), b.assume_init()) };
