@@ -1,9 +1,12 @@
-//! The two engines one strided f32 matrix product can run on: faer's x86-64 kernels
-//! (`private-gemm-x86`: AVX2+FMA or AVX-512, chosen by what the CPU reports) and the portable `gemm`
-//! crate (every other CPU, and the reference the first is tested against).
+//! The engines one strided f32 matrix product can run on: weft's own blocked kernel
+//! (`blocked_gemm`, AVX2+FMA CPUs without AVX-512), faer's x86-64 kernels (`private-gemm-x86`:
+//! AVX2+FMA or AVX-512, chosen by what the CPU reports; on AVX2 CPUs for the products weft's
+//! kernel does badly) and the portable `gemm` crate (every other CPU, and a reference the others
+//! are tested against).
 //!
-//! Measured side by side on a 2-core AVX2 EPYC (2 threads, GFLOP/s): 2048³ 128–139 against
-//! gemm's 85–106, 1024³ 118–122 against 94–100; on the MLP's 256x784x1024 they are level.
+//! Measured side by side on a 2-core AVX2 EPYC (2 threads, GFLOP/s): faer 2048³ 128–139 against
+//! gemm's 85–106, 1024³ 118–122 against 94–100; on the MLP's 256x784x1024 they are level. weft's
+//! kernel against faer: see `blocked_gemm`.
 
 use std::sync::OnceLock;
 
@@ -15,20 +18,26 @@ pub(crate) enum Engine {
     /// faer's kernels with AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// weft's own blocked kernel (AVX2 and FMA), faer's `Avx2` for the products it does badly.
+    #[cfg(target_arch = "x86_64")]
+    Weft,
     /// faer's kernels with AVX-512 (F, BW, CD, DQ, VL: the x86-64-v4 level).
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
 
 /// The engine for this CPU, decided once. `WEFT_CPU_MATMUL=portable` forces the `gemm` crate (to
-/// rule the engine out when a result looks wrong).
+/// rule the engine out when a result looks wrong), `WEFT_CPU_MATMUL=faer` faer's kernels alone.
 pub(crate) fn engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     *ENGINE.get_or_init(|| {
-        if std::env::var("WEFT_CPU_MATMUL").is_ok_and(|v| v == "portable") {
-            return Engine::Portable;
+        let forced = std::env::var("WEFT_CPU_MATMUL").unwrap_or_default();
+        match (forced.as_str(), detect()) {
+            ("portable", _) => Engine::Portable,
+            #[cfg(target_arch = "x86_64")]
+            ("faer", Engine::Weft) => Engine::Avx2,
+            (_, e) => e,
         }
-        detect()
     })
 }
 
@@ -38,7 +47,7 @@ fn detect() -> Engine {
     if has!("avx512f") && has!("avx512bw") && has!("avx512cd") && has!("avx512dq") && has!("avx512vl") {
         Engine::Avx512
     } else if has!("avx2") && has!("fma") {
-        Engine::Avx2
+        Engine::Weft
     } else {
         Engine::Portable
     }
@@ -66,13 +75,19 @@ pub(crate) struct Product {
 }
 
 impl Product {
-    /// Runs the product, overwriting every element of `dst` (k must be at least 1).
+    /// Runs the product, overwriting every element of `dst` (k must be at least 1). `Err` only
+    /// when memory for weft's packed blocks runs out.
     ///
     /// # Safety
     /// Every element the strides reach from `lhs`, `rhs` and `dst` lies inside a live allocation,
     /// strides are non-negative, and no other thread touches the `dst` elements meanwhile.
-    pub unsafe fn run(&self, engine: Engine, threads: usize) {
+    pub unsafe fn run(&self, engine: Engine, threads: usize) -> crate::Result<()> {
         debug_assert!(self.k > 0);
+        #[cfg(target_arch = "x86_64")]
+        if engine == Engine::Weft && super::blocked_gemm::suits(self.m, self.n, self.k) {
+            // SAFETY: detect() saw AVX2 and FMA; the caller's contract.
+            return unsafe { super::blocked_gemm::run(self, threads) };
+        }
         match engine {
             Engine::Portable => unsafe {
                 gemm::gemm(
@@ -98,8 +113,9 @@ impl Product {
                 )
             },
             #[cfg(target_arch = "x86_64")]
-            Engine::Avx2 | Engine::Avx512 => unsafe { self.run_x86(engine == Engine::Avx512, threads) },
+            Engine::Avx2 | Engine::Weft | Engine::Avx512 => unsafe { self.run_x86(engine == Engine::Avx512, threads) },
         }
+        Ok(())
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -161,6 +177,11 @@ mod tests {
         if engine() != Engine::Portable {
             e.push(engine());
         }
+        #[cfg(target_arch = "x86_64")]
+        if engine() == Engine::Weft {
+            // faer's kernels too: they take the products weft's kernel leaves.
+            e.push(Engine::Avx2);
+        }
         e
     }
 
@@ -185,7 +206,7 @@ mod tests {
                     let p = Product { m, n, k, dst: out.as_mut_ptr(), dst_rs: n as isize, lhs: a.as_ptr(),
                         lhs_rs: ars, lhs_cs: acs, rhs: b.as_ptr(), rhs_rs: brs, rhs_cs: bcs };
                     // SAFETY: the strides above reach only inside a, b and out.
-                    unsafe { p.run(e, threads) };
+                    unsafe { p.run(e, threads) }.unwrap();
                     for i in 0..m {
                         for j in 0..n {
                             let want: f64 = (0..k).map(|q| at(i, q) * bt(q, j)).sum();

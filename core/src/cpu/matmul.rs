@@ -1,6 +1,7 @@
 //! Batched matmul on the Cpu: cuts the work over the cores and hands each piece to the engine
 //! (`gemm_engine`), which takes arbitrary row and column strides, so transposed views are read in
-//! place; only a large transposed left matrix is first copied into rows, which the engine packs faster.
+//! place; only for faer's kernels is a large transposed left matrix first copied into rows, which
+//! they pack faster (weft's own kernel packs either as fast).
 
 use super::gemm_engine::{Engine, Product, engine};
 use super::{CpuStorage, f32_storage, try_take, try_zeros};
@@ -45,14 +46,20 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let lhs_rows;
     // (Not for a left matrix broadcast over the batch: the copy would repeat it per entry.)
     let broadcast = la.strides()[..r - 2].iter().zip(&la.shape()[..r - 2]).any(|(&s, &d)| s == 0 && d > 1);
-    let (x, ars, acs, aoffs) = if ars == 1 && acs > 1 && m > 1 && n >= 64 && work >= 1 << 20 && !broadcast {
-        // A HostBuf, so the copy's buffer goes back to the cache for the next step.
-        lhs_rows = super::HostBuf::new(super::strided_copy::to_contiguous(x, la)?);
-        (&lhs_rows[..], k as isize, 1, (0..nb).map(|i| i * m * k).collect())
-    } else {
-        (x, ars, acs, aoffs)
-    };
     let engine = engine();
+    // (weft's own kernel packs a transposed left matrix as fast as rows: no copy for it.)
+    #[cfg(target_arch = "x86_64")]
+    let packs_columns = engine == Engine::Weft && super::blocked_gemm::suits(m, n, k);
+    #[cfg(not(target_arch = "x86_64"))]
+    let packs_columns = false;
+    let (x, ars, acs, aoffs) =
+        if ars == 1 && acs > 1 && m > 1 && n >= 64 && work >= 1 << 20 && !broadcast && !packs_columns {
+            // A HostBuf, so the copy's buffer goes back to the cache for the next step.
+            lhs_rows = super::HostBuf::new(super::strided_copy::to_contiguous(x, la)?);
+            (&lhs_rows[..], k as isize, 1, (0..nb).map(|i| i * m * k).collect())
+        } else {
+            (x, ars, acs, aoffs)
+        };
     // One product on rows `0..m` and columns `c0..c0 + cn` of batch entry `i`, written to `dst`
     // (the entry's m*n row-major output).
     let block = |i: usize, dst: Dst, c0: usize, cn: usize, threads: usize| {
@@ -80,7 +87,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let base = Dst(out.as_mut_ptr());
     if nb >= threads && threads > 1 && work >= 1 << 15 {
         // Enough matrices to keep every core busy: one single-threaded product per batch entry.
-        (0..nb).into_par_iter().for_each(|i| block(i, base.at(i * m * n), 0, n, 1));
+        (0..nb).into_par_iter().try_for_each(|i| block(i, base.at(i * m * n), 0, n, 1))?;
     } else if big && engine == Engine::Portable && n >= 2 * COLS {
         // One matrix at a time, its columns cut into one block per core, each a single-threaded
         // gemm: gemm's own threading scales to about 1.4x on two cores, this to about 2x (each
@@ -89,19 +96,17 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
         let per = n.div_ceil(parts).div_ceil(COLS) * COLS;
         for i in 0..nb {
             let dst = base.at(i * m * n);
-            (0..parts).into_par_iter().for_each(|p| {
+            (0..parts).into_par_iter().try_for_each(|p| {
                 let c0 = (p * per).min(n);
                 let cn = per.min(n - c0);
-                if cn > 0 {
-                    block(i, dst, c0, cn, 1);
-                }
-            });
+                if cn > 0 { block(i, dst, c0, cn, 1) } else { Ok(()) }
+            })?;
         }
     } else {
         // The engine's own threads for a large product (faer's kernels scale to about 2x on two
         // cores), one thread for a small one.
         for i in 0..nb {
-            block(i, base.at(i * m * n), 0, n, if big { threads } else { 1 });
+            block(i, base.at(i * m * n), 0, n, if big { threads } else { 1 })?;
         }
     }
     // SAFETY: every branch above ran `block` over all batch entries and all columns 0..n of each
@@ -143,6 +148,7 @@ fn packed(
         // The kernel writes the packed matrix's columns: never let a mismatch reach it.
         return Err(crate::Error::invalid("matmul", format!("packed right matrix {:?} for a {k}x{n} one", rhs.dims())));
     }
+    let lhs = packed_gemm::PackedLhs::pack(&x[aoff..], m, ars as usize, k)?;
     let mut out = try_take(m * n)?;
     let panels = rhs.panels();
     // Columns split over the threads: each output element is summed in the same order either way.
@@ -151,9 +157,9 @@ fn packed(
     let dst = Dst(out.as_mut_ptr());
     let run = |part: usize| {
         let cols = (part * per).min(panels)..((part + 1) * per).min(panels);
-        // SAFETY: the caller checked that a's rows reach inside x (the reach check), the kernel
-        // exists (available), out has room for m*n, and each part writes only its own columns.
-        unsafe { packed_gemm::run(m, x.as_ptr().add(aoff), ars as usize, &rhs, cols, dst.ptr(), n) }
+        // SAFETY: the kernel exists (available), both operands have this k, out has room for
+        // m*n, and each part writes only its own columns.
+        unsafe { packed_gemm::run(&lhs, &rhs, cols, dst.ptr(), n) }
     };
     if parts > 1 {
         (0..parts).into_par_iter().for_each(run);

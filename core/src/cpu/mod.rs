@@ -2,9 +2,12 @@
 //! It is the oracle the GPU kernels are tested against, and the fallback device.
 
 pub(crate) mod adam;
+#[cfg(target_arch = "x86_64")]
+mod blocked_gemm;
 mod conv;
 mod elementwise;
 mod gemm_engine;
+mod gemm_pack;
 mod index;
 mod matmul;
 mod norm;

@@ -10,24 +10,21 @@
 //! 1536 1.8x, 4 rows 1.6x, 8 rows 1.25–1.35x, 16 rows 1.25x, 32 rows 1.15x on one thread; 1.8x to
 //! 1.0x on two. From 64 rows on faer is level or ahead on two threads (0.65–1.0), so it keeps them.
 //!
-//! The blocks: `k` in chunks of at most 256 (a 16-column panel chunk, 16 KiB, stays in L1 while
-//! every row passes over it; the rows, at most 32 x 256 values, stay in L1 and L2), and a 6 x 16
-//! micro-kernel with 12 accumulators. Within this kernel each output element is summed in the
-//! same order whatever `m`, `n` and the thread count, so splitting the columns over threads or
-//! devices changes no bit (a product of more rows, or with gradients, runs on faer's kernels and
-//! may round differently).
+//! The loops: `k` in chunks of at most 256 (`blocked_gemm::k_chunk`; a 16-column panel chunk,
+//! 16 KiB, stays in L1 while every row passes over it), the rows packed once per call (at most
+//! 32 x k values), and `blocked_gemm`'s 6 x 16 micro-kernel. Each output element is summed in the
+//! same order as in `blocked_gemm`, whatever `m`, `n` and the thread count: splitting the columns
+//! over threads or devices, or a 33rd row that moves the product to `blocked_gemm`, changes no
+//! bit (faer's kernels, which small and narrow products with gradients run on, may round
+//! differently).
 
+pub(crate) use super::gemm_pack::NR;
+use super::gemm_pack::{MR, Strided, a_len, b_len, pack_a, pack_b};
 use crate::{Error, Result};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-/// Columns per panel (two AVX registers).
-pub(crate) const NR: usize = 16;
-/// Rows per micro-kernel call.
-const MR: usize = 6;
-/// Most `k` values summed per pass over a panel.
-const KC: usize = 256;
-/// Products with more rows than this run on faer's kernels (see the module doc).
+/// Products with more rows than this run on `blocked_gemm` (or faer's kernels; see the module doc).
 pub(crate) const MAX_ROWS: usize = 32;
 
 /// Whether this CPU runs the kernel (AVX2 and FMA, without AVX-512: there faer's AVX-512 kernels
@@ -35,7 +32,8 @@ pub(crate) const MAX_ROWS: usize = 32;
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::gemm_engine::engine() == super::gemm_engine::Engine::Avx2
+        use super::gemm_engine::{Engine, engine};
+        matches!(engine(), Engine::Weft | Engine::Avx2)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -50,13 +48,14 @@ pub(crate) struct PackedRhs {
     k: usize,
     n: usize,
     data: Vec<f32>,
+    /// Where the panels start in `data` (on a cache line).
+    start: usize,
 }
 
 impl PackedRhs {
     /// Packs `b[off + p * rs + j * cs]` for `p < k`, `j < n`; `Err` when an element lies outside
     /// `b` or memory runs out.
     pub fn pack(b: &[f32], off: usize, rs: usize, cs: usize, k: usize, n: usize) -> Result<PackedRhs> {
-        let panels = n.div_ceil(NR);
         let last = off + k.saturating_sub(1) * rs + n.saturating_sub(1) * cs;
         if k == 0 || n == 0 || last >= b.len() {
             return Err(Error::invalid(
@@ -64,25 +63,16 @@ impl PackedRhs {
                 format!("a {k}x{n} right matrix at {off} (strides {rs}, {cs}) does not lie in its {} values", b.len()),
             ));
         }
-        let len = panels * k * NR;
+        // A line of room, so that the panels start on a cache line (see `blocked_gemm`).
+        let len = b_len(k, n) + 16;
         let mut data = Vec::new();
         data.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { bytes: len as u64 * 4, device: "cpu".into() })?;
         data.resize(len, 0.0);
-        for (j, panel) in data.chunks_mut(k * NR).enumerate() {
-            let c0 = j * NR;
-            let w = NR.min(n - c0);
-            for (p, row) in panel.chunks_mut(NR).enumerate() {
-                let start = off + p * rs + c0 * cs;
-                if cs == 1 {
-                    row[..w].copy_from_slice(&b[start..start + w]);
-                } else {
-                    for (q, v) in row[..w].iter_mut().enumerate() {
-                        *v = b[start + q * cs];
-                    }
-                }
-            }
-        }
-        Ok(PackedRhs { k, n, data })
+        let start = data.as_ptr().align_offset(64).min(16);
+        let m = Strided { ptr: b[off..].as_ptr(), rs: rs as isize, cs: cs as isize };
+        // SAFETY: the last element lies inside b (checked above); data has b_len values from start.
+        unsafe { pack_b(m, k, n, data.as_mut_ptr().add(start)) };
+        Ok(PackedRhs { k, n, data, start })
     }
 
     /// Panels of the packed matrix.
@@ -140,107 +130,68 @@ impl RhsCache {
     }
 }
 
-/// `c[i, j] = sum_p a[i * lda + p] * b[p, j]` for rows `0..m` and the columns of `panels`.
+/// The `m` rows of a left matrix packed for [`run`], chunk by chunk of `k` as the kernel sums it.
+pub(crate) struct PackedLhs {
+    m: usize,
+    k: usize,
+    data: Vec<f32>,
+}
+
+impl PackedLhs {
+    /// Packs `a[i * lda + p]` for `i < m`, `p < k` (`k >= 1`); `Err` when a row does not lie in
+    /// `a` or memory runs out.
+    pub fn pack(a: &[f32], m: usize, lda: usize, k: usize) -> Result<PackedLhs> {
+        if m == 0 || k == 0 || (m - 1) * lda + k > a.len() {
+            return Err(Error::invalid(
+                "matmul",
+                format!("{m} rows of {k} values (row stride {lda}) do not lie in {} values", a.len()),
+            ));
+        }
+        let len = a_len(m, k);
+        let mut data = super::try_take(len)?;
+        let rows = m.div_ceil(MR) * MR;
+        let kc_len = super::blocked_gemm::k_chunk(k);
+        let src = Strided { ptr: a.as_ptr(), rs: lda as isize, cs: 1 };
+        for p0 in (0..k).step_by(kc_len) {
+            // SAFETY: the rows lie in a (checked above); chunk p0 takes a_len(m, kc) - 2 values
+            // from rows * p0, and its two values of slack lie in the next chunk (packed after it)
+            // or in the two past the end.
+            unsafe { pack_a(src.at(0, p0), m, kc_len.min(k - p0), data.as_mut_ptr().add(rows * p0)) };
+        }
+        // SAFETY: the chunks wrote every value up to rows * k, and the slack is never read.
+        unsafe {
+            data.as_mut_ptr().add(rows * k).write_bytes(0, 2);
+            data.set_len(len);
+        }
+        Ok(PackedLhs { m, k, data })
+    }
+}
+
+/// `c[i, j] = sum_p a[i, p] * b[p, j]` for the rows of `a` and the columns of `panels`.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA ([`available`]); `a` reaches `(m - 1) * lda + k - 1` and `c` reaches
-/// `(m - 1) * ldc + n - 1` inside live allocations (k and n those of `b`); no other thread reads
-/// or writes the columns of `panels` in `c` meanwhile.
+/// The CPU has AVX2 and FMA ([`available`]); `a` and `b` have the same `k`; `c` reaches
+/// `(m - 1) * ldc + n - 1` inside a live allocation (m that of `a`, n that of `b`); no other
+/// thread reads or writes the columns of `panels` in `c` meanwhile.
 #[cfg(target_arch = "x86_64")]
-pub(crate) unsafe fn run(
-    m: usize,
-    a: *const f32,
-    lda: usize,
-    b: &PackedRhs,
-    panels: Range<usize>,
-    c: *mut f32,
-    ldc: usize,
-) {
-    let k = b.k;
-    // Chunks of equal size: 384 is 192 + 192, not 256 + 128.
-    let kc_len = k.div_ceil(k.div_ceil(KC));
-    let mut p0 = 0;
-    while p0 < k {
+pub(crate) unsafe fn run(a: &PackedLhs, b: &PackedRhs, panels: Range<usize>, c: *mut f32, ldc: usize) {
+    let (m, k) = (a.m, b.k);
+    debug_assert_eq!(a.k, k);
+    let rows = m.div_ceil(MR) * MR;
+    let kc_len = super::blocked_gemm::k_chunk(k);
+    for p0 in (0..k).step_by(kc_len) {
         let kc = kc_len.min(k - p0);
         for j in panels.clone() {
             let c0 = j * NR;
             let nr = NR.min(b.n - c0);
             // SAFETY: panel j, rows p0.. lie inside the packed data (j < panels, p0 + kc <= k).
-            let bp = unsafe { b.data.as_ptr().add(j * k * NR + p0 * NR) };
-            let mut i = 0;
-            while i < m {
-                let mr = MR.min(m - i);
-                // SAFETY: rows i..i+mr < m and columns p0..p0+kc < k of a, columns c0..c0+nr of
-                // c, all inside the caller's bounds.
+            let bp = unsafe { b.data.as_ptr().add(b.start + j * k * NR + p0 * NR) };
+            for i in (0..m).step_by(MR) {
+                // SAFETY: row panel i / MR of chunk p0 lies inside a's packed data; rows i..,
+                // columns c0..c0 + nr of c inside the caller's bounds.
                 unsafe {
-                    let (ap, cp) = (a.add(i * lda + p0), c.add(i * ldc + c0));
-                    let first = p0 == 0;
-                    match mr {
-                        6 => micro::<6>(kc, ap, lda, bp, cp, ldc, nr, first),
-                        5 => micro::<5>(kc, ap, lda, bp, cp, ldc, nr, first),
-                        4 => micro::<4>(kc, ap, lda, bp, cp, ldc, nr, first),
-                        3 => micro::<3>(kc, ap, lda, bp, cp, ldc, nr, first),
-                        2 => micro::<2>(kc, ap, lda, bp, cp, ldc, nr, first),
-                        _ => micro::<1>(kc, ap, lda, bp, cp, ldc, nr, first),
-                    }
-                }
-                i += mr;
-            }
-        }
-        p0 += kc;
-    }
-}
-
-/// `R` rows by 16 columns over `kc` values of `k`: `c` gets the sums (`first`) or has them added;
-/// only the first `nr` columns are written.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn micro<const R: usize>(
-    kc: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    nr: usize,
-    first: bool,
-) {
-    use std::arch::x86_64::*;
-    let mut lo = [_mm256_setzero_ps(); R];
-    let mut hi = [_mm256_setzero_ps(); R];
-    let (mut ap, mut bp) = (a, b);
-    for _ in 0..kc {
-        // SAFETY (this block): bp walks kc rows of one panel, ap kc columns of R rows (run's bounds).
-        unsafe {
-            let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
-            for r in 0..R {
-                let av = _mm256_broadcast_ss(&*ap.add(r * lda));
-                lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
-                hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
-            }
-            bp = bp.add(NR);
-            ap = ap.add(1);
-        }
-    }
-    for r in 0..R {
-        // SAFETY: row r < R of c, columns < nr (run's bounds).
-        unsafe {
-            let cp = c.add(r * ldc);
-            if nr == NR {
-                let (l, h) = if first {
-                    (lo[r], hi[r])
-                } else {
-                    (_mm256_add_ps(_mm256_loadu_ps(cp), lo[r]), _mm256_add_ps(_mm256_loadu_ps(cp.add(8)), hi[r]))
-                };
-                _mm256_storeu_ps(cp, l);
-                _mm256_storeu_ps(cp.add(8), h);
-            } else {
-                let mut t = [0f32; NR];
-                _mm256_storeu_ps(t.as_mut_ptr(), lo[r]);
-                _mm256_storeu_ps(t.as_mut_ptr().add(8), hi[r]);
-                for (q, v) in t[..nr].iter().enumerate() {
-                    *cp.add(q) = if first { *v } else { *cp.add(q) + v };
+                    let ap = a.data.as_ptr().add(rows * p0 + i * kc);
+                    super::blocked_gemm::tile_rows(MR.min(m - i), kc, ap, bp, c.add(i * ldc + c0), ldc, nr, p0 > 0);
                 }
             }
         }
@@ -273,13 +224,14 @@ mod tests {
             let packed = PackedRhs::pack(&b, off, rs, cs, k, n).unwrap();
             let mut whole = vec![f32::NAN; m * n];
             // SAFETY: a holds m rows of lda >= k values, whole m x n; the kernel exists.
-            unsafe { run(m, a.as_ptr(), lda, &packed, 0..packed.panels(), whole.as_mut_ptr(), n) };
+            let lhs = PackedLhs::pack(&a, m, lda, k).unwrap();
+            unsafe { run(&lhs, &packed, 0..packed.panels(), whole.as_mut_ptr(), n) };
             let mut split = vec![f32::NAN; m * n];
             let per = packed.panels().div_ceil(parts);
             for p in 0..parts {
                 let cols = (p * per).min(packed.panels())..((p + 1) * per).min(packed.panels());
                 // SAFETY: as above, each part its own columns.
-                unsafe { run(m, a.as_ptr(), lda, &packed, cols, split.as_mut_ptr(), n) };
+                unsafe { run(&lhs, &packed, cols, split.as_mut_ptr(), n) };
             }
             for i in 0..m {
                 for j in 0..n {

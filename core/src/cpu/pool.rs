@@ -89,6 +89,12 @@ impl HostBuf {
         std::mem::take(&mut self.data)
     }
 
+    /// The start of the buffer's room, for scratch written and read through the pointer only
+    /// (never through the vector: its length stays as it is).
+    pub(crate) fn spare_ptr(&mut self) -> *mut f32 {
+        self.data.as_mut_ptr()
+    }
+
     /// The data as the right matrix `key` of a product, packed (kept from the second use on).
     pub(crate) fn packed_rhs(
         &self,

@@ -135,23 +135,27 @@ fn blocks(data: &[f32], base: usize, step: usize, out: &mut [MaybeUninit<f32>], 
         let src = &data[base + i0..][..7 * step + 8];
         let dst = &mut out[i0 * cols..][..7 * cols + 8];
         // SAFETY: the caller checked AVX; src and dst cover every element the kernel touches.
-        unsafe { transpose8(src.as_ptr(), step, dst.as_mut_ptr().cast(), cols) };
+        unsafe {
+            let rows = std::array::from_fn(|j| src.as_ptr().add(j * step));
+            transpose8(rows, dst.as_mut_ptr().cast(), cols)
+        };
         i0 += 8;
     }
     i0
 }
 
-/// `dst[i * dstride + j] = src[j * sstride + i]` for `i, j < 8`.
+/// `dst[i * dstride + j] = rows[j][i]` for `i, j < 8`: eight rows of eight turned into columns
+/// (the stores go in order of `i`, so a `dstride` below 8 leaves each row's tail to the next).
 ///
 /// # Safety
-/// The CPU has AVX; `src` reaches `7 * sstride + 8` and `dst` `7 * dstride + 8` values.
+/// The CPU has AVX; each of `rows` reaches 8 values and `dst` `7 * dstride + 8`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn transpose8(src: *const f32, sstride: usize, dst: *mut f32, dstride: usize) {
+pub(super) unsafe fn transpose8(rows: [*const f32; 8], dst: *mut f32, dstride: usize) {
     use std::arch::x86_64::*;
     // SAFETY: the caller's bounds.
     unsafe {
-        let r = |j: usize| _mm256_loadu_ps(src.add(j * sstride));
+        let r = |j: usize| _mm256_loadu_ps(rows[j]);
         let (r0, r1, r2, r3, r4, r5, r6, r7) = (r(0), r(1), r(2), r(3), r(4), r(5), r(6), r(7));
         // Pairs interleaved, then quads, then the two 128-bit halves swapped into place.
         let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
