@@ -17,6 +17,7 @@
 
 use super::gemm_engine::Product;
 use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a, pack_b};
+use super::packed_gemm::PackedRhs;
 use super::try_take;
 use crate::Result;
 use rayon::prelude::*;
@@ -49,24 +50,31 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 
 /// Runs `p` (which must have `k >= 1`) on `threads` threads: the output cut by columns when the
 /// left matrix is the smaller (each part packs all of it and its own columns of the right), by
-/// rows otherwise. `Err` only when memory for the packed blocks runs out.
+/// rows otherwise. With `packed`, the right matrix already packed (a model's weights in
+/// inference, kept by their storage), `p.rhs` is not read and the output is cut by rows (nothing
+/// is packed twice). `Err` only when memory for the packed blocks runs out.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`).
-pub(crate) unsafe fn run(p: &Product, threads: usize) -> Result<()> {
+/// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.
+pub(crate) unsafe fn run(p: &Product, packed: Option<&PackedRhs>, threads: usize) -> Result<()> {
     let (m, n, k) = (p.m, p.n, p.k);
-    let by_cols = m <= n;
+    debug_assert!(packed.is_none_or(|b| b.dims() == (k, n)));
+    let by_cols = if packed.is_some() { m < 2 * MR * threads } else { m <= n };
     // Parts of at least two panels (or two row tiles) each.
     let most = if by_cols { n.div_ceil(2 * NR) } else { m.div_ceil(2 * MR) };
     let parts = threads.min(most).max(1);
     let (unit, len) = if by_cols { (NR, n) } else { (MR, m) };
     let per = len.div_ceil(parts).div_ceil(unit) * unit;
-    let (a, b) =
-        (Strided { ptr: p.lhs, rs: p.lhs_rs, cs: p.lhs_cs }, Strided { ptr: p.rhs, rs: p.rhs_rs, cs: p.rhs_cs });
+    let a = Strided { ptr: p.lhs, rs: p.lhs_rs, cs: p.lhs_cs };
+    let b = match packed {
+        Some(b) => Rhs::Packed(b.panels_ptr(), k * NR),
+        None => Rhs::Strided(Strided { ptr: p.rhs, rs: p.rhs_rs, cs: p.rhs_cs }),
+    };
     let c = Out(p.dst, p.dst_rs as usize);
     // Packing room per part, taken here so that a refusal is an Err before any work starts.
     let (mcap, ncap) = if by_cols { (m, per) } else { (per, n) };
-    let room = LINE + a_room(MC.min(mcap), k_chunk(k)) + b_len(k_chunk(k), NC.min(ncap));
+    let b_room = if packed.is_some() { 0 } else { b_len(k_chunk(k), NC.min(ncap)) };
+    let room = LINE + a_room(MC.min(mcap), k_chunk(k)) + b_room;
     let mut scratch = (0..parts).map(|_| try_take(room).map(super::HostBuf::new)).collect::<Result<Vec<_>>>()?;
     let part = |(t, buf): (usize, &mut super::HostBuf)| {
         let start = (t * per).min(len);
@@ -96,6 +104,31 @@ pub(crate) unsafe fn run(p: &Product, threads: usize) -> Result<()> {
     Ok(())
 }
 
+/// The right matrix: to be packed block by block, or packed already (panel `t` at
+/// `ptr + t * per`, its `k` rows of `NR` values in order).
+#[derive(Clone, Copy)]
+enum Rhs {
+    Strided(Strided),
+    Packed(*const f32, usize),
+}
+
+// SAFETY: only read, while the product's caller keeps it alive.
+unsafe impl Send for Rhs {}
+unsafe impl Sync for Rhs {}
+
+impl Rhs {
+    /// The matrix from row `p`, column `j` (for a packed one, `j` a multiple of `NR`).
+    ///
+    /// # Safety
+    /// `(p, j)` lies inside the matrix.
+    unsafe fn at(self, p: usize, j: usize) -> Rhs {
+        match self {
+            Rhs::Strided(b) => Rhs::Strided(unsafe { b.at(p, j) }),
+            Rhs::Packed(ptr, per) => Rhs::Packed(unsafe { ptr.add((j / NR) * per + p * NR) }, per),
+        }
+    }
+}
+
 /// The output: element `(i, j)` at `ptr + i * rs + j`.
 #[derive(Clone, Copy)]
 struct Out(*mut f32, usize);
@@ -117,21 +150,29 @@ impl Out {
 ///
 /// # Safety
 /// `a` (m x k), `b` (k x n) and `c` (m x n) lie in live allocations; `space` has room for
-/// `a_room(MC.min(m), k_chunk(k)) + b_len(k_chunk(k), NC.min(n))` values.
-unsafe fn blocked(m: usize, n: usize, k: usize, a: Strided, b: Strided, c: Out, space: *mut f32) {
+/// `a_room(MC.min(m), k_chunk(k))` values, and `b_len(k_chunk(k), NC.min(n))` more unless `b`
+/// is packed.
+unsafe fn blocked(m: usize, n: usize, k: usize, a: Strided, b: Rhs, c: Out, space: *mut f32) {
     let kc_len = k_chunk(k);
     let (apack, bpack) = (space, unsafe { space.add(a_room(MC.min(m), kc_len)) });
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(kc_len) {
             let kc = kc_len.min(k - pc);
-            unsafe { pack_b(b.at(pc, jc), kc, nc, bpack) };
+            // Panel t of this block at bp0 + t * per.
+            let (bp0, per) = match unsafe { b.at(pc, jc) } {
+                Rhs::Strided(block) => {
+                    unsafe { pack_b(block, kc, nc, bpack) };
+                    (bpack.cast_const(), kc * NR)
+                }
+                Rhs::Packed(ptr, per) => (ptr, per),
+            };
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
                 unsafe { pack_a(a.at(ic, pc), mc, kc, apack) };
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
-                    let bp = unsafe { bpack.add(jr * kc) };
+                    let bp = unsafe { bp0.add((jr / NR) * per) };
                     for ir in (0..mc).step_by(MR) {
                         // SAFETY: panels ir / MR and jr / NR of this block; the output tile
                         // rows ic + ir.., columns jc + jr.. lie inside c.
@@ -262,6 +303,19 @@ mod tests {
     /// `a @ b` on `threads` threads for a row-major (`kind` 0), transposed (1) or broadcast (2)
     /// left matrix and a row-major or transposed right one.
     fn product(m: usize, n: usize, k: usize, (ka, kb): (u8, u8), seed: u64, threads: usize) -> (Vec<f32>, Vec<f64>) {
+        product_with(m, n, k, (ka, kb), seed, threads, false)
+    }
+
+    /// As [`product`]; `prepacked`: the right matrix packed beforehand (as inference keeps it).
+    fn product_with(
+        m: usize,
+        n: usize,
+        k: usize,
+        (ka, kb): (u8, u8),
+        seed: u64,
+        threads: usize,
+        prepacked: bool,
+    ) -> (Vec<f32>, Vec<f64>) {
         let (ars, acs, alen) = match ka {
             0 => (k as isize, 1, m * k),
             1 => (1, m as isize, m * k),
@@ -285,7 +339,8 @@ mod tests {
             rhs_cs: bcs,
         };
         // SAFETY: the kernel exists (has_kernel), the strides reach only inside a, b and out.
-        unsafe { run(&p, threads) }.unwrap();
+        let packed = prepacked.then(|| PackedRhs::pack(&b, 0, brs as usize, bcs as usize, k, n).unwrap());
+        unsafe { run(&p, packed.as_ref(), threads) }.unwrap();
         let at = |i: usize, q: usize| a[(i as isize * ars + q as isize * acs) as usize] as f64;
         let bt = |q: usize, j: usize| b[(q as isize * brs + j as isize * bcs) as usize] as f64;
         let want = (0..m * n).map(|e| (0..k).map(|q| at(e / n, q) * bt(q, e % n)).sum()).collect();
@@ -311,6 +366,12 @@ mod tests {
                 let (more, _) = product(m, n, k, (ka, kb), seed, threads);
                 prop_assert!(one.iter().zip(&more).all(|(x, y)| x.to_bits() == y.to_bits()),
                     "m{m} n{n} k{k}: {threads} threads changed bits");
+            }
+            // A right matrix packed beforehand (cut by rows, or by columns when rows are few).
+            for threads in [1, 2, 3] {
+                let (pre, _) = product_with(m, n, k, (ka, kb), seed, threads, true);
+                prop_assert!(one.iter().zip(&pre).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "m{m} n{n} k{k}: the packed right matrix on {threads} threads changed bits");
             }
         }
     }
@@ -346,5 +407,31 @@ mod tests {
         // SAFETY: the kernel exists; out holds 32 x n values.
         unsafe { small(&lhs, &rhs, 0..rhs.panels(), out.as_mut_ptr(), n) };
         assert!(out.iter().zip(&big).all(|(x, y)| x.to_bits() == y.to_bits()), "32 rows differ from 33's first 32");
+    }
+
+    /// In inference a weight matrix is packed once and kept by its storage, and the product
+    /// gives the bits it gives with gradients on (which packs it every time).
+    #[test]
+    fn inference_keeps_the_packed_weights_and_the_same_bits() {
+        use super::super::gemm_engine::{Engine, engine};
+        use crate::{Device, Tensor};
+        if !has_kernel() || engine() != Engine::Weft {
+            eprintln!("blocked_gemm: the engine is {:?}; nothing to test", engine());
+            return;
+        }
+        let dev = Device::Cpu;
+        let x = Tensor::rand(-1.0, 1.0, &[70, 100], 1, &dev).unwrap();
+        let w = Tensor::rand(-1.0, 1.0, &[100, 90], 2, &dev).unwrap();
+        let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let with_grads = bits(&x.matmul(&w).unwrap());
+        let crate::storage::Storage::Cpu(super::super::CpuStorage::F32(buf)) = w.storage() else {
+            panic!("a Cpu f32 tensor")
+        };
+        assert_eq!(buf.rhs_layouts(), 0, "with gradients on, nothing is kept");
+        for call in 0..3 {
+            let y = crate::no_grad(|| x.matmul(&w)).unwrap();
+            assert_eq!(bits(&y), with_grads, "inference call {call}");
+        }
+        assert_eq!(buf.rhs_layouts(), 1, "the weights' packed copy is kept");
     }
 }

@@ -86,7 +86,7 @@ impl Product {
         #[cfg(target_arch = "x86_64")]
         if engine == Engine::Weft && super::blocked_gemm::suits(self.m, self.n, self.k) {
             // SAFETY: detect() saw AVX2 and FMA; the caller's contract.
-            return unsafe { super::blocked_gemm::run(self, threads) };
+            return unsafe { super::blocked_gemm::run(self, None, threads) };
         }
         match engine {
             Engine::Portable => unsafe {

@@ -9,6 +9,8 @@
 //! panels. Where the source has its values adjacent along the other axis (a row-major left
 //! matrix, a transposed right matrix), blocks of 8 x 8 are turned in registers.
 
+use std::ops::Range;
+
 /// Rows of a left panel (the micro-kernel's rows).
 pub(crate) const MR: usize = 6;
 /// Columns of a right panel (two AVX registers).
@@ -46,10 +48,9 @@ impl Strided {
     }
 }
 
-/// Values [`pack_a`] writes for `mc` rows and `kc` columns (two past the last panel: an 8-wide
-/// store of the last row of six).
+/// Values [`pack_a`] writes for `mc` rows and `kc` columns.
 pub(crate) fn a_len(mc: usize, kc: usize) -> usize {
-    mc.div_ceil(MR) * MR * kc + 2
+    mc.div_ceil(MR) * MR * kc
 }
 
 /// Values [`pack_b`] writes for `kc` rows and `nc` columns.
@@ -88,9 +89,10 @@ pub(crate) unsafe fn pack_a(a: Strided, mc: usize, kc: usize, dst: *mut f32) {
         let mut p = 0;
         if avx && rows == MR && a.cs == 1 {
             // Eight columns of the six rows at a time, turned in registers (rows 6 and 7 repeat
-            // row 5); each 8-wide store's last two values are overwritten by the next one, or
-            // lie in the next panel or the slack.
-            while p + 8 <= kc {
+            // row 5); each 8-wide store's last two values are overwritten by the next one or by
+            // the scalar loop below, which always takes the last column or more: nothing is
+            // written outside the panel, so panels can be packed by several threads at once.
+            while p + 8 < kc {
                 let src = std::array::from_fn(|j| unsafe { a.at(t * MR + j.min(MR - 1), p).ptr });
                 unsafe { turn8(src, panel.add(p * MR), MR) };
                 p += 8;
@@ -102,6 +104,27 @@ pub(crate) unsafe fn pack_a(a: Strided, mc: usize, kc: usize, dst: *mut f32) {
                 unsafe { *panel.add(p * MR + r) = v };
             }
         }
+    }
+}
+
+/// Row panels `panels` of the whole `m x k` left matrix, chunk by chunk of `k` (`kc_len` values
+/// each, the last what is left): chunk `p0` starts at `rows * p0` (`rows`: `m` rounded up to
+/// `MR`) and holds [`pack_a`]'s panels for its columns. Panels may be packed by several threads
+/// at once, each its own range.
+///
+/// # Safety
+/// As [`pack_a`], `dst` with room for [`a_len`]`(m, k)` values; `panels` within `m`'s panels.
+pub(crate) unsafe fn pack_a_chunks(a: Strided, m: usize, k: usize, kc_len: usize, panels: Range<usize>, dst: *mut f32) {
+    let rows = m.div_ceil(MR) * MR;
+    let (r0, r1) = (panels.start * MR, (panels.end * MR).min(m));
+    if r0 >= r1 {
+        return;
+    }
+    for p0 in (0..k).step_by(kc_len) {
+        let kc = kc_len.min(k - p0);
+        // SAFETY: rows r0..r1, columns p0..p0 + kc lie in the matrix; their panels start at
+        // panel r0 / MR of chunk p0, inside a_len(m, k).
+        unsafe { pack_a(a.at(r0, p0), r1 - r0, kc, dst.add(rows * p0 + r0 * kc)) };
     }
 }
 

@@ -116,11 +116,12 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     Ok(f32_storage(out))
 }
 
-/// The product on weft's own kernel (`packed_gemm`) in inference (no gradient recorded, outside a
-/// backward pass, whose weights are new storage every training step), when the CPU has AVX2
-/// without AVX-512, there is one matrix of at most `MAX_ROWS` rows and at least 16 columns, and
-/// its rows are rows in memory (unit column stride): the right matrix is packed per storage and
-/// layout, and kept from its second use (a model's weights). `None`: the engine's turn.
+/// The product on weft's own kernels in inference (no gradient recorded, outside a backward
+/// pass, whose weights are new storage every training step) when the CPU has AVX2 without
+/// AVX-512 and there is one matrix of at least 16 columns: the right matrix is packed per storage
+/// and layout, and kept from its second use (a model's weights), as onnxruntime pre-packs its
+/// constant weights. Up to `MAX_ROWS` rows whose values are adjacent (unit column stride) run on
+/// `packed_gemm`; more on `blocked_gemm` (where it suits the shape). `None`: the engine's turn.
 #[cfg(target_arch = "x86_64")]
 fn packed(
     x: &[f32],
@@ -131,16 +132,12 @@ fn packed(
     nb: usize,
     threads: usize,
 ) -> Result<Option<CpuStorage>> {
-    use super::packed_gemm;
+    use super::{blocked_gemm, packed_gemm};
     let CpuStorage::F32(buf) = b else { return Ok(None) };
     let inference = !crate::backprop::grad_enabled() && !crate::backprop::in_backward();
-    if !inference
-        || nb != 1
-        || m > packed_gemm::MAX_ROWS
-        || n < packed_gemm::NR
-        || acs != 1
-        || !packed_gemm::available()
-    {
+    let small = m <= packed_gemm::MAX_ROWS && acs == 1;
+    let big = !small && engine() == Engine::Weft && blocked_gemm::suits(m, n, k);
+    if !inference || nb != 1 || !(small || big) || n < packed_gemm::NR || !packed_gemm::available() {
         return Ok(None);
     }
     let rhs = buf.packed_rhs((boff, brs as usize, bcs as usize, k, n))?;
@@ -148,25 +145,47 @@ fn packed(
         // The kernel writes the packed matrix's columns: never let a mismatch reach it.
         return Err(crate::Error::invalid("matmul", format!("packed right matrix {:?} for a {k}x{n} one", rhs.dims())));
     }
-    let lhs = packed_gemm::PackedLhs::pack(&x[aoff..], m, ars as usize, k)?;
     let mut out = try_take(m * n)?;
-    let panels = rhs.panels();
-    // Columns split over the threads: each output element is summed in the same order either way.
-    let parts = if threads > 1 && m * n * k >= 1 << 18 { threads.min(panels) } else { 1 };
-    let per = panels.div_ceil(parts);
-    let dst = Dst(out.as_mut_ptr());
-    let run = |part: usize| {
-        let cols = (part * per).min(panels)..((part + 1) * per).min(panels);
-        // SAFETY: the kernel exists (available), both operands have this k, out has room for
-        // m*n, and each part writes only its own columns.
-        unsafe { packed_gemm::run(&lhs, &rhs, cols, dst.ptr(), n) }
-    };
-    if parts > 1 {
-        (0..parts).into_par_iter().for_each(run);
+    if big {
+        let p = Product {
+            m,
+            n,
+            k,
+            dst: out.as_mut_ptr(),
+            dst_rs: n as isize,
+            // SAFETY: aoff lies inside x (the reach check).
+            lhs: unsafe { x.as_ptr().add(aoff) },
+            lhs_rs: ars,
+            lhs_cs: acs,
+            // Not read: the packed copy stands for it.
+            rhs: std::ptr::null(),
+            rhs_rs: 0,
+            rhs_cs: 0,
+        };
+        let threads = if m * n * k >= 1 << 18 { threads } else { 1 };
+        // SAFETY: the engine is Weft (AVX2 and FMA); a's rows and columns lie inside x (the
+        // reach check), out has room for m*n, rhs is k x n.
+        unsafe { blocked_gemm::run(&p, Some(&rhs), threads) }?;
     } else {
-        run(0);
+        let lhs = packed_gemm::PackedLhs::pack(&x[aoff..], m, ars as usize, k)?;
+        let panels = rhs.panels();
+        // Columns split over the threads: each output element is summed in the same order either way.
+        let parts = if threads > 1 && m * n * k >= 1 << 18 { threads.min(panels) } else { 1 };
+        let per = panels.div_ceil(parts);
+        let dst = Dst(out.as_mut_ptr());
+        let run = |part: usize| {
+            let cols = (part * per).min(panels)..((part + 1) * per).min(panels);
+            // SAFETY: the kernel exists (available), both operands have this k, out has room for
+            // m*n, and each part writes only its own columns.
+            unsafe { packed_gemm::run(&lhs, &rhs, cols, dst.ptr(), n) }
+        };
+        if parts > 1 {
+            (0..parts).into_par_iter().for_each(run);
+        } else {
+            run(0);
+        }
     }
-    // SAFETY: the parts cover every panel, and the kernel writes every row and column of each.
+    // SAFETY: every branch wrote every row and column of the m x n output.
     unsafe { out.set_len(m * n) };
     Ok(Some(f32_storage(out)))
 }

@@ -19,7 +19,7 @@
 //! differently).
 
 pub(crate) use super::gemm_pack::NR;
-use super::gemm_pack::{MR, Strided, a_len, b_len, pack_a, pack_b};
+use super::gemm_pack::{MR, Strided, a_len, b_len, pack_a_chunks, pack_b};
 use crate::{Error, Result};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -83,6 +83,12 @@ impl PackedRhs {
     /// Rows and columns.
     pub fn dims(&self) -> (usize, usize) {
         (self.k, self.n)
+    }
+
+    /// The first panel's first value (panel `j` starts `j * k * NR` values on).
+    pub fn panels_ptr(&self) -> *const f32 {
+        // SAFETY: start lies inside data (at most 16 of its extra values).
+        unsafe { self.data.as_ptr().add(self.start) }
     }
 }
 
@@ -149,20 +155,11 @@ impl PackedLhs {
         }
         let len = a_len(m, k);
         let mut data = super::try_take(len)?;
-        let rows = m.div_ceil(MR) * MR;
-        let kc_len = super::blocked_gemm::k_chunk(k);
         let src = Strided { ptr: a.as_ptr(), rs: lda as isize, cs: 1 };
-        for p0 in (0..k).step_by(kc_len) {
-            // SAFETY: the rows lie in a (checked above); chunk p0 takes a_len(m, kc) - 2 values
-            // from rows * p0, and its two values of slack lie in the next chunk (packed after it)
-            // or in the two past the end.
-            unsafe { pack_a(src.at(0, p0), m, kc_len.min(k - p0), data.as_mut_ptr().add(rows * p0)) };
-        }
-        // SAFETY: the chunks wrote every value up to rows * k, and the slack is never read.
-        unsafe {
-            data.as_mut_ptr().add(rows * k).write_bytes(0, 2);
-            data.set_len(len);
-        }
+        // SAFETY: the rows lie in a (checked above); data has room for a_len(m, k).
+        unsafe { pack_a_chunks(src, m, k, super::blocked_gemm::k_chunk(k), 0..m.div_ceil(MR), data.as_mut_ptr()) };
+        // SAFETY: the chunks wrote every value up to rows * k = len.
+        unsafe { data.set_len(len) };
         Ok(PackedLhs { m, k, data })
     }
 }
@@ -185,7 +182,7 @@ pub(crate) unsafe fn run(a: &PackedLhs, b: &PackedRhs, panels: Range<usize>, c: 
             let c0 = j * NR;
             let nr = NR.min(b.n - c0);
             // SAFETY: panel j, rows p0.. lie inside the packed data (j < panels, p0 + kc <= k).
-            let bp = unsafe { b.data.as_ptr().add(b.start + j * k * NR + p0 * NR) };
+            let bp = unsafe { b.panels_ptr().add(j * k * NR + p0 * NR) };
             for i in (0..m).step_by(MR) {
                 // SAFETY: row panel i / MR of chunk p0 lies inside a's packed data; rows i..,
                 // columns c0..c0 + nr of c inside the caller's bounds.
