@@ -52,7 +52,8 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// left matrix is the smaller (each part packs all of it and its own columns of the right), by
 /// rows otherwise. With `packed`, the right matrix already packed (a model's weights in
 /// inference, kept by their storage), `p.rhs` is not read and the output is cut by rows (nothing
-/// is packed twice). `Err` only when memory for the packed blocks runs out.
+/// is packed twice), or by columns when there are too few rows for every thread. `Err` only when
+/// memory for the packed blocks runs out.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.
@@ -232,8 +233,10 @@ unsafe fn tile<const R: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut 
     unsafe {
         // The output tile is read (or written) after the loop: start fetching it now.
         for r in 0..R {
+            // (wrapping: with fewer than NR columns the row's last value may lie past the
+            // output; a prefetch never faults, but an out-of-bounds `add` is undefined.)
             _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc).cast());
-            _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc + NR - 1).cast());
+            _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(r * ldc + NR - 1).cast());
         }
         let (mut ap, mut bp) = (a, b);
         // One value of k: two loads of the right panel, R broadcasts of the left, 2R FMAs.
@@ -338,8 +341,8 @@ mod tests {
             rhs_rs: brs,
             rhs_cs: bcs,
         };
-        // SAFETY: the kernel exists (has_kernel), the strides reach only inside a, b and out.
         let packed = prepacked.then(|| PackedRhs::pack(&b, 0, brs as usize, bcs as usize, k, n).unwrap());
+        // SAFETY: the kernel exists (has_kernel), the strides reach only inside a, b and out.
         unsafe { run(&p, packed.as_ref(), threads) }.unwrap();
         let at = |i: usize, q: usize| a[(i as isize * ars + q as isize * acs) as usize] as f64;
         let bt = |q: usize, j: usize| b[(q as isize * brs + j as isize * bcs) as usize] as f64;
@@ -377,16 +380,20 @@ mod tests {
     }
 
     /// Wider than one packed block of the right matrix (4080 columns): the second block's
-    /// columns are right too.
+    /// columns are right too, however the threads cut the output.
     #[test]
     fn crosses_the_column_blocks() {
         if !has_kernel() {
             return;
         }
-        let (m, n, k) = (7, NC + 37, 40);
-        let (got, want) = product(m, n, k, (0, 0), 5, 2);
-        for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
-            assert!((g as f64 - w).abs() <= 1e-4, "at ({}, {}): {g} vs {w}", e / n, e % n);
+        // 7 rows: cut by columns, packed here or beforehand; 150 rows (more than one row block):
+        // cut by columns when packed here, by rows when packed beforehand.
+        for (m, prepacked) in [(7, false), (7, true), (150, false), (150, true)] {
+            let (n, k) = (NC + 37, 40);
+            let (got, want) = product_with(m, n, k, (0, 0), 5, 2, prepacked);
+            for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!((g as f64 - w).abs() <= 1e-4, "m{m} packed {prepacked} at ({}, {}): {g} vs {w}", e / n, e % n);
+            }
         }
     }
 
@@ -432,6 +439,7 @@ mod tests {
             let y = crate::no_grad(|| x.matmul(&w)).unwrap();
             assert_eq!(bits(&y), with_grads, "inference call {call}");
         }
-        assert_eq!(buf.rhs_layouts(), 1, "the weights' packed copy is kept");
+        assert_eq!(buf.rhs_layouts(), 1, "one layout remembered");
+        assert_eq!(buf.rhs_copies(), 1, "the weights' packed copy is kept");
     }
 }

@@ -27,7 +27,8 @@ pub(crate) enum Engine {
 }
 
 /// The engine for this CPU, decided once. `WEFT_CPU_MATMUL=portable` forces the `gemm` crate (to
-/// rule the engine out when a result looks wrong), `WEFT_CPU_MATMUL=faer` faer's kernels alone.
+/// rule the engine out when a result looks wrong), `WEFT_CPU_MATMUL=faer` faer's kernels for
+/// every product but inference's small batches (`packed_gemm`, which stays weft's).
 pub(crate) fn engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     *ENGINE.get_or_init(|| {

@@ -8,6 +8,10 @@
 //! Rows or columns past the matrix's edge are packed as zeros, so the kernel always reads whole
 //! panels. Where the source has its values adjacent along the other axis (a row-major left
 //! matrix, a transposed right matrix), blocks of 8 x 8 are turned in registers.
+//!
+//! Off x86-64 only the right matrix's packing is used (the small-batch kernel's weights cache
+//! exists everywhere; the kernels that read packed left matrices are x86-64 only).
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use std::ops::Range;
 
@@ -246,6 +250,36 @@ mod tests {
                     let w = if j < cols { want(p, j) } else { 0.0 };
                     prop_assert_eq!(got, w, "b[{}, {}] of {}x{} kind {}", p, j, rows, cols, kind);
                 }
+            }
+        }
+    }
+
+    /// A whole left matrix packed chunk by chunk, in one pass or as separate ranges of panels
+    /// (as threads share the work), gives the same values: each range lands at its own offset
+    /// and writes nothing outside its panels.
+    #[test]
+    fn panel_ranges_pack_as_one_pass() {
+        let (m, k, kc): (usize, usize, usize) = (29, 70, 32);
+        let src: Vec<f32> = (0..m * k).map(|i| i as f32 + 0.25).collect();
+        let a = Strided { ptr: src.as_ptr(), rs: k as isize, cs: 1 };
+        let panels = m.div_ceil(MR);
+        let mut whole = vec![f32::NAN; a_len(m, k)];
+        unsafe { pack_a_chunks(a, m, k, kc, 0..panels, whole.as_mut_ptr()) };
+        for cuts in [vec![0, 1, panels], vec![0, 2, 3, panels], vec![0, panels - 1, panels]] {
+            let mut parts = vec![f32::NAN; a_len(m, k)];
+            for w in cuts.windows(2) {
+                unsafe { pack_a_chunks(a, m, k, kc, w[0]..w[1], parts.as_mut_ptr()) };
+            }
+            assert!(whole.iter().zip(&parts).all(|(x, y)| x.to_bits() == y.to_bits()), "cuts {cuts:?}");
+        }
+        // And where the kernel reads them: chunk p0 at rows * p0, panel t at t * MR * kc.
+        let rows = panels * MR;
+        for p in 0..k {
+            let (p0, kc_here) = (p / kc * kc, kc.min(k - p / kc * kc));
+            for i in 0..rows {
+                let got = whole[rows * p0 + (i / MR) * MR * kc_here + (p - p0) * MR + i % MR];
+                let want = if i < m { src[i * k + p] } else { 0.0 };
+                assert_eq!(got, want, "a[{i}, {p}]");
             }
         }
     }

@@ -3,24 +3,29 @@
 //! matrix (a layer's weights) is packed into 16-column panels; a storage keeps its packed copy
 //! from its second use in the same layout on, so a model's weights are packed on their first two
 //! calls and never again, as onnxruntime pre-packs its constant weights. This costs a second copy
-//! of the weights while they live. The left matrix is read in place.
+//! of the weights while they live. (Products of more rows in inference use the same kept copy,
+//! on `blocked_gemm`.)
 //!
 //! Why not faer's kernels here: with few rows they cannot amortise their own packing. Measured in
-//! one process, best of 9 runs each (AMD EPYC Zen 3, AVX2), this kernel against faer's: 1 x 384 x
-//! 1536 1.8x, 4 rows 1.6x, 8 rows 1.25–1.35x, 16 rows 1.25x, 32 rows 1.15x on one thread; 1.8x to
-//! 1.0x on two. From 64 rows on faer is level or ahead on two threads (0.65–1.0), so it keeps them.
+//! one process, best of 9 runs each (AMD EPYC Zen 3, AVX2), this kernel (reading its rows in
+//! place, before they were packed) against faer's: 1 x 384 x 1536 1.8x, 4 rows 1.6x, 8 rows
+//! 1.25–1.35x, 16 rows 1.25x, 32 rows 1.15x on one thread; 1.8x to 1.0x on two.
 //!
 //! The loops: `k` in chunks of at most 256 (`blocked_gemm::k_chunk`; a 16-column panel chunk,
 //! 16 KiB, stays in L1 while every row passes over it), the rows packed once per call (at most
-//! 32 x k values), and `blocked_gemm`'s 6 x 16 micro-kernel. Each output element is summed in the
-//! same order as in `blocked_gemm`, whatever `m`, `n` and the thread count: splitting the columns
-//! over threads or devices, or a 33rd row that moves the product to `blocked_gemm`, changes no
-//! bit (faer's kernels, which small and narrow products with gradients run on, may round
-//! differently).
+//! 32 x k values, `PackedLhs`), and `blocked_gemm`'s 6 x 16 micro-kernel. Each output element is
+//! summed in the same order as in `blocked_gemm`, whatever `m`, `n` and the thread count:
+//! splitting the columns over threads or devices changes no bit, nor does a 33rd row where the
+//! larger product runs on `blocked_gemm` (the engine is weft's, the shape `suits` it, the rows'
+//! values adjacent). faer's kernels, which take narrow and small products with gradients, may
+//! round differently.
 
 pub(crate) use super::gemm_pack::NR;
-use super::gemm_pack::{MR, Strided, a_len, b_len, pack_a_chunks, pack_b};
+#[cfg(target_arch = "x86_64")]
+use super::gemm_pack::{MR, a_len, pack_a_chunks};
+use super::gemm_pack::{Strided, b_len, pack_b};
 use crate::{Error, Result};
+#[cfg(target_arch = "x86_64")]
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -86,6 +91,7 @@ impl PackedRhs {
     }
 
     /// The first panel's first value (panel `j` starts `j * k * NR` values on).
+    #[cfg(target_arch = "x86_64")]
     pub fn panels_ptr(&self) -> *const f32 {
         // SAFETY: start lies inside data (at most 16 of its extra values).
         unsafe { self.data.as_ptr().add(self.start) }
@@ -110,6 +116,12 @@ impl RhsCache {
     #[cfg(test)]
     pub fn layouts(&self) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// How many packed copies are kept (for tests).
+    #[cfg(test)]
+    pub fn copies(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|(_, p)| p.is_some()).count()
     }
 
     /// The packed matrix at `key`: kept from an earlier use, packed and kept on the second use, or
@@ -137,12 +149,14 @@ impl RhsCache {
 }
 
 /// The `m` rows of a left matrix packed for [`run`], chunk by chunk of `k` as the kernel sums it.
+#[cfg(target_arch = "x86_64")]
 pub(crate) struct PackedLhs {
     m: usize,
     k: usize,
     data: Vec<f32>,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl PackedLhs {
     /// Packs `a[i * lda + p]` for `i < m`, `p < k` (`k >= 1`); `Err` when a row does not lie in
     /// `a` or memory runs out.

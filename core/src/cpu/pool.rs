@@ -91,6 +91,7 @@ impl HostBuf {
 
     /// The start of the buffer's room, for scratch written and read through the pointer only
     /// (never through the vector: its length stays as it is).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn spare_ptr(&mut self) -> *mut f32 {
         self.data.as_mut_ptr()
     }
@@ -107,6 +108,12 @@ impl HostBuf {
     #[cfg(test)]
     pub(crate) fn rhs_layouts(&self) -> usize {
         self.rhs.layouts()
+    }
+
+    /// How many packed copies of this storage as a right matrix are kept (for tests).
+    #[cfg(test)]
+    pub(crate) fn rhs_copies(&self) -> usize {
+        self.rhs.copies()
     }
 }
 
