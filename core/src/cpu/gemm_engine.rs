@@ -59,6 +59,21 @@ fn detect() -> Engine {
     Engine::Portable
 }
 
+/// Whether `engine` runs an `m x k` by `k x n` product on weft's own blocked kernel (the one
+/// place that decides it: the product itself, matmul's copy of a transposed left matrix and
+/// inference's kept weights all ask here).
+pub(crate) fn on_weft(engine: Engine, m: usize, n: usize, k: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        engine == Engine::Weft && super::blocked_gemm::suits(m, n, k)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (engine, m, n, k);
+        false
+    }
+}
+
 /// One strided product, `dst[i, j] = sum_p lhs[i, p] * rhs[p, j]` for an `m x n` output with row
 /// stride `dst_rs` and column stride 1, on `threads` threads (1: the caller's thread only).
 pub(crate) struct Product {
@@ -85,7 +100,7 @@ impl Product {
     pub unsafe fn run(&self, engine: Engine, threads: usize) -> crate::Result<()> {
         debug_assert!(self.k > 0);
         #[cfg(target_arch = "x86_64")]
-        if engine == Engine::Weft && super::blocked_gemm::suits(self.m, self.n, self.k) {
+        if on_weft(engine, self.m, self.n, self.k) {
             // SAFETY: detect() saw AVX2 and FMA; the caller's contract.
             return unsafe { super::blocked_gemm::run(self, None, threads) };
         }

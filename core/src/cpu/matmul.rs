@@ -3,7 +3,7 @@
 //! place; only for faer's kernels is a large transposed left matrix first copied into rows, which
 //! they pack faster (weft's own kernel packs either as fast).
 
-use super::gemm_engine::{Engine, Product, engine};
+use super::gemm_engine::{Engine, Product, engine, on_weft};
 use super::{CpuStorage, f32_storage, try_take, try_zeros};
 use crate::{Layout, Result};
 use rayon::prelude::*;
@@ -48,10 +48,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let broadcast = la.strides()[..r - 2].iter().zip(&la.shape()[..r - 2]).any(|(&s, &d)| s == 0 && d > 1);
     let engine = engine();
     // (weft's own kernel packs a transposed left matrix as fast as rows: no copy for it.)
-    #[cfg(target_arch = "x86_64")]
-    let packs_columns = engine == Engine::Weft && super::blocked_gemm::suits(m, n, k);
-    #[cfg(not(target_arch = "x86_64"))]
-    let packs_columns = false;
+    let packs_columns = on_weft(engine, m, n, k);
     let (x, ars, acs, aoffs) =
         if ars == 1 && acs > 1 && m > 1 && n >= 64 && work >= 1 << 20 && !broadcast && !packs_columns {
             // A HostBuf, so the copy's buffer goes back to the cache for the next step.
@@ -136,7 +133,7 @@ fn packed(
     let CpuStorage::F32(buf) = b else { return Ok(None) };
     let inference = !crate::backprop::grad_enabled() && !crate::backprop::in_backward();
     let small = m <= packed_gemm::MAX_ROWS && acs == 1;
-    let big = !small && engine() == Engine::Weft && blocked_gemm::suits(m, n, k);
+    let big = !small && on_weft(engine(), m, n, k);
     if !inference || nb != 1 || !(small || big) || n < packed_gemm::NR || !packed_gemm::available() {
         return Ok(None);
     }
