@@ -1,12 +1,19 @@
 //! The engines one strided f32 matrix product can run on: weft's own blocked kernel
-//! (`blocked_gemm`, AVX2+FMA CPUs without AVX-512), faer's x86-64 kernels (`private-gemm-x86`:
-//! AVX2+FMA or AVX-512, chosen by what the CPU reports; on AVX2 CPUs for the products weft's
-//! kernel does badly) and the portable `gemm` crate (every other CPU, and a reference the others
-//! are tested against).
+//! (`blocked_gemm`, AVX2+FMA), faer's x86-64 kernels (`private-gemm-x86`: AVX2+FMA or AVX-512; on
+//! the CPUs where weft's kernel runs, faer takes the products it does badly) and the portable
+//! `gemm` crate (every other CPU, and a reference the others are tested against).
 //!
 //! Measured side by side on a 2-core AVX2 EPYC (2 threads, GFLOP/s): faer 2048³ 128–139 against
 //! gemm's 85–106, 1024³ 118–122 against 94–100; on the MLP's 256x784x1024 they are level. weft's
 //! kernel against faer: see `blocked_gemm`.
+//!
+//! Which CPUs get weft's kernel: every one with AVX2 and FMA, except those whose AVX-512 doubles
+//! the multiply-adds a cycle. AMD's Zen 4 (family 0x19 with AVX-512) runs a 512-bit FMA as two
+//! 256-bit halves on the same two pipes AVX2 uses, so AVX-512 buys it no arithmetic; on a Zen 4
+//! the gemm crate's AVX2 kernel reached OpenBLAS's AVX-512 one at 1024³ in one of two side-by-side
+//! runs (0.66 in the other), and weft's kernel beats that kernel by 1.3x or more on Zen 3.
+//! Intel's AVX-512 server cores (two 512-bit FMA pipes) and Zen 5 (family 0x1a, 512-bit pipes)
+//! keep faer's AVX-512 kernels.
 
 use std::sync::OnceLock;
 
@@ -28,30 +35,60 @@ pub(crate) enum Engine {
 
 /// The engine for this CPU, decided once. `WEFT_CPU_MATMUL=portable` forces the `gemm` crate (to
 /// rule the engine out when a result looks wrong), `WEFT_CPU_MATMUL=faer` faer's kernels for
-/// every product but inference's small batches (`packed_gemm`, which stays weft's).
+/// every product but inference's small batches (`packed_gemm`, which stays weft's where the CPU
+/// has it), with AVX-512 where the CPU has it; `WEFT_CPU_MATMUL=weft` weft's kernel on any CPU
+/// with AVX2 and FMA (to compare it with faer's AVX-512 kernels on one machine).
 pub(crate) fn engine() -> Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    *ENGINE.get_or_init(|| {
-        let forced = std::env::var("WEFT_CPU_MATMUL").unwrap_or_default();
-        match (forced.as_str(), detect()) {
-            ("portable", _) => Engine::Portable,
-            #[cfg(target_arch = "x86_64")]
-            ("faer", Engine::Weft) => Engine::Avx2,
-            (_, e) => e,
+    *ENGINE.get_or_init(|| forced(&std::env::var("WEFT_CPU_MATMUL").unwrap_or_default(), detect()))
+}
+
+/// The engine `WEFT_CPU_MATMUL=name` asks for, given the one detected (an unknown name or one the
+/// CPU cannot run leaves it).
+fn forced(name: &str, detected: Engine) -> Engine {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (avx512, avx2) = x86_levels();
+        match name {
+            "faer" if avx512 => return Engine::Avx512,
+            "faer" if avx2 => return Engine::Avx2,
+            "weft" if avx2 => return Engine::Weft,
+            _ => {}
         }
-    })
+    }
+    if name == "portable" { Engine::Portable } else { detected }
+}
+
+/// Whether the CPU has the x86-64-v4 AVX-512 set (F, BW, CD, DQ, VL), and AVX2 with FMA.
+#[cfg(target_arch = "x86_64")]
+fn x86_levels() -> (bool, bool) {
+    use std::arch::is_x86_feature_detected as has;
+    let avx512 = has!("avx512f") && has!("avx512bw") && has!("avx512cd") && has!("avx512dq") && has!("avx512vl");
+    (avx512, has!("avx2") && has!("fma"))
 }
 
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Engine {
-    use std::arch::is_x86_feature_detected as has;
-    if has!("avx512f") && has!("avx512bw") && has!("avx512cd") && has!("avx512dq") && has!("avx512vl") {
-        Engine::Avx512
-    } else if has!("avx2") && has!("fma") {
-        Engine::Weft
-    } else {
-        Engine::Portable
+    match x86_levels() {
+        (true, true) if splits_512_bit_ops() => Engine::Weft,
+        (true, _) => Engine::Avx512,
+        (false, true) => Engine::Weft,
+        (false, false) => Engine::Portable,
     }
+}
+
+/// Whether this is an AMD family 0x19 CPU (Zen 3 and Zen 4; only Zen 4 has AVX-512, and it runs
+/// each 512-bit multiply-add as two 256-bit halves: no more arithmetic a cycle than AVX2).
+#[cfg(target_arch = "x86_64")]
+fn splits_512_bit_ops() -> bool {
+    use std::arch::x86_64::__cpuid;
+    let vendor = __cpuid(0);
+    // "AuthenticAMD", spread over ebx, edx, ecx.
+    let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+    let eax = __cpuid(1).eax;
+    let base = (eax >> 8) & 0xf;
+    let family = if base == 0xf { base + ((eax >> 20) & 0xff) } else { base };
+    amd && family == 0x19
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -197,8 +234,51 @@ mod tests {
         if engine() == Engine::Weft {
             // faer's kernels too: they take the products weft's kernel leaves.
             e.push(Engine::Avx2);
+            if x86_levels().0 {
+                e.push(Engine::Avx512);
+            }
         }
         e
+    }
+
+    /// `WEFT_CPU_MATMUL` names an engine the CPU can run, or leaves the detected one.
+    #[test]
+    fn forced_engines() {
+        assert_eq!(forced("portable", detect()), Engine::Portable);
+        assert_eq!(forced("", detect()), detect());
+        assert_eq!(forced("no-such-engine", detect()), detect());
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (avx512, avx2) = x86_levels();
+            let faer = if avx512 {
+                Engine::Avx512
+            } else if avx2 {
+                Engine::Avx2
+            } else {
+                detect()
+            };
+            assert_eq!(forced("faer", detect()), faer);
+            assert_eq!(forced("weft", detect()), if avx2 { Engine::Weft } else { detect() });
+            // Without AVX-512, every CPU with AVX2 and FMA runs weft's kernel by default.
+            if !avx512 && avx2 {
+                assert_eq!(detect(), Engine::Weft);
+            }
+        }
+    }
+
+    /// The family decoded from CPUID agrees with the kernel's (Linux's /proc/cpuinfo).
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn cpuid_family_agrees_with_the_kernel() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let field = |name: &str| {
+            info.lines().find(|l| l.starts_with(name)).and_then(|l| l.split(':').nth(1)).map(|v| v.trim().to_string())
+        };
+        let (Some(vendor), Some(family)) = (field("vendor_id"), field("cpu family")) else {
+            panic!("/proc/cpuinfo names no vendor_id or cpu family");
+        };
+        let want = vendor == "AuthenticAMD" && family == "25";
+        assert_eq!(splits_512_bit_ops(), want, "vendor {vendor}, family {family}");
     }
 
     proptest! {

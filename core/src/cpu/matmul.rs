@@ -114,8 +114,8 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
 }
 
 /// The product on weft's own kernels in inference (no gradient recorded, outside a backward
-/// pass, whose weights are new storage every training step) when the CPU has AVX2 without
-/// AVX-512 and there is one matrix of at least 16 columns: the right matrix is packed per storage
+/// pass, whose weights are new storage every training step) when the CPU runs weft's kernels
+/// (`packed_gemm::available`) and there is one matrix of at least 16 columns: the right matrix is packed per storage
 /// and layout, and kept from its second use (a model's weights), as onnxruntime pre-packs its
 /// constant weights. Up to `MAX_ROWS` rows whose values are adjacent (unit column stride) run on
 /// `packed_gemm`; more on `blocked_gemm` (where it suits the shape). `None`: the engine's turn.

@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex};
 /// Products with more rows than this run on `blocked_gemm` (or faer's kernels; see the module doc).
 pub(crate) const MAX_ROWS: usize = 32;
 
-/// Whether this CPU runs the kernel (AVX2 and FMA, without AVX-512: there faer's AVX-512 kernels
-/// are twice as wide).
+/// Whether this CPU runs the kernel (AVX2 and FMA, where `gemm_engine` picks weft's engine or
+/// faer's AVX2 one; where it picks faer's AVX-512 kernels, those have twice the arithmetic a cycle).
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
