@@ -1,5 +1,6 @@
-//! f32 matmul throughput (GFLOP/s) on every device found; on GPUs also each kernel variant at
-//! 1024 and the adapter's FMA ceiling; and small-batch inference products (a few rows times a
+//! f32 matmul throughput (GFLOP/s) on every device found (sizes: `WEFT_BENCH_SIZES`, default 256
+//! to 2048); on GPUs also each kernel variant at 1024, the adapter's FMA ceiling and each size's
+//! share of it; and small-batch inference products (a few rows times a
 //! 384 x 1536 weight, without gradients, as `predict` runs them). `cargo bench --bench matmul`
 //! (WEFT_BENCH_DEVICES=cpu,gpu:0 chooses the devices).
 
@@ -16,15 +17,25 @@ fn gflops(dev: &Device, batch: usize, n: usize) -> Result<f64> {
     Ok(2.0 * (batch * n * n * n) as f64 / secs / 1e9)
 }
 
+/// The square sizes to measure: `WEFT_BENCH_SIZES=1024,4096,8192` (default 256 to 2048).
+fn sizes() -> Result<Vec<usize>> {
+    let Ok(list) = std::env::var("WEFT_BENCH_SIZES") else {
+        return Ok(vec![256, 512, 1024, 2048]);
+    };
+    list.split(',').map(|s| s.trim().parse().map_err(|e| Error::Msg(format!("WEFT_BENCH_SIZES: {s:?}: {e}")))).collect()
+}
+
 fn main() -> Result<()> {
     // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
     // who sets the thread count does.
     weft::set_num_threads(0)?;
     for dev in common::devices() {
+        let mut peak = None;
         if let Device::Gpu(ctx) = &dev {
             // The adapter's own limit: a kernel of nothing but independent multiply-adds.
-            let peak = weft::core::gpu::fma_peak(ctx)?;
-            common::report("fma_peak", &dev, "-", peak / 1e9, "GFLOP/s");
+            let p = weft::core::gpu::fma_peak(ctx)?;
+            common::report("fma_peak", &dev, "-", p / 1e9, "GFLOP/s");
+            peak = Some(p);
             let ranking: Vec<&str> = weft::core::gpu::matmul_ranking(ctx)?.iter().map(|v| v.kernel).collect();
             eprintln!("{}: matmul autotune ranking {ranking:?}", dev.describe());
             for v in weft::core::gpu::MATMUL_VARIANTS {
@@ -35,11 +46,14 @@ fn main() -> Result<()> {
                 common::report(&format!("matmul[{}]", v.kernel), &forced, "1024", gflops(&forced, 1, 1024)?, "GFLOP/s");
             }
         }
-        for (label, batch, n) in
-            [("256", 1, 256), ("512", 1, 512), ("1024", 1, 1024), ("2048", 1, 2048), ("16x256x256x256", 16, 256)]
-        {
-            common::report("matmul", &dev, label, gflops(&dev, batch, n)?, "GFLOP/s");
+        for n in sizes()? {
+            let g = gflops(&dev, 1, n)?;
+            common::report("matmul", &dev, &n.to_string(), g, "GFLOP/s");
+            if let Some(peak) = peak {
+                common::report("matmul_of_fma_peak", &dev, &n.to_string(), 100.0 * g * 1e9 / peak, "%");
+            }
         }
+        common::report("matmul", &dev, "16x256x256x256", gflops(&dev, 16, 256)?, "GFLOP/s");
         for rows in [1, 8, 32] {
             let x = Tensor::rand(-1.0, 1.0, &[rows, 384], 1, &dev)?;
             let w = Tensor::rand(-1.0, 1.0, &[384, 1536], 2, &dev)?;

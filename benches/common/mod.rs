@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use weft::prelude::*;
 
 /// Cpu and a device on every adapter found (lavapipe included). `WEFT_BENCH_DEVICES=cpu,gpu:0`
-/// restricts the list.
+/// restricts the list; `gpu` alone names every hardware adapter (not lavapipe).
 pub fn devices() -> Vec<Device> {
     let filter = std::env::var("WEFT_BENCH_DEVICES").ok();
     let mut out = Vec::new();
@@ -14,7 +14,8 @@ pub fn devices() -> Vec<Device> {
         out.push(Device::Cpu);
     }
     for a in weft::devices() {
-        if !wanted(&format!("gpu:{}", a.index)) {
+        let hardware = filter.is_some() && wanted("gpu") && !a.is_software;
+        if !wanted(&format!("gpu:{}", a.index)) && !hardware {
             continue;
         }
         match Device::gpu(a.index) {
