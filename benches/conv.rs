@@ -1,12 +1,14 @@
 //! Convolution and pooling: GFLOP/s of a 3x3 "same" convolution forward and of its two
 //! gradients (a ResNet-like [32, 32, 32, 64] -> 64 layer, and the digits CNN's [32, 8, 8, 32] ->
-//! 32), and the digits_cnn training step, on every device found. `cargo bench --bench conv`
+//! 32), the digits_cnn training step, and a CIFAR-sized CNN's training step and inference (the
+//! model `benches/peers/cnn_keras.py` builds in Keras: `bash benches/peers/cnn_side.sh` runs
+//! both), on every device found. `cargo bench --bench conv`
 
 mod common;
 
 use std::time::Duration;
 use weft::core::conv::Padding;
-use weft::nn::layers::{Conv2D, Dense, Dropout, GlobalAveragePooling2D, MaxPooling2D};
+use weft::nn::layers::{Conv2D, Dense, Dropout, Flatten, GlobalAveragePooling2D, MaxPooling2D};
 use weft::nn::optim::Adam;
 use weft::nn::{Activation, Loss, Model, Sequential};
 use weft::prelude::*;
@@ -32,21 +34,47 @@ fn main() -> Result<()> {
             let secs = common::time_per_call(&dev, Duration::from_secs(1), 3, || pool().map(drop))?;
             common::report("max_pool2d_2x2", &dev, &size, (n * h * w * c * 4) as f64 / secs / 1e9, "GB/s");
         }
-        let conv = |filters| Conv2D::new(filters, [3, 3]).padding(Padding::Same).activation(Activation::Relu);
-        let net = Sequential::new()
-            .add(conv(32))
-            .add(conv(32))
-            .add(MaxPooling2D::new([2, 2]))
-            .add(conv(64))
-            .add(GlobalAveragePooling2D::new())
-            .add(Dropout::new(0.2))
-            .add(Dense::new(10));
+        let net = conv_stem().add(GlobalAveragePooling2D::new()).add(Dropout::new(0.2)).add(Dense::new(10));
         let mut model = Model::new(net, &dev);
         model.compile(Adam::new(1e-3), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[])?;
         let x = Tensor::rand(0.0, 1.0, &[32, 8, 8, 1], 3, &dev)?;
         let y = Tensor::from_vec((0..32u32).map(|i| i % 10).collect(), &[32], &dev)?;
         let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || model.train_on_batch(&x, &y).map(drop))?;
         common::report("digits_cnn_train_step", &dev, "batch 32", 1.0 / secs, "steps/s");
+        cifar_cnn(&dev)?;
     }
     Ok(())
+}
+
+/// 32x32x3 inputs through Conv2D 32-32 (3x3 same, ReLU), max pooling, Conv2D 64-64, max pooling,
+/// Dense 128 ReLU and Dense 10; Adam, batch 64: training steps/s and inference samples/s.
+fn cifar_cnn(dev: &Device) -> Result<()> {
+    let net = conv_stem()
+        .add(conv3x3(64))
+        .add(MaxPooling2D::new([2, 2]))
+        .add(Flatten::new())
+        .add(Dense::new(128).activation(Activation::Relu))
+        .add(Dense::new(10));
+    let mut model = Model::new(net, dev);
+    model.compile(Adam::new(1e-3), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[])?;
+    let b = 64;
+    let x = Tensor::rand(0.0, 1.0, &[b, 32, 32, 3], 3, dev)?;
+    let y = Tensor::from_vec((0..b as u32).map(|i| i % 10).collect(), &[b], dev)?;
+    let budget = Duration::from_secs(if dev.is_gpu() { 6 } else { 4 });
+    let secs = common::time_per_call(dev, budget, 3, || model.train_on_batch(&x, &y).map(drop))?;
+    common::report("cifar_cnn_train_step", dev, "b64", 1.0 / secs, "steps/s");
+    let xi = Tensor::rand(0.0, 1.0, &[4 * b, 32, 32, 3], 4, dev)?;
+    let secs = common::time_per_call(dev, budget, 3, || model.predict(&xi, b)?.to_vec::<f32>().map(drop))?;
+    common::report("cifar_cnn_infer", dev, "b64", (4 * b) as f64 / secs, "samples/s");
+    Ok(())
+}
+
+/// A 3x3 "same" convolution with ReLU.
+fn conv3x3(filters: usize) -> Conv2D {
+    Conv2D::new(filters, [3, 3]).padding(Padding::Same).activation(Activation::Relu)
+}
+
+/// Conv2D 32, 32, max pooling, Conv2D 64: how both CNNs here begin.
+fn conv_stem() -> Sequential {
+    Sequential::new().add(conv3x3(32)).add(conv3x3(32)).add(MaxPooling2D::new([2, 2])).add(conv3x3(64))
 }

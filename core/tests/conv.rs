@@ -288,3 +288,68 @@ fn empty_axes_and_huge_windows_are_errs_not_panics() {
     let e = x.conv2d(&Tensor::zeros(&[2, 2, 2, 1], &dev).unwrap(), [1, 1], [usize::MAX, 1], Padding::Same).unwrap_err();
     assert!(e.to_string().contains("too large"), "{e}");
 }
+
+/// Max pooling over many channels (the Cpu compares eight channels at a time, the rest one by
+/// one): ties go to a window's first tap, a NaN to its first NaN (the value is NaN and the
+/// gradient goes to that tap), on the Cpu and on a GPU, for overlapping and padded windows.
+#[test]
+fn max_pooling_over_many_channels_keeps_ties_and_nans() {
+    let (n, h, w, c) = (2, 5, 6, 19);
+    // A coarse grid of values, so windows tie often; NaNs here and there.
+    let mut x: Vec<f32> = (0..n * h * w * c).map(|i| ((i * 7919) % 5) as f32).collect();
+    for i in [3, 40, 41, 59, 200, 333, 334, 1000] {
+        x[i] = f32::NAN;
+    }
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    for (kernel, strides, pad) in [([2, 2], [2, 2], Padding::Valid), ([3, 3], [1, 1], Padding::Same)] {
+        let g = Window2d::new("t", &[n, h, w, c], kernel, strides, [1, 1], pad).unwrap();
+        let [oh_n, ow_n] = g.output;
+        // The definition: taps in window order; a later tap wins when it is larger or NaN,
+        // unless a NaN already won.
+        let mut want_y = vec![0f32; n * oh_n * ow_n * c];
+        let mut want_dx = vec![0f32; x.len()];
+        let wts: Vec<f32> = (0..want_y.len()).map(|i| 1.0 + (i % 13) as f32).collect();
+        for s in 0..n {
+            for oh in 0..oh_n {
+                for ow in 0..ow_n {
+                    for ch in 0..c {
+                        let mut best: Option<usize> = None;
+                        for ky in 0..kernel[0] {
+                            for kx in 0..kernel[1] {
+                                let iy = (oh * strides[0] + ky) as isize - g.pad[0] as isize;
+                                let ix = (ow * strides[1] + kx) as isize - g.pad[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                    continue;
+                                }
+                                let t = ((s * h + iy as usize) * w + ix as usize) * c + ch;
+                                best = match best {
+                                    Some(b) if x[b].is_nan() || !(x[t] > x[b] || x[t].is_nan()) => Some(b),
+                                    _ => Some(t),
+                                };
+                            }
+                        }
+                        let yi = ((s * oh_n + oh) * ow_n + ow) * c + ch;
+                        let b = best.unwrap();
+                        want_y[yi] = x[b];
+                        want_dx[b] += wts[yi];
+                    }
+                }
+            }
+        }
+        for dev in &devices {
+            let xv = Var::new(Tensor::from_slice(&x, &[n, h, w, c], dev).unwrap()).unwrap();
+            let y = xv.as_tensor().max_pool2d(kernel, strides, pad).unwrap();
+            let wt = Tensor::from_slice(&wts, y.dims(), dev).unwrap();
+            let grads = y.mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
+            let (got_y, got_dx) = (vals(&y), vals(grads.get(&xv).unwrap()));
+            let at = format!("{kernel:?} {pad:?} on {}", dev.describe());
+            for (i, (a, b)) in got_y.iter().zip(&want_y).enumerate() {
+                assert!(a == b || (a.is_nan() && b.is_nan()), "y[{i}] {a} vs {b} ({at})");
+            }
+            for (i, (a, b)) in got_dx.iter().zip(&want_dx).enumerate() {
+                assert!(a == b || (a.is_nan() && b.is_nan()), "dx[{i}] {a} vs {b} ({at})");
+            }
+        }
+    }
+}

@@ -1,24 +1,20 @@
 //! Convolution and pooling on the Cpu. A convolution is a matrix product over "columns": each
 //! output position's window, unrolled (im2col), times the kernel seen as a
 //! `[kh * kw * c_in, c_out]` matrix, so the gemm engine does the work. The columns are built a
-//! few samples at a time, so their memory stays bounded. Pooling is a plain loop.
+//! block of rows at a time (about 256 KiB) and multiplied while they are still in the core's
+//! cache, the blocks spread over the threads: they never travel through memory, and their
+//! memory stays bounded. Each product writes straight into its rows of the result. Pooling walks each window's taps once per position, all channels at a
+//! time (channels are adjacent in NHWC).
 
-use super::{CpuStorage, f32_storage, matmul, strided, try_zeros};
+use super::gemm_engine::{Product, engine};
+use super::{CpuStorage, HostBuf, f32_storage, strided, try_take, try_zeros};
 use crate::conv::{PoolKind, Window2d};
-use crate::{Layout, Result};
-
-/// Columns per chunk, in floats (16 MiB).
-const CHUNK_FLOATS: usize = 1 << 22;
+use crate::{Error, Layout, Result};
+use std::mem::MaybeUninit;
 
 /// Output positions per sample, and the length of one unrolled window.
 fn sizes(g: &Window2d) -> (usize, usize) {
     (g.output[0] * g.output[1], g.kernel[0] * g.kernel[1] * g.channels)
-}
-
-/// Samples per chunk of columns.
-fn chunk(g: &Window2d) -> usize {
-    let (per, k) = sizes(g);
-    (CHUNK_FLOATS / (per * k).max(1)).clamp(1, g.batch.max(1))
 }
 
 /// Whether the columns are the input itself (a 1x1 window reading every position once).
@@ -26,26 +22,55 @@ fn identity_columns(g: &Window2d) -> bool {
     g.kernel == [1, 1] && g.strides == [1, 1] && g.pad == [0, 0]
 }
 
-/// The unrolled windows of samples `n0..n1`: one row per output position, `(ky, kx, ci)` along it.
-fn im2col(x: &[f32], g: &Window2d, n0: usize, n1: usize) -> Vec<f32> {
-    let (per, k) = sizes(g);
+fn write(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+    debug_assert_eq!(dst.len(), src.len());
+    dst.iter_mut().zip(src).for_each(|(d, &s)| {
+        d.write(s);
+    });
+}
+
+fn fill_zero(dst: &mut [MaybeUninit<f32>]) {
+    dst.iter_mut().for_each(|d| {
+        d.write(0.0);
+    });
+}
+
+/// Row `row` of the unrolled windows (output position `row % per` of sample `row / per`): the
+/// `(ky, kx, ci)` values of its window, zeros where a tap falls in the padding, every value
+/// written once; a row of taps that lies inside the input is one copy.
+fn unroll_row(x: &[f32], g: &Window2d, row: usize, dst: &mut [MaybeUninit<f32>]) {
+    let per = g.output[0] * g.output[1];
     let [h, w] = g.input;
-    let c = g.channels;
-    let mut cols = vec![0f32; (n1 - n0) * per * k];
-    super::for_chunks(&mut cols, k, |row, dst| {
-        let n = n0 + row / per;
-        let (oh, ow) = ((row % per) / g.output[1], row % g.output[1]);
-        for ky in 0..g.kernel[0] {
-            let Some(iy) = g.source(0, oh, ky) else { continue };
-            for kx in 0..g.kernel[1] {
-                let Some(ix) = g.source(1, ow, kx) else { continue };
-                let src = ((n * h + iy) * w + ix) * c;
-                let at = (ky * g.kernel[1] + kx) * c;
-                dst[at..at + c].copy_from_slice(&x[src..src + c]);
+    let (c, kw) = (g.channels, g.kernel[1]);
+    let n = row / per;
+    let (oh, ow) = ((row % per) / g.output[1], row % g.output[1]);
+    for (ky, line) in dst.chunks_mut(kw * c).enumerate() {
+        let Some(iy) = g.source(0, oh, ky) else {
+            fill_zero(line);
+            continue;
+        };
+        let at = (n * h + iy) * w;
+        // Adjacent taps (no dilation), all inside the input: one run of the row.
+        if g.dilation[1] == 1
+            && let (Some(first), Some(_)) = (g.source(1, ow, 0), g.source(1, ow, kw - 1))
+        {
+            write(line, &x[(at + first) * c..(at + first + kw) * c]);
+            continue;
+        }
+        for (kx, tap) in line.chunks_mut(c).enumerate() {
+            match g.source(1, ow, kx) {
+                Some(ix) => write(tap, &x[(at + ix) * c..(at + ix + 1) * c]),
+                None => fill_zero(tap),
             }
         }
-    });
-    cols
+    }
+}
+
+/// Rows of unrolled windows per block when a block is unrolled and multiplied at once: about
+/// 256 KiB of them, so they are still in the core's L2 cache when the product reads them (a
+/// multiple of the micro-kernel's 6 rows).
+fn block_rows(k: usize) -> usize {
+    ((1 << 16) / k.max(1)).clamp(6, 1536) / 6 * 6
 }
 
 /// `s` laid out contiguously from element 0: itself (shared) when it already is, else a copy.
@@ -57,35 +82,106 @@ fn packed(s: &CpuStorage, l: &Layout, op: &'static str) -> Result<CpuStorage> {
     Ok(f32_storage(strided(s.f32s(op)?, l)?.into_vec()?))
 }
 
-/// `a @ b` for row-major views given by shape and strides.
-fn product(a: Vec<f32>, la: Layout, b: &CpuStorage, lb: &Layout) -> Result<Vec<f32>> {
-    let out = matmul(&f32_storage(a), &la, b, lb)?;
-    Ok(out.f32s("conv2d")?.to_vec())
+/// A scratch buffer that goes back to the buffer cache when dropped.
+#[derive(Default)]
+struct Scratch(Vec<f32>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        drop(HostBuf::new(std::mem::take(&mut self.0)));
+    }
+}
+
+/// A matrix operand: its values and its row and column strides.
+type Operand<'a> = (&'a [f32], usize, usize);
+
+/// `dst = a @ b` for an `m x k` left and a `k x n` right matrix read with their strides, the
+/// `m x n` result written row-major into every element of `dst`; `parallel`: on the engine's
+/// threads for a large product (as `matmul` runs a single matrix), else on this thread.
+fn gemm(
+    dst: &mut [MaybeUninit<f32>],
+    (m, n, k): (usize, usize, usize),
+    a: Operand,
+    b: Operand,
+    parallel: bool,
+) -> Result<()> {
+    if dst.len() != m * n {
+        return Err(Error::invalid("conv2d", format!("a {m}x{n} product into {} values", dst.len())));
+    }
+    if k == 0 || dst.is_empty() {
+        // No sums to take (an empty batch): zeros.
+        fill_zero(dst);
+        return Ok(());
+    }
+    let reach = |(v, rs, cs): Operand, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs < v.len();
+    if !reach(a, m, k) || !reach(b, k, n) {
+        return Err(Error::invalid("conv2d", format!("product {m}x{k} @ {k}x{n} does not fit its buffers")));
+    }
+    let threads = rayon::current_num_threads();
+    let p = Product {
+        m,
+        n,
+        k,
+        dst: dst.as_mut_ptr().cast(),
+        dst_rs: n as isize,
+        lhs: a.0.as_ptr(),
+        lhs_rs: a.1 as isize,
+        lhs_cs: a.2 as isize,
+        rhs: b.0.as_ptr(),
+        rhs_rs: b.1 as isize,
+        rhs_cs: b.2 as isize,
+    };
+    // SAFETY: checked above: every element the strides reach lies inside its slice, and dst
+    // holds the m x n output, which only this call writes.
+    unsafe { p.run(engine(), if parallel && m * n * k >= 1 << 18 && threads > 1 { threads } else { 1 }) }
 }
 
 /// `y = conv(x, kernel)`: `x` `[n, h, w, c_in]`, `kernel` `[kh, kw, c_in, c_out]`.
 pub fn conv2d(x: &CpuStorage, lx: &Layout, k: &CpuStorage, lk: &Layout, g: &Window2d) -> Result<CpuStorage> {
     let xs = strided(x.f32s("conv2d")?, lx)?;
     let kernel = packed(k, lk, "conv2d")?;
+    let kernel = kernel.f32s("conv2d")?;
     let (per, kk) = sizes(g);
     let c_out = lk.shape()[3];
-    let lw = Layout::contiguous(&[kk, c_out]);
+    let len = g.batch * per * c_out;
+    let mut y = try_take(len)?;
+    let out = &mut y.spare_capacity_mut()[..len];
     if identity_columns(g) {
-        let m = g.batch * per;
-        return Ok(f32_storage(product(xs.into_vec()?, Layout::contiguous(&[m, kk]), &kernel, &lw)?));
+        gemm(out, (g.batch * per, c_out, kk), (&xs, kk, 1), (kernel, c_out, 1), true)?;
+    } else {
+        // Blocks of rows, each unrolled into a scratch buffer that stays in cache and multiplied
+        // at once into its rows of y, the blocks spread over the threads (the unrolled windows
+        // never travel through memory).
+        let rows = block_rows(kk);
+        let block = |scratch: &mut Scratch, (b, y_rows): (usize, &mut [MaybeUninit<f32>])| -> Result<()> {
+            let m = y_rows.len() / c_out;
+            if scratch.0.capacity() < m * kk {
+                scratch.0 = try_take(rows * kk)?;
+            }
+            let cols = &mut scratch.0.spare_capacity_mut()[..m * kk];
+            for (r, dst) in cols.chunks_mut(kk).enumerate() {
+                unroll_row(&xs, g, b * rows + r, dst);
+            }
+            // SAFETY: unroll_row wrote every value of the m rows.
+            let cols = unsafe { &*(cols as *const [MaybeUninit<f32>] as *const [f32]) };
+            gemm(y_rows, (m, c_out, kk), (cols, kk, 1), (kernel, c_out, 1), false)
+        };
+        if super::one_thread() {
+            let mut scratch = Scratch::default();
+            out.chunks_mut(rows * c_out).enumerate().try_for_each(|item| block(&mut scratch, item))?;
+        } else {
+            use rayon::prelude::*;
+            out.par_chunks_mut(rows * c_out).enumerate().try_for_each_init(Scratch::default, block)?;
+        }
     }
-    let mut y = try_zeros(g.batch * per * c_out)?;
-    let step = chunk(g);
-    for n0 in (0..g.batch).step_by(step) {
-        let n1 = (n0 + step).min(g.batch);
-        let cols = im2col(&xs, g, n0, n1);
-        let part = product(cols, Layout::contiguous(&[(n1 - n0) * per, kk]), &kernel, &lw)?;
-        y[n0 * per * c_out..n1 * per * c_out].copy_from_slice(&part);
-    }
+    // SAFETY: the products wrote every row: all len values.
+    unsafe { y.set_len(len) };
     Ok(f32_storage(y))
 }
 
-/// The gradient of `conv2d` with respect to its input, from the output's `dy`.
+/// The gradient of `conv2d` with respect to its input, from the output's `dy`: per sample (in
+/// parallel), blocks of its rows' column gradients (dy's rows times the kernel transposed), each
+/// added into the sample's input gradient (col2im) while still in cache.
 pub fn conv2d_input_grad(
     dy: &CpuStorage,
     ldy: &Layout,
@@ -94,48 +190,64 @@ pub fn conv2d_input_grad(
     g: &Window2d,
 ) -> Result<CpuStorage> {
     let d = packed(dy, ldy, "conv2d backward")?;
+    let d = d.f32s("conv2d backward")?;
     let kernel = packed(k, lk, "conv2d backward")?;
+    let kernel = kernel.f32s("conv2d backward")?;
     let (per, kk) = sizes(g);
     let c_out = lk.shape()[3];
-    // The kernel transposed, `[c_out, kh * kw * c_in]`, read in place.
-    let lwt = Layout::new([c_out, kk][..].into(), [1, c_out][..].into(), 0);
     let [h, w] = g.input;
     let c = g.channels;
     let per_sample = h * w * c;
     let mut dx = try_zeros(g.batch * per_sample)?;
-    let step = chunk(g);
-    for n0 in (0..g.batch).step_by(step) {
-        let n1 = (n0 + step).min(g.batch);
-        let ld = Layout::new([(n1 - n0) * per, c_out][..].into(), [c_out, 1][..].into(), n0 * per * c_out);
-        let dcols = matmul(&d, &ld, &kernel, &lwt)?;
-        let dcols = dcols.f32s("conv2d backward")?;
-        if identity_columns(g) {
-            dx[n0 * per_sample..n1 * per_sample].copy_from_slice(dcols);
-            continue;
-        }
-        // col2im: each sample's input gradient is the sum of its windows' column gradients.
-        super::for_chunks(&mut dx[n0 * per_sample..n1 * per_sample], per_sample, |s, dst| {
-            for row in 0..per {
+    if identity_columns(g) {
+        // The columns are the input: their gradient is dx itself.
+        let m = g.batch * per;
+        let out = as_uninit(&mut dx);
+        gemm(out, (m, kk, c_out), (d, c_out, 1), (kernel, 1, c_out), true)?;
+        return Ok(f32_storage(dx));
+    }
+    let rows = block_rows(kk);
+    let sample = |n: usize, dst: &mut [f32]| -> Result<()> {
+        let mut scratch = Scratch(try_take(rows.min(per) * kk)?);
+        for r0 in (0..per).step_by(rows) {
+            let m = rows.min(per - r0);
+            let dcols = &mut scratch.0.spare_capacity_mut()[..m * kk];
+            let dy_rows = &d[(n * per + r0) * c_out..(n * per + r0 + m) * c_out];
+            gemm(dcols, (m, kk, c_out), (dy_rows, c_out, 1), (kernel, 1, c_out), false)?;
+            // SAFETY: the product wrote all m * kk values.
+            let dcols = unsafe { &*(dcols as *const [MaybeUninit<f32>] as *const [f32]) };
+            for (i, src_row) in dcols.chunks(kk).enumerate() {
+                let row = r0 + i;
                 let (oh, ow) = (row / g.output[1], row % g.output[1]);
-                let src_row = &dcols[(s * per + row) * kk..(s * per + row + 1) * kk];
                 for ky in 0..g.kernel[0] {
                     let Some(iy) = g.source(0, oh, ky) else { continue };
                     for kx in 0..g.kernel[1] {
                         let Some(ix) = g.source(1, ow, kx) else { continue };
                         let at = (ky * g.kernel[1] + kx) * c;
                         let to = (iy * w + ix) * c;
-                        for (a, b) in dst[to..to + c].iter_mut().zip(&src_row[at..at + c]) {
-                            *a += b;
-                        }
+                        dst[to..to + c].iter_mut().zip(&src_row[at..at + c]).for_each(|(a, b)| *a += b);
                     }
                 }
             }
-        });
+        }
+        Ok(())
+    };
+    if super::one_thread() {
+        dx.chunks_mut(per_sample).enumerate().try_for_each(|(n, dst)| sample(n, dst))?;
+    } else {
+        use rayon::prelude::*;
+        dx.par_chunks_mut(per_sample).enumerate().try_for_each(|(n, dst)| sample(n, dst))?;
     }
     Ok(f32_storage(dx))
 }
 
-/// The gradient of `conv2d` with respect to its kernel (`[kh, kw, c_in, c_out]`).
+/// Blocks of rows per group when the kernel's gradient is summed: a fixed count, whatever the
+/// thread count, so the sums meet in the same order on any number of threads.
+const GRAD_GROUPS: usize = 16;
+
+/// The gradient of `conv2d` with respect to its kernel (`[kh, kw, c_in, c_out]`): the columns
+/// transposed times dy's rows, a block of rows at a time (unrolled while in cache); each of a
+/// fixed number of groups of blocks sums its blocks in order, and the groups meet in order.
 pub fn conv2d_kernel_grad(
     x: &CpuStorage,
     lx: &Layout,
@@ -145,43 +257,138 @@ pub fn conv2d_kernel_grad(
 ) -> Result<CpuStorage> {
     let xs = strided(x.f32s("conv2d backward")?, lx)?;
     let d = packed(dy, ldy, "conv2d backward")?;
+    let d = d.f32s("conv2d backward")?;
     let (per, kk) = sizes(g);
     let c_out = ldy.shape()[3];
-    let mut dw = vec![0f32; kk * c_out];
-    let step = if identity_columns(g) { g.batch.max(1) } else { chunk(g) };
-    for n0 in (0..g.batch).step_by(step) {
-        let n1 = (n0 + step).min(g.batch);
-        let m = (n1 - n0) * per;
-        let cols = if identity_columns(g) { xs[n0 * per * kk..n1 * per * kk].to_vec() } else { im2col(&xs, g, n0, n1) };
-        // columns transposed, `[kk, m]`, read in place.
-        let lct = Layout::new([kk, m][..].into(), [1, kk][..].into(), 0);
-        let ld = Layout::new([m, c_out][..].into(), [c_out, 1][..].into(), n0 * per * c_out);
-        let part = product(cols, lct, &d, &ld)?;
-        dw.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+    let len = kk * c_out;
+    let total = g.batch * per;
+    if total == 0 {
+        return Ok(f32_storage(try_zeros(len)?));
     }
+    if identity_columns(g) {
+        let mut dw = try_take(len)?;
+        gemm(&mut dw.spare_capacity_mut()[..len], (kk, c_out, total), (&xs, 1, kk), (d, c_out, 1), true)?;
+        // SAFETY: the product wrote all len values.
+        unsafe { dw.set_len(len) };
+        return Ok(f32_storage(dw));
+    }
+    let rows = block_rows(kk);
+    let blocks = total.div_ceil(rows);
+    let per_group = blocks.div_ceil(GRAD_GROUPS);
+    // Group q: blocks q * per_group.. summed in order into its own partial gradient.
+    let group = |q: usize, partial: &mut [f32]| -> Result<()> {
+        let mut cols = Scratch(try_take(rows * kk)?);
+        let mut part = Scratch(try_take(len)?);
+        for b in (q * per_group..((q + 1) * per_group).min(blocks)).map(|b| b * rows) {
+            let m = rows.min(total - b);
+            let cs = &mut cols.0.spare_capacity_mut()[..m * kk];
+            for (r, dst) in cs.chunks_mut(kk).enumerate() {
+                unroll_row(&xs, g, b + r, dst);
+            }
+            // SAFETY: unroll_row wrote every value of the m rows.
+            let cs = unsafe { &*(cs as *const [MaybeUninit<f32>] as *const [f32]) };
+            let dy_rows = &d[b * c_out..(b + m) * c_out];
+            let p = &mut part.0.spare_capacity_mut()[..len];
+            gemm(p, (kk, c_out, m), (cs, 1, kk), (dy_rows, c_out, 1), false)?;
+            // SAFETY: the product wrote all len values.
+            let p = unsafe { &*(p as *const [MaybeUninit<f32>] as *const [f32]) };
+            partial.iter_mut().zip(p).for_each(|(a, v)| *a += v);
+        }
+        Ok(())
+    };
+    let groups = blocks.div_ceil(per_group);
+    let mut partials = try_zeros(groups * len)?;
+    if super::one_thread() {
+        partials.chunks_mut(len).enumerate().try_for_each(|(q, p)| group(q, p))?;
+    } else {
+        use rayon::prelude::*;
+        partials.par_chunks_mut(len).enumerate().try_for_each(|(q, p)| group(q, p))?;
+    }
+    let mut dw = try_zeros(len)?;
+    for p in partials.chunks(len) {
+        dw.iter_mut().zip(p).for_each(|(a, v)| *a += v);
+    }
+    drop(HostBuf::new(partials));
     Ok(f32_storage(dw))
 }
 
-/// The taps of output `(oh, ow)` that lie inside the input, as input offsets of channel 0 of
-/// sample `n`.
-fn taps(g: &Window2d, n: usize, oh: usize, ow: usize) -> impl Iterator<Item = usize> + '_ {
-    let [h, w] = g.input;
-    (0..g.kernel[0]).filter_map(move |ky| g.source(0, oh, ky)).flat_map(move |iy| {
-        (0..g.kernel[1]).filter_map(move |kx| g.source(1, ow, kx)).map(move |ix| ((n * h + iy) * w + ix) * g.channels)
-    })
+/// A zeroed buffer seen as the uninitialised output of a product that overwrites it all.
+fn as_uninit(v: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: f32 and MaybeUninit<f32> share their layout, and the caller only writes floats.
+    unsafe { &mut *(v as *mut [f32] as *mut [MaybeUninit<f32>]) }
 }
 
-/// The first largest of a window's values (the first NaN if any), as an input offset.
-fn argmax(x: &[f32], g: &Window2d, n: usize, oh: usize, ow: usize, ch: usize) -> usize {
-    let mut best: Option<(usize, f32)> = None;
-    for t in taps(g, n, oh, ow) {
-        let v = x[t + ch];
-        match best {
-            Some((_, b)) if b.is_nan() || !(v > b || v.is_nan()) => {}
-            _ => best = Some((t + ch, v)),
+/// The taps of output `(oh, ow)` that lie inside the input, in window order, as input offsets of
+/// channel 0 of sample `n`, into `out`.
+fn taps(g: &Window2d, n: usize, oh: usize, ow: usize, out: &mut Vec<usize>) {
+    let [h, w] = g.input;
+    out.clear();
+    for iy in (0..g.kernel[0]).filter_map(|ky| g.source(0, oh, ky)) {
+        for ix in (0..g.kernel[1]).filter_map(|kx| g.source(1, ow, kx)) {
+            out.push(((n * h + iy) * w + ix) * g.channels);
         }
     }
-    best.map_or(0, |b| b.0)
+}
+
+/// Whether `v`, met after `best` in a window, takes its place: the first NaN stays, else the
+/// first largest value (a NaN met later wins over numbers).
+#[inline(always)]
+fn replaces(best: f32, v: f32) -> bool {
+    !best.is_nan() && (v > best || v.is_nan())
+}
+
+/// Each `best[i]` replaced by `src[i]` where `src[i]` takes its place (`replaces`), and then
+/// `won[i]` set to `tap` (when given): a window's next tap over all its channels.
+fn take_larger(best: &mut [f32], mut won: Option<&mut [u32]>, src: &[f32], tap: u32) {
+    let n = best.len();
+    debug_assert!(src.len() == n && won.as_ref().is_none_or(|w| w.len() == n));
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if super::elementwise::avx2() {
+        // SAFETY: the CPU has AVX2; the slices hold n values.
+        i = unsafe { take_larger_avx2(best, won.as_deref_mut(), src, tap) };
+    }
+    for j in i..n {
+        if replaces(best[j], src[j]) {
+            best[j] = src[j];
+            if let Some(w) = won.as_deref_mut() {
+                w[j] = tap;
+            }
+        }
+    }
+}
+
+/// `take_larger` eight channels at a time, without branches (on random data a branch per value
+/// mispredicts half the time); returns how many values it did (a multiple of 8).
+///
+/// # Safety
+/// The CPU has AVX2; `src` (and `won`) hold `best.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn take_larger_avx2(best: &mut [f32], won: Option<&mut [u32]>, src: &[f32], tap: u32) -> usize {
+    use std::arch::x86_64::*;
+    let body = best.len() / 8 * 8;
+    let tap = _mm256_set1_epi32(tap as i32);
+    let won = won.map(|w| w.as_mut_ptr());
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 8 <= body <= every slice's length.
+        unsafe {
+            let b = _mm256_loadu_ps(best.as_ptr().add(i));
+            let v = _mm256_loadu_ps(src.as_ptr().add(i));
+            // (v > b or v is NaN) and b is not NaN.
+            let larger = _mm256_or_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(v, b), _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            let take = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(b, b), larger);
+            _mm256_storeu_ps(best.as_mut_ptr().add(i), _mm256_blendv_ps(b, v, take));
+            if let Some(w) = won {
+                let at = w.add(i).cast::<__m256i>();
+                let kept = _mm256_loadu_si256(at);
+                _mm256_storeu_si256(at, _mm256_blendv_epi8(kept, tap, _mm256_castps_si256(take)));
+            }
+        }
+        i += 8;
+    }
+    body
 }
 
 /// Max or average pooling; every window has at least one tap inside the input.
@@ -189,26 +396,32 @@ pub fn pool2d(kind: PoolKind, x: &CpuStorage, lx: &Layout, g: &Window2d) -> Resu
     let xs = strided(x.f32s("pool2d")?, lx)?;
     let c = g.channels;
     let [oh_n, ow_n] = g.output;
-    let mut y = try_zeros(g.batch * oh_n * ow_n * c)?;
-    super::for_chunks(&mut y, c, |pos, dst| {
-        let (n, oh, ow) = (pos / (oh_n * ow_n), (pos / ow_n) % oh_n, pos % ow_n);
-        match kind {
-            PoolKind::Max => {
-                for (ch, d) in dst.iter_mut().enumerate() {
-                    *d = xs[argmax(&xs, g, n, oh, ow, ch)];
+    let len = g.batch * oh_n * ow_n * c;
+    let mut y = try_take(len)?;
+    // One output row (all of its positions and channels) per task.
+    super::for_chunks(&mut y.spare_capacity_mut()[..len], ow_n * c, |r, dst| {
+        let (n, oh) = (r / oh_n, r % oh_n);
+        let mut at = Vec::with_capacity(g.kernel[0] * g.kernel[1]);
+        for (ow, dst) in dst.chunks_mut(c).enumerate() {
+            taps(g, n, oh, ow, &mut at);
+            write(dst, &xs[at[0]..at[0] + c]);
+            // SAFETY (of the reads below): just written.
+            let dst = unsafe { &mut *(dst as *mut [MaybeUninit<f32>] as *mut [f32]) };
+            for &t in &at[1..] {
+                let src = &xs[t..t + c];
+                match kind {
+                    PoolKind::Max => take_larger(dst, None, src, 0),
+                    PoolKind::Avg => dst.iter_mut().zip(src).for_each(|(d, &v)| *d += v),
                 }
             }
-            PoolKind::Avg => {
-                let mut count = 0usize;
-                for t in taps(g, n, oh, ow) {
-                    count += 1;
-                    dst.iter_mut().zip(&xs[t..t + c]).for_each(|(a, b)| *a += b);
-                }
-                let inv = 1.0 / count.max(1) as f32;
-                dst.iter_mut().for_each(|a| *a *= inv);
+            if kind == PoolKind::Avg {
+                let inv = 1.0 / at.len() as f32;
+                dst.iter_mut().for_each(|d| *d *= inv);
             }
         }
     });
+    // SAFETY: every position of every row wrote its c values.
+    unsafe { y.set_len(len) };
     Ok(f32_storage(y))
 }
 
@@ -230,18 +443,27 @@ pub fn pool2d_grad(
     let mut dx = try_zeros(g.batch * per_sample)?;
     super::for_chunks(&mut dx, per_sample, |n, dst| {
         let base = n * per_sample;
+        let mut at = Vec::with_capacity(g.kernel[0] * g.kernel[1]);
+        // Max: each channel's winning value and tap, found over the window in order.
+        let (mut best, mut won) = (vec![0f32; c], vec![0u32; c]);
         for oh in 0..oh_n {
             for ow in 0..ow_n {
                 let drow = &d[((n * oh_n + oh) * ow_n + ow) * c..][..c];
+                taps(g, n, oh, ow, &mut at);
                 match kind {
                     PoolKind::Max => {
-                        for (ch, v) in drow.iter().enumerate() {
-                            dst[argmax(&xs, g, n, oh, ow, ch) - base] += v;
+                        best.copy_from_slice(&xs[at[0]..at[0] + c]);
+                        won.fill(0);
+                        for (i, &t) in at.iter().enumerate().skip(1) {
+                            take_larger(&mut best, Some(&mut won), &xs[t..t + c], i as u32);
+                        }
+                        for (ch, (&wi, v)) in won.iter().zip(drow).enumerate() {
+                            dst[at[wi as usize] - base + ch] += v;
                         }
                     }
                     PoolKind::Avg => {
-                        let inv = 1.0 / taps(g, n, oh, ow).count().max(1) as f32;
-                        for t in taps(g, n, oh, ow) {
+                        let inv = 1.0 / at.len() as f32;
+                        for &t in &at {
                             dst[t - base..t - base + c].iter_mut().zip(drow).for_each(|(a, b)| *a += b * inv);
                         }
                     }

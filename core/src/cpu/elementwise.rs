@@ -62,47 +62,48 @@ fn run<const N: usize>(
     let dense = rows.steps.iter().all(|&s| s <= 1) && N <= 3;
     // Bit k: operand k repeats one value along the row.
     let splat = rows.steps.iter().enumerate().filter(|&(_, &s)| s == 0).fold(0u32, |m, (k, _)| m | 1 << k);
-    // Elements `j0..j0 + o.len()` of row `i`.
-    let piece = |i: usize, j0: usize, o: &mut [MaybeUninit<f32>]| {
-        let base: [usize; N] = std::array::from_fn(|k| rows.starts[k][i] + j0 * rows.steps[k]);
+    // Whole rows `first..` (o holds a whole number of them), or with `j0` > 0 or a short `o`,
+    // elements `j0..j0 + o.len()` of row `first`.
+    let span = |first: usize, j0: usize, o: &mut [MaybeUninit<f32>]| {
+        let len = o.len().min(n);
         if dense {
             // Each read operand's row as a slice of exactly the row's length (no bounds check
             // inside the loop, so it vectorises); a repeated one passed as its value, the loop
-            // compiled for the pattern of which operands repeat.
-            let ins: [&[f32]; N] = std::array::from_fn(|k| {
-                let len = if rows.steps[k] == 0 { 0 } else { o.len() };
-                &data[k][base[k]..base[k] + len]
-            });
-            let vals: [f32; N] = std::array::from_fn(|k| data[k][base[k]]);
+            // compiled for the pattern of which operands repeat, and chosen once for all the
+            // rows (short rows, like a bias of 32 channels, cost their dispatch otherwise).
+            let starts: [&[usize]; N] = std::array::from_fn(|k| &rows.starts[k][first..]);
+            let offs: [usize; N] = std::array::from_fn(|k| j0 * rows.steps[k]);
+            let steps: [usize; N] = std::array::from_fn(|k| rows.steps[k]);
+            let b = Block { len, data, starts, offs, steps };
             match splat {
-                0 => mixed_rows::<N, 0>(o, ins, vals, &f),
-                1 => mixed_rows::<N, 1>(o, ins, vals, &f),
-                2 => mixed_rows::<N, 2>(o, ins, vals, &f),
-                3 => mixed_rows::<N, 3>(o, ins, vals, &f),
-                4 => mixed_rows::<N, 4>(o, ins, vals, &f),
-                5 => mixed_rows::<N, 5>(o, ins, vals, &f),
-                6 => mixed_rows::<N, 6>(o, ins, vals, &f),
-                _ => mixed_rows::<N, 7>(o, ins, vals, &f),
+                0 => mixed_block::<N, 0>(o, &b, &f),
+                1 => mixed_block::<N, 1>(o, &b, &f),
+                2 => mixed_block::<N, 2>(o, &b, &f),
+                3 => mixed_block::<N, 3>(o, &b, &f),
+                4 => mixed_block::<N, 4>(o, &b, &f),
+                5 => mixed_block::<N, 5>(o, &b, &f),
+                6 => mixed_block::<N, 6>(o, &b, &f),
+                _ => mixed_block::<N, 7>(o, &b, &f),
             }
         } else {
-            for (j, o) in o.iter_mut().enumerate() {
-                o.write(f(std::array::from_fn(|k| data[k][base[k] + j * rows.steps[k]])));
+            for (r, o) in o.chunks_mut(len).enumerate() {
+                let base: [usize; N] = std::array::from_fn(|k| rows.starts[k][first + r] + j0 * rows.steps[k]);
+                for (j, o) in o.iter_mut().enumerate() {
+                    o.write(f(std::array::from_fn(|k| data[k][base[k] + j * rows.steps[k]])));
+                }
             }
         }
     };
     if numel < 2 * PAR_CHUNK || super::one_thread() {
-        dst.chunks_mut(n).enumerate().for_each(|(i, o)| piece(i, 0, o));
+        span(0, 0, dst);
     } else if n <= PAR_CHUNK {
         // Tasks of whole rows.
         let per_task = (PAR_CHUNK / n).max(1) * n;
-        dst.par_chunks_mut(per_task).enumerate().for_each(|(t, chunk)| {
-            let first = t * per_task / n;
-            chunk.chunks_mut(n).enumerate().for_each(|(i, o)| piece(first + i, 0, o));
-        });
+        dst.par_chunks_mut(per_task).enumerate().for_each(|(t, chunk)| span(t * per_task / n, 0, chunk));
     } else {
         // Long rows (a contiguous tensor is one row): each cut into tasks of PAR_CHUNK.
         dst.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-            row.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, o)| piece(i, c * PAR_CHUNK, o))
+            row.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, o)| span(i, c * PAR_CHUNK, o))
         });
     }
     // SAFETY: the pieces above cover 0..numel (numel is a whole number of rows of n, and the
@@ -110,22 +111,63 @@ fn run<const N: usize>(
     unsafe { out.set_len(numel) };
 }
 
-/// One row where operand k repeats `vals[k]` when bit k of `M` is set and is read from `ins[k]`
+/// Rows of `len` elements, one after another in the output: row `r` of operand k starts at
+/// `starts[k][r] + offs[k]` (its elements adjacent, `steps[k]` = 1, or one value repeated,
+/// `steps[k]` = 0).
+struct Block<'a, const N: usize> {
+    len: usize,
+    data: [&'a [f32]; N],
+    starts: [&'a [usize]; N],
+    offs: [usize; N],
+    steps: [usize; N],
+}
+
+/// Every row of `b` where operand k repeats one value when bit k of `M` is set and is read
 /// (adjacent in memory) otherwise, on the widest loop the CPU has (`M` = 0: every operand read).
 #[inline(always)]
-fn mixed_rows<const N: usize, const M: u32>(
-    o: &mut [MaybeUninit<f32>],
-    ins: [&[f32]; N],
-    vals: [f32; N],
-    f: &impl Fn([f32; N]) -> f32,
-) {
+fn mixed_block<const N: usize, const M: u32>(o: &mut [MaybeUninit<f32>], b: &Block<N>, f: &impl Fn([f32; N]) -> f32) {
     #[cfg(target_arch = "x86_64")]
     if avx2() {
         // SAFETY: the CPU has AVX2 (checked once, at run time).
-        unsafe { mixed_row_avx2::<N, M>(o, ins, vals, f) };
+        unsafe { mixed_block_avx2::<N, M>(o, b, f) };
         return;
     }
-    mixed_row::<N, M>(o, ins, vals, f);
+    mixed_block_rows::<N, M>(o, b, f);
+}
+
+/// `mixed_block`'s rows, each on `mixed_row`.
+#[inline(always)]
+fn mixed_block_rows<const N: usize, const M: u32>(
+    o: &mut [MaybeUninit<f32>],
+    b: &Block<N>,
+    f: &impl Fn([f32; N]) -> f32,
+) {
+    for (r, o) in o.chunks_mut(b.len).enumerate() {
+        let base: [usize; N] = std::array::from_fn(|k| b.starts[k][r] + b.offs[k]);
+        let ins: [&[f32]; N] = std::array::from_fn(|k| {
+            let len = if b.steps[k] == 0 { 0 } else { o.len() };
+            &b.data[k][base[k]..base[k] + len]
+        });
+        let vals: [f32; N] = std::array::from_fn(|k| b.data[k][base[k]]);
+        mixed_row::<N, M>(o, ins, vals, f);
+    }
+}
+
+/// `mixed_block` compiled for AVX2, the rows' loop and the op inlined into it, so the op's
+/// arithmetic runs eight lanes wide instead of the baseline's four. No fused multiply-adds are
+/// formed (Rust does not contract `a * b + c`), so the results are the same bits as the baseline
+/// loop's.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn mixed_block_avx2<const N: usize, const M: u32>(
+    o: &mut [MaybeUninit<f32>],
+    b: &Block<N>,
+    f: &impl Fn([f32; N]) -> f32,
+) {
+    mixed_block_rows::<N, M>(o, b, f)
 }
 
 /// `mixed_rows` on the baseline loop.
@@ -142,23 +184,6 @@ fn mixed_row<const N: usize, const M: u32>(
     for (j, o) in o.iter_mut().enumerate() {
         o.write(f(std::array::from_fn(|k| if M >> k & 1 == 1 { vals[k] } else { ins[k][j] })));
     }
-}
-
-/// The same loop compiled for AVX2: the op is inlined into it, so its arithmetic runs eight lanes
-/// wide instead of the baseline's four. No fused multiply-adds are formed (Rust does not contract
-/// `a * b + c`), so the results are the same bits as the baseline loop's.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn mixed_row_avx2<const N: usize, const M: u32>(
-    o: &mut [MaybeUninit<f32>],
-    ins: [&[f32]; N],
-    vals: [f32; N],
-    f: &impl Fn([f32; N]) -> f32,
-) {
-    mixed_row::<N, M>(o, ins, vals, f)
 }
 
 /// Whether the CPU has AVX2 (the standard library caches the answer).
@@ -336,6 +361,21 @@ pub fn rand_uniform(n: usize, key: u32, start: u32) -> Result<CpuStorage> {
 mod tests {
     use super::*;
 
+    /// One row on the widest loop (`mixed_block`), its operands given as `mixed_row` takes them.
+    fn mixed_rows<const N: usize, const M: u32>(
+        o: &mut [MaybeUninit<f32>],
+        ins: [&[f32]; N],
+        vals: [f32; N],
+        f: &impl Fn([f32; N]) -> f32,
+    ) {
+        let held: [[f32; 1]; N] = std::array::from_fn(|k| [vals[k]]);
+        let data: [&[f32]; N] = std::array::from_fn(|k| if M >> k & 1 == 1 { &held[k][..] } else { ins[k] });
+        let starts = [0usize];
+        let steps = std::array::from_fn(|k| if M >> k & 1 == 1 { 0 } else { 1 });
+        let block = Block { len: o.len(), data, starts: [&starts[..]; N], offs: [0; N], steps };
+        mixed_block::<N, M>(o, &block, f);
+    }
+
     /// Rows with repeated operands, on both loops (baseline and AVX2), give the dense loop's bits
     /// for every binary op and for `where`, over ordinary, signed-zero, tiny, infinite and NaN
     /// values, in every pattern of repeated operands.
@@ -442,9 +482,11 @@ mod tests {
             let f = |[v]: [f32; 1]| op.apply(v);
             let mut a = vec![MaybeUninit::new(0.0f32); xs.len()];
             let mut b = a.clone();
-            mixed_row::<1, 0>(&mut a, [&xs], [0.0], &f);
+            let starts = [0usize];
+            let block = Block { len: xs.len(), data: [&xs[..]], starts: [&starts[..]], offs: [0], steps: [1] };
+            mixed_block_rows::<1, 0>(&mut a, &block, &f);
             // SAFETY: avx2() said the CPU has AVX2.
-            unsafe { mixed_row_avx2::<1, 0>(&mut b, [&xs], [0.0], &f) };
+            unsafe { mixed_block_avx2::<1, 0>(&mut b, &block, &f) };
             for (i, (a, b)) in a.iter().zip(&b).enumerate() {
                 // SAFETY: both loops wrote every element.
                 let (a, b) = unsafe { (a.assume_init(), b.assume_init()) };
