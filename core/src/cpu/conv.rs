@@ -163,7 +163,7 @@ pub fn conv2d(x: &CpuStorage, lx: &Layout, k: &CpuStorage, lk: &Layout, g: &Wind
                 unroll_row(&xs, g, b * rows + r, dst);
             }
             // SAFETY: unroll_row wrote every value of the m rows.
-            let cols = unsafe { &*(cols as *const [MaybeUninit<f32>] as *const [f32]) };
+            let cols = unsafe { written(cols) };
             gemm(y_rows, (m, c_out, kk), (cols, kk, 1), (kernel, c_out, 1), false)
         };
         if super::one_thread() {
@@ -207,15 +207,17 @@ pub fn conv2d_input_grad(
         return Ok(f32_storage(dx));
     }
     let rows = block_rows(kk);
-    let sample = |n: usize, dst: &mut [f32]| -> Result<()> {
-        let mut scratch = Scratch(try_take(rows.min(per) * kk)?);
+    let sample = |scratch: &mut Scratch, (n, dst): (usize, &mut [f32])| -> Result<()> {
+        if scratch.0.capacity() < rows.min(per) * kk {
+            scratch.0 = try_take(rows.min(per) * kk)?;
+        }
         for r0 in (0..per).step_by(rows) {
             let m = rows.min(per - r0);
             let dcols = &mut scratch.0.spare_capacity_mut()[..m * kk];
             let dy_rows = &d[(n * per + r0) * c_out..(n * per + r0 + m) * c_out];
             gemm(dcols, (m, kk, c_out), (dy_rows, c_out, 1), (kernel, 1, c_out), false)?;
             // SAFETY: the product wrote all m * kk values.
-            let dcols = unsafe { &*(dcols as *const [MaybeUninit<f32>] as *const [f32]) };
+            let dcols = unsafe { written(dcols) };
             for (i, src_row) in dcols.chunks(kk).enumerate() {
                 let row = r0 + i;
                 let (oh, ow) = (row / g.output[1], row % g.output[1]);
@@ -233,10 +235,11 @@ pub fn conv2d_input_grad(
         Ok(())
     };
     if super::one_thread() {
-        dx.chunks_mut(per_sample).enumerate().try_for_each(|(n, dst)| sample(n, dst))?;
+        let mut scratch = Scratch::default();
+        dx.chunks_mut(per_sample).enumerate().try_for_each(|item| sample(&mut scratch, item))?;
     } else {
         use rayon::prelude::*;
-        dx.par_chunks_mut(per_sample).enumerate().try_for_each(|(n, dst)| sample(n, dst))?;
+        dx.par_chunks_mut(per_sample).enumerate().try_for_each_init(Scratch::default, sample)?;
     }
     Ok(f32_storage(dx))
 }
@@ -286,12 +289,12 @@ pub fn conv2d_kernel_grad(
                 unroll_row(&xs, g, b + r, dst);
             }
             // SAFETY: unroll_row wrote every value of the m rows.
-            let cs = unsafe { &*(cs as *const [MaybeUninit<f32>] as *const [f32]) };
+            let cs = unsafe { written(cs) };
             let dy_rows = &d[b * c_out..(b + m) * c_out];
             let p = &mut part.0.spare_capacity_mut()[..len];
             gemm(p, (kk, c_out, m), (cs, 1, kk), (dy_rows, c_out, 1), false)?;
             // SAFETY: the product wrote all len values.
-            let p = unsafe { &*(p as *const [MaybeUninit<f32>] as *const [f32]) };
+            let p = unsafe { written(p) };
             partial.iter_mut().zip(p).for_each(|(a, v)| *a += v);
         }
         Ok(())
@@ -310,6 +313,15 @@ pub fn conv2d_kernel_grad(
     }
     drop(HostBuf::new(partials));
     Ok(f32_storage(dw))
+}
+
+/// Values a loop or a product has just written, seen as floats.
+///
+/// # Safety
+/// Every element of `v` was written.
+unsafe fn written(v: &[MaybeUninit<f32>]) -> &[f32] {
+    // SAFETY: f32 and MaybeUninit<f32> share their layout; the caller's contract.
+    unsafe { &*(v as *const [MaybeUninit<f32>] as *const [f32]) }
 }
 
 /// A zeroed buffer seen as the uninitialised output of a product that overwrites it all.

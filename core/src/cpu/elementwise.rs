@@ -72,9 +72,7 @@ fn run<const N: usize>(
             // compiled for the pattern of which operands repeat, and chosen once for all the
             // rows (short rows, like a bias of 32 channels, cost their dispatch otherwise).
             let starts: [&[usize]; N] = std::array::from_fn(|k| &rows.starts[k][first..]);
-            let offs: [usize; N] = std::array::from_fn(|k| j0 * rows.steps[k]);
-            let steps: [usize; N] = std::array::from_fn(|k| rows.steps[k]);
-            let b = Block { len, data, starts, offs, steps };
+            let b = Block { len, data, starts, j0 };
             match splat {
                 0 => mixed_block::<N, 0>(o, &b, &f),
                 1 => mixed_block::<N, 1>(o, &b, &f),
@@ -112,14 +110,13 @@ fn run<const N: usize>(
 }
 
 /// Rows of `len` elements, one after another in the output: row `r` of operand k starts at
-/// `starts[k][r] + offs[k]` (its elements adjacent, `steps[k]` = 1, or one value repeated,
-/// `steps[k]` = 0).
+/// `starts[k][r]`, plus `j0` for an operand read along the row (its elements adjacent); one that
+/// repeats a value (bit k of the loop's pattern) is read once per row.
 struct Block<'a, const N: usize> {
     len: usize,
     data: [&'a [f32]; N],
     starts: [&'a [usize]; N],
-    offs: [usize; N],
-    steps: [usize; N],
+    j0: usize,
 }
 
 /// Every row of `b` where operand k repeats one value when bit k of `M` is set and is read
@@ -142,10 +139,11 @@ fn mixed_block_rows<const N: usize, const M: u32>(
     b: &Block<N>,
     f: &impl Fn([f32; N]) -> f32,
 ) {
+    let repeats = |k: usize| M >> k & 1 == 1;
     for (r, o) in o.chunks_mut(b.len).enumerate() {
-        let base: [usize; N] = std::array::from_fn(|k| b.starts[k][r] + b.offs[k]);
+        let base: [usize; N] = std::array::from_fn(|k| b.starts[k][r] + if repeats(k) { 0 } else { b.j0 });
         let ins: [&[f32]; N] = std::array::from_fn(|k| {
-            let len = if b.steps[k] == 0 { 0 } else { o.len() };
+            let len = if repeats(k) { 0 } else { o.len() };
             &b.data[k][base[k]..base[k] + len]
         });
         let vals: [f32; N] = std::array::from_fn(|k| b.data[k][base[k]]);
@@ -371,8 +369,7 @@ mod tests {
         let held: [[f32; 1]; N] = std::array::from_fn(|k| [vals[k]]);
         let data: [&[f32]; N] = std::array::from_fn(|k| if M >> k & 1 == 1 { &held[k][..] } else { ins[k] });
         let starts = [0usize];
-        let steps = std::array::from_fn(|k| if M >> k & 1 == 1 { 0 } else { 1 });
-        let block = Block { len: o.len(), data, starts: [&starts[..]; N], offs: [0; N], steps };
+        let block = Block { len: o.len(), data, starts: [&starts[..]; N], j0: 0 };
         mixed_block::<N, M>(o, &block, f);
     }
 
@@ -483,7 +480,7 @@ mod tests {
             let mut a = vec![MaybeUninit::new(0.0f32); xs.len()];
             let mut b = a.clone();
             let starts = [0usize];
-            let block = Block { len: xs.len(), data: [&xs[..]], starts: [&starts[..]], offs: [0], steps: [1] };
+            let block = Block { len: xs.len(), data: [&xs[..]], starts: [&starts[..]], j0: 0 };
             mixed_block_rows::<1, 0>(&mut a, &block, &f);
             // SAFETY: avx2() said the CPU has AVX2.
             unsafe { mixed_block_avx2::<1, 0>(&mut b, &block, &f) };
