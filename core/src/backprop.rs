@@ -3,6 +3,7 @@
 //! gradients of its inputs, adding them up when a tensor is used more than once.
 
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
+use crate::slice_grads::SliceGrad;
 use crate::{DType, Error, Result, Tensor, TensorId};
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -178,6 +179,25 @@ fn with_flag<T>(flag: &'static std::thread::LocalKey<Cell<bool>>, value: bool, f
 #[derive(Default, Clone, Debug)]
 pub struct GradStore(HashMap<TensorId, Tensor>);
 
+/// The gradients of slices of tensors, keyed by the sliced tensor's id, waiting to be put together
+/// once that tensor's gradient is complete (see [`crate::slice_grads`]).
+#[derive(Default)]
+struct PendingSlices(HashMap<TensorId, (Tensor, Vec<SliceGrad>)>);
+
+impl PendingSlices {
+    fn push(&mut self, source: &Tensor, slice: SliceGrad) {
+        self.0.entry(source.id()).or_insert_with(|| (source.clone(), Vec::new())).1.push(slice);
+    }
+
+    /// Add the slices of `id`'s tensor, put together, to its gradient in `store`.
+    fn settle(&mut self, id: TensorId, store: &mut GradStore) -> Result<()> {
+        if let Some((source, slices)) = self.0.remove(&id) {
+            store.accumulate(&source, crate::slice_grads::assemble(source.dims(), slices)?)?;
+        }
+        Ok(())
+    }
+}
+
 impl GradStore {
     /// The gradient of `t`, if it received one.
     pub fn get(&self, t: &Tensor) -> Option<&Tensor> {
@@ -268,9 +288,12 @@ impl Tensor {
         with_flag(&IN_BACKWARD, true, || {
             no_grad(|| {
                 let mut store = GradStore::default();
+                let mut slices = PendingSlices::default();
                 store.insert(self, grad);
                 for node in sorted_nodes(self) {
                     let Some(op) = node.op() else { continue };
+                    // Every use of `node` is later in the graph, so its slices have all arrived.
+                    slices.settle(node.id(), &mut store)?;
                     // Vars keep their gradient; intermediate gradients are dropped once used.
                     let g = match store.get(&node) {
                         Some(g) => g.clone(),
@@ -278,6 +301,12 @@ impl Tensor {
                     };
                     if !node.is_var() && node.id() != self.id() {
                         store.remove(&node);
+                    }
+                    if let Op::Narrow(x, axis, start) = op {
+                        if x.tracks_grad() {
+                            slices.push(x, SliceGrad { axis: *axis, start: *start, grad: g });
+                        }
+                        continue;
                     }
                     // Only inputs that take part in the gradient get one: the data fed to a model's
                     // first layer does not, and its matmul gradient is the largest of the step.
@@ -289,6 +318,11 @@ impl Tensor {
                             store.accumulate(input, gi)?;
                         }
                     }
+                }
+                // Leaves (vars, inputs) are never nodes with an op: their slices settle here.
+                let ids: Vec<TensorId> = slices.0.keys().copied().collect();
+                for id in ids {
+                    slices.settle(id, &mut store)?;
                 }
                 Ok(store)
             })
@@ -446,22 +480,10 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
             vec![Some(g.permute(&inv)?)]
         }
         Op::Broadcast(x) => vec![Some(reduce_to(g, x.dims())?)],
+        // backward_with collects slices instead (slice_grads); one alone is padded with zeros.
         Op::Narrow(x, axis, start) => {
-            let (size, len) = (x.dims()[*axis], g.dims()[*axis]);
-            let zeros = |n: usize| -> Result<Tensor> {
-                let mut s = x.dims().to_vec();
-                s[*axis] = n;
-                Tensor::zeros(&s, g.device())
-            };
-            let mut parts = Vec::with_capacity(3);
-            if *start > 0 {
-                parts.push(zeros(*start)?);
-            }
-            parts.push(g.clone());
-            if size > start + len {
-                parts.push(zeros(size - start - len)?);
-            }
-            vec![Some(Tensor::concat(&parts, *axis as isize)?)]
+            let slice = SliceGrad { axis: *axis, start: *start, grad: g.clone() };
+            vec![Some(crate::slice_grads::assemble(x.dims(), vec![slice])?)]
         }
         // Only f32 sources take a gradient: integers have none, and f16 is a storage type here.
         Op::Cast(x) => vec![if x.dtype() == DType::F32 { Some(g.to_dtype(DType::F32)?) } else { None }],

@@ -29,6 +29,7 @@ pub mod layout;
 pub mod ops;
 pub mod optim_ops;
 pub mod rng;
+mod slice_grads;
 pub(crate) mod storage;
 mod tensor;
 mod threads;
