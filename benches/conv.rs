@@ -14,6 +14,8 @@ use weft::nn::{Activation, Loss, Model, Sequential};
 use weft::prelude::*;
 
 fn main() -> Result<()> {
+    // As the other benches measured against peers do: the calling thread works on each op.
+    weft::set_num_threads(0)?;
     for dev in common::devices() {
         // Lavapipe runs the direct kernels slowly: a smaller first case there.
         let big = if dev.is_gpu() { [8, 16, 16, 32, 32] } else { [32, 32, 32, 64, 64] };

@@ -20,6 +20,8 @@ pub enum Op {
     Unary(Tensor, UnaryOp),
     /// An elementwise binary op (operands already broadcast).
     Binary(Tensor, Tensor, BinaryOp),
+    /// `op(a + b)` in one pass (a layer's bias and activation; operands already broadcast).
+    AddUnary(Tensor, Tensor, UnaryOp),
     /// Keepdim reduction over the axes.
     Reduce(Tensor, ReduceOp, Vec<usize>),
     /// Batched matmul (operands already broadcast).
@@ -92,7 +94,7 @@ impl Op {
             | ToDevice(x)
             | Softmax(x)
             | LogSoftmax(x) => vec![x],
-            Binary(a, b, _) | Matmul(a, b) => vec![a, b],
+            Binary(a, b, _) | AddUnary(a, b, _) | Matmul(a, b) => vec![a, b],
             IndexSelect(x, i, _) | Gather(x, i, _) | IndexAdd(x, i, _) | ScatterAdd(x, i, _) => {
                 vec![x, i]
             }
@@ -109,6 +111,7 @@ impl Op {
         match self {
             Unary(_, op) => format!("unary/{}", op.name()),
             Binary(_, _, op) => format!("binary/{}", op.name()),
+            AddUnary(_, _, op) => format!("add_unary/{}", op.name()),
             Reduce(_, op, _) => format!("reduce/{}", op.name()),
             Matmul(..) => "matmul".into(),
             Reshape(_) => "reshape".into(),
@@ -356,88 +359,105 @@ fn keep_nan(x: &Tensor, d: Tensor) -> Result<Tensor> {
     d.add(&x.unary(UnaryOp::Step)?.mul_scalar(0.0)?)
 }
 
+/// Whether `unary_grad` of `op` reads only its output (then `x` may be given as the output).
+fn reads_output_only(op: UnaryOp) -> bool {
+    use UnaryOp as U;
+    matches!(op, U::Identity | U::Exp | U::Tanh | U::Sigmoid | U::Relu)
+}
+
+/// The gradient of `op`'s input `x` given its output `out` and the output's gradient `g` (`None`
+/// for the ops with none).
+fn unary_grad(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+    use UnaryOp as U;
+    Ok(Some(match op {
+        U::Identity => g.clone(),
+        U::Neg => g.neg()?,
+        U::Abs => g.mul(&x.sign()?)?,
+        U::Exp => g.mul(out)?,
+        U::Log => g.div(x)?,
+        U::Sqrt => g.div(out)?.mul_scalar(0.5)?,
+        U::Rsqrt => g.mul(&out.div(x)?)?.mul_scalar(-0.5)?,
+        U::Square => g.mul(x)?.mul_scalar(2.0)?,
+        U::Recip => g.mul(&out.square()?)?.neg()?,
+        U::Tanh => g.mul(&out.square()?.affine(-1.0, 1.0)?)?,
+        U::Sigmoid => g.mul(&out.mul(&out.affine(-1.0, 1.0)?)?)?,
+        // step(NaN) is NaN, so a NaN input gives a NaN gradient, not a silent zero.
+        U::Relu => g.mul(&x.unary(U::Step)?)?,
+        U::GeluTanh => {
+            // With u = C (x + 0.044715 x³) and s = sigmoid(2u) (so tanh(u) = 2s - 1):
+            // d/dx = s + 2 x s (1 - s) du/dx.
+            const C: f32 = 0.797_884_6;
+            let x2 = x.square()?;
+            let s = x.mul(&x2.affine(0.044715, 1.0)?)?.mul_scalar(2.0 * C)?.sigmoid()?;
+            let du = x2.affine(3.0 * 0.044715 * C, C)?;
+            let right = x.mul(&s.mul(&s.affine(-1.0, 1.0)?)?)?.mul(&du)?.mul_scalar(2.0)?;
+            g.mul(&s.add(&right)?)?
+        }
+        U::GeluErf => {
+            let cdf = x.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?;
+            let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(0.398_942_3)?;
+            g.mul(&cdf.add(&x.mul(&pdf)?)?)?
+        }
+        U::Silu => {
+            let s = x.sigmoid()?;
+            g.mul(&s.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?)?
+        }
+        U::Sin => g.mul(&x.cos()?)?,
+        U::Cos => g.mul(&x.sin()?)?.neg()?,
+        U::Step | U::Sign => return Ok(None),
+        U::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f32::consts::FRAC_2_SQRT_PI)?)?,
+        U::Softsign => g.mul(&x.abs()?.add_scalar(1.0)?.square()?.recip()?)?,
+        U::Softplus => g.mul(&x.sigmoid()?)?,
+        U::LogSigmoid => g.mul(&x.sigmoid()?.affine(-1.0, 1.0)?)?,
+        U::Mish => {
+            let t = x.softplus()?.tanh()?;
+            let right = x.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&x.sigmoid()?)?;
+            g.mul(&t.add(&right)?)?
+        }
+        // The kinks take the flat side's gradient (0), as JAX's relu6 and hard_sigmoid.
+        U::Relu6 => g.mul(&keep_nan(x, open_interval(x, 0.0, 6.0)?)?)?,
+        U::HardSigmoid => g.mul(&keep_nan(x, open_interval(x, -3.0, 3.0)?.mul_scalar(1.0 / 6.0)?)?)?,
+        U::HardSilu => {
+            let slope = open_interval(x, -3.0, 3.0)?.mul(x)?.mul_scalar(1.0 / 6.0)?;
+            g.mul(&keep_nan(x, x.hard_sigmoid()?.add(&slope)?)?)?
+        }
+        U::LeakyRelu(a) => {
+            let pos = x.cmp_scalar(BinaryOp::Ge, 0.0)?;
+            g.mul(&keep_nan(x, pos.affine(1.0 - a, a)?)?)?
+        }
+        U::Elu(a) => {
+            // 1 where x > 0, else a e^x (from e^min(x, 0), which never overflows).
+            let pos = x.unary(U::Step)?;
+            let neg = x.clamp(f32::NEG_INFINITY, 0.0)?.exp()?.mul_scalar(a)?;
+            g.mul(&pos.add(&pos.affine(-1.0, 1.0)?.mul(&neg)?)?)?
+        }
+        U::Affine { mul, .. } => g.mul_scalar(mul)?,
+        U::Powf(e) => g.mul(&x.powf(e - 1.0)?)?.mul_scalar(e)?,
+        U::Clamp { lo, hi } => {
+            let inside = x.cmp_scalar(BinaryOp::Ge, lo)?.mul(&x.cmp_scalar(BinaryOp::Le, hi)?)?;
+            // Comparisons give 0 for NaN, which would turn a NaN into a zero gradient; step
+            // keeps NaN, so this adds 0, or NaN where x is NaN.
+            let nan = x.unary(U::Step)?.mul_scalar(0.0)?;
+            g.mul(&inside.add(&nan)?)?
+        }
+    }))
+}
+
 /// Gradients of an op's inputs given the gradient `g` of its output `out`. An input whose
 /// `need` is false may get `None` (the ops with two costly gradients skip it).
 fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<Option<Tensor>>> {
-    use UnaryOp as U;
     let when = |i: usize, f: &dyn Fn() -> Result<Tensor>| -> Result<Option<Tensor>> {
         if need.get(i).copied().unwrap_or(true) { f().map(Some) } else { Ok(None) }
     };
     Ok(match op {
-        Op::Unary(x, u) => {
-            let d = match *u {
-                U::Identity => g.clone(),
-                U::Neg => g.neg()?,
-                U::Abs => g.mul(&x.sign()?)?,
-                U::Exp => g.mul(out)?,
-                U::Log => g.div(x)?,
-                U::Sqrt => g.div(out)?.mul_scalar(0.5)?,
-                U::Rsqrt => g.mul(&out.div(x)?)?.mul_scalar(-0.5)?,
-                U::Square => g.mul(x)?.mul_scalar(2.0)?,
-                U::Recip => g.mul(&out.square()?)?.neg()?,
-                U::Tanh => g.mul(&out.square()?.affine(-1.0, 1.0)?)?,
-                U::Sigmoid => g.mul(&out.mul(&out.affine(-1.0, 1.0)?)?)?,
-                // step(NaN) is NaN, so a NaN input gives a NaN gradient, not a silent zero.
-                U::Relu => g.mul(&x.unary(U::Step)?)?,
-                U::GeluTanh => {
-                    // With u = C (x + 0.044715 x³) and s = sigmoid(2u) (so tanh(u) = 2s - 1):
-                    // d/dx = s + 2 x s (1 - s) du/dx.
-                    const C: f32 = 0.797_884_6;
-                    let x2 = x.square()?;
-                    let s = x.mul(&x2.affine(0.044715, 1.0)?)?.mul_scalar(2.0 * C)?.sigmoid()?;
-                    let du = x2.affine(3.0 * 0.044715 * C, C)?;
-                    let right = x.mul(&s.mul(&s.affine(-1.0, 1.0)?)?)?.mul(&du)?.mul_scalar(2.0)?;
-                    g.mul(&s.add(&right)?)?
-                }
-                U::GeluErf => {
-                    let cdf = x.mul_scalar(std::f32::consts::FRAC_1_SQRT_2)?.erf()?.affine(0.5, 0.5)?;
-                    let pdf = x.square()?.mul_scalar(-0.5)?.exp()?.mul_scalar(0.398_942_3)?;
-                    g.mul(&cdf.add(&x.mul(&pdf)?)?)?
-                }
-                U::Silu => {
-                    let s = x.sigmoid()?;
-                    g.mul(&s.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?)?
-                }
-                U::Sin => g.mul(&x.cos()?)?,
-                U::Cos => g.mul(&x.sin()?)?.neg()?,
-                U::Step | U::Sign => return Ok(vec![None]),
-                U::Erf => g.mul(&x.square()?.neg()?.exp()?.mul_scalar(std::f32::consts::FRAC_2_SQRT_PI)?)?,
-                U::Softsign => g.mul(&x.abs()?.add_scalar(1.0)?.square()?.recip()?)?,
-                U::Softplus => g.mul(&x.sigmoid()?)?,
-                U::LogSigmoid => g.mul(&x.sigmoid()?.affine(-1.0, 1.0)?)?,
-                U::Mish => {
-                    let t = x.softplus()?.tanh()?;
-                    let right = x.mul(&t.square()?.affine(-1.0, 1.0)?)?.mul(&x.sigmoid()?)?;
-                    g.mul(&t.add(&right)?)?
-                }
-                // The kinks take the flat side's gradient (0), as JAX's relu6 and hard_sigmoid.
-                U::Relu6 => g.mul(&keep_nan(x, open_interval(x, 0.0, 6.0)?)?)?,
-                U::HardSigmoid => g.mul(&keep_nan(x, open_interval(x, -3.0, 3.0)?.mul_scalar(1.0 / 6.0)?)?)?,
-                U::HardSilu => {
-                    let slope = open_interval(x, -3.0, 3.0)?.mul(x)?.mul_scalar(1.0 / 6.0)?;
-                    g.mul(&keep_nan(x, x.hard_sigmoid()?.add(&slope)?)?)?
-                }
-                U::LeakyRelu(a) => {
-                    let pos = x.cmp_scalar(BinaryOp::Ge, 0.0)?;
-                    g.mul(&keep_nan(x, pos.affine(1.0 - a, a)?)?)?
-                }
-                U::Elu(a) => {
-                    // 1 where x > 0, else a e^x (from e^min(x, 0), which never overflows).
-                    let pos = x.unary(U::Step)?;
-                    let neg = x.clamp(f32::NEG_INFINITY, 0.0)?.exp()?.mul_scalar(a)?;
-                    g.mul(&pos.add(&pos.affine(-1.0, 1.0)?.mul(&neg)?)?)?
-                }
-                U::Affine { mul, .. } => g.mul_scalar(mul)?,
-                U::Powf(e) => g.mul(&x.powf(e - 1.0)?)?.mul_scalar(e)?,
-                U::Clamp { lo, hi } => {
-                    let inside = x.cmp_scalar(BinaryOp::Ge, lo)?.mul(&x.cmp_scalar(BinaryOp::Le, hi)?)?;
-                    // Comparisons give 0 for NaN, which would turn a NaN into a zero gradient; step
-                    // keeps NaN, so this adds 0, or NaN where x is NaN.
-                    let nan = x.unary(U::Step)?.mul_scalar(0.0)?;
-                    g.mul(&inside.add(&nan)?)?
-                }
-            };
-            vec![Some(d)]
+        Op::Unary(x, u) => vec![unary_grad(*u, x, out, g)?],
+        Op::AddUnary(a, b, u) => {
+            // The sum is not kept: the gradient of relu, tanh, sigmoid and exp is read from the
+            // output (relu's from step(out), the same bits as from step of the sum); the others
+            // compute the sum again.
+            let d =
+                if reads_output_only(*u) { unary_grad(*u, out, out, g)? } else { unary_grad(*u, &a.add(b)?, out, g)? };
+            vec![d.clone(), d]
         }
         Op::Binary(a, b, op) => match op {
             BinaryOp::Add => vec![Some(g.clone()), Some(g.clone())],

@@ -57,6 +57,20 @@ impl Storage {
         })
     }
 
+    /// `op(self + rhs)` on two layouts of one shape: one pass on the Cpu; on a GPU the sum and
+    /// the op are two kernels.
+    pub fn add_unary(&self, op: UnaryOp, la: &Layout, rhs: &Storage, lb: &Layout) -> Result<Storage> {
+        Ok(match (self, rhs) {
+            (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::add_unary(op, a, la, b, lb)?),
+            (Storage::Gpu(..), Storage::Gpu(..)) => {
+                let sum = self.binary(BinaryOp::Add, la, rhs, lb)?;
+                sum.unary(op, &Layout::contiguous(la.shape()))?
+            }
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("add_unary", self, rhs)),
+        })
+    }
+
     /// `mask != 0 ? a : b`; `self` is the mask.
     pub fn where_cond(&self, lm: &Layout, a: &Storage, la: &Layout, b: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, a, b) {

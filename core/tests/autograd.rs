@@ -64,3 +64,31 @@ fn a_long_chain_does_not_overflow_the_stack() {
     let g = y.sum_all().unwrap().backward().unwrap();
     assert_eq!(g.get(&x).unwrap().to_vec::<f32>().unwrap(), vec![1.0]);
 }
+
+/// `add_unary` gives the values and the gradients (input and bias, through a broadcast) of the
+/// sum followed by the op, bit for bit, whether its gradient reads the output (relu, tanh,
+/// sigmoid) or computes the sum again (the GELUs, silu, softplus); relu's at NaN and 0 included.
+#[test]
+fn add_unary_is_the_sum_then_the_op_bit_for_bit() {
+    use weft_core::ops::UnaryOp as U;
+    let d = Device::Cpu;
+    let mut xs: Vec<f32> = Tensor::rand(-3.0, 3.0, &[6, 5], 1, &d).unwrap().to_vec().unwrap();
+    xs[..4].copy_from_slice(&[f32::NAN, 0.0, -0.0, 0.25]);
+    let bias: Vec<f32> = vec![0.0, 0.0, 0.0, -0.25, 1.5];
+    for op in [U::Relu, U::Tanh, U::Sigmoid, U::GeluTanh, U::GeluErf, U::Silu, U::Softplus] {
+        let run = |fused: bool| {
+            let x = var(&xs, &[6, 5]);
+            let b = var(&bias, &[5]);
+            let y = if fused {
+                x.as_tensor().add_unary(b.as_tensor(), op).unwrap()
+            } else {
+                x.as_tensor().add(b.as_tensor()).unwrap().unary(op).unwrap()
+            };
+            let w = Tensor::rand(-1.0, 1.0, &[6, 5], 9, &d).unwrap();
+            let g = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+            let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            (bits(&y), bits(g.get(&x).unwrap()), bits(g.get(&b).unwrap()))
+        };
+        assert_eq!(run(true), run(false), "{op:?}");
+    }
+}

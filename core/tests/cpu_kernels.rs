@@ -76,6 +76,31 @@ proptest! {
         prop_assert_eq!(vals(&spread.relu().unwrap()), each(&|e| pv[e].max(0.0)), "relu of a column");
     }
 
+    /// Short rows with an operand that repeats one row (a bias over few channels) are folded into
+    /// longer ones: every element still reads its own row and channel, with the operands at an
+    /// offset in their storage (narrowed), a repeated value beside them, for any row count
+    /// (prime ones cannot fold), bit for bit; `add_unary` too.
+    #[test]
+    fn short_rows_with_a_repeated_row_keep_every_value(r in 1usize..300, c in 1usize..80, skip in 0usize..3, seed in 0u64..1000) {
+        use weft_core::ops::UnaryOp;
+        let d = Device::Cpu;
+        let x = Tensor::rand(-2.0, 2.0, &[r + skip, c], seed, &d).unwrap().narrow(0, skip, r).unwrap();
+        let bias = Tensor::rand(-2.0, 2.0, &[c + skip], seed + 1, &d).unwrap().narrow(0, skip, c).unwrap();
+        let m = Tensor::rand(-1.0, 1.0, &[r, c], seed + 2, &d).unwrap().cmp_scalar(weft_core::ops::BinaryOp::Gt, 0.0).unwrap();
+        let s = Tensor::rand(-2.0, 2.0, &[1], seed + 3, &d).unwrap();
+        let (xv, bv, mv, sv) = (vals(&x), vals(&bias), vals(&m), vals(&s)[0]);
+        let each = |f: &dyn Fn(usize) -> f32| -> Vec<f32> { (0..r * c).map(f).collect() };
+        prop_assert_eq!(vals(&x.add(&bias).unwrap()), each(&|e| xv[e] + bv[e % c]), "x + bias");
+        prop_assert_eq!(vals(&bias.sub(&x).unwrap()), each(&|e| bv[e % c] - xv[e]), "bias - x");
+        let row = bias.broadcast_to(&[r, c]).unwrap();
+        let wide_s = s.broadcast_to(&[r, c]).unwrap();
+        let picked = Tensor::where_cond(&m, &row, &wide_s).unwrap();
+        prop_assert_eq!(vals(&picked), each(&|e| if mv[e] != 0.0 { bv[e % c] } else { sv }), "where(mask, bias, scalar)");
+        for op in [UnaryOp::Relu, UnaryOp::GeluTanh, UnaryOp::Sigmoid, UnaryOp::Softplus] {
+            prop_assert_eq!(vals(&x.add_unary(&bias, op).unwrap()), each(&|e| op.apply(xv[e] + bv[e % c])), "add_unary {:?}", op);
+        }
+    }
+
     /// Contiguous rows and strided views (a transpose, a broadcast row) give the same values.
     #[test]
     fn elementwise_on_rows_and_views_matches_f64(r in 1usize..200, c in 1usize..600, seed in 0u64..1000) {

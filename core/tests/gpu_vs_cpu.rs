@@ -128,6 +128,23 @@ proptest! {
         }
     }
 
+    /// A bias added and an activation applied in one pass: the GPU (the sum, then the op) gives
+    /// the Cpu's one-pass values, for a bias over the last axis and a full-shape operand.
+    #[test]
+    fn add_unary_matches_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000, full: bool) {
+        use weft_core::ops::UnaryOp;
+        let Some(g) = gpu() else { return Ok(()) };
+        let rhs_shape = if full { shape.clone() } else { vec![*shape.last().unwrap()] };
+        for op in [UnaryOp::Relu, UnaryOp::GeluTanh, UnaryOp::GeluErf, UnaryOp::Silu, UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Softplus] {
+            let run = |d: &Device| {
+                let x = make(&shape, view, seed, -3.0, 3.0, d).unwrap();
+                x.add_unary(&Tensor::rand(-1.0, 1.0, &rhs_shape, seed + 1, d).unwrap(), op).unwrap()
+            };
+            let (got, want) = (run(&g), run(&Device::Cpu));
+            assert_close(&vals(&got), &vals(&want), ELEMENTWISE_TOL, &format!("add_unary {op:?} {shape:?} {view:?}"));
+        }
+    }
+
     #[test]
     fn binary_ops_broadcast_like_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000, bcast_axis in 0usize..3) {
         let Some(g) = gpu() else { return Ok(()) };

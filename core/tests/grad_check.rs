@@ -63,6 +63,18 @@ fn check(name: &str, shapes: &[&[usize]], f: &Op<'_>) {
     check_with(name, inputs, f);
 }
 
+/// A bias and an activation in one op: each fused activation, and one taken by the general loop
+/// (softplus), for a bias over the last axis and a full-shape operand.
+#[test]
+fn add_unary() {
+    use weft_core::ops::UnaryOp as U;
+    for op in [U::Relu, U::GeluTanh, U::GeluErf, U::Silu, U::Sigmoid, U::Tanh, U::Softplus] {
+        // The bias scaled down keeps every sum at least 0.17 from relu's kink.
+        check(&format!("add_unary {op:?} bias"), &[&[3, 4], &[4]], &|x| x[0].add_unary(&x[1].mul_scalar(0.1)?, op));
+        check(&format!("add_unary {op:?} full"), &[&[2, 3], &[2, 3]], &|x| x[0].add_unary(&x[1].mul_scalar(0.1)?, op));
+    }
+}
+
 #[test]
 fn unary_ops() {
     let cases: Vec<(&str, Box<Op<'static>>)> = vec![

@@ -93,6 +93,20 @@ impl Activation {
         }
     }
 
+    /// The core op this activation is, where it is one (what a layer fuses with its bias add).
+    pub fn as_unary(self) -> Option<weft_core::ops::UnaryOp> {
+        use weft_core::ops::UnaryOp as U;
+        Some(match self {
+            Activation::Relu => U::Relu,
+            Activation::Gelu | Activation::GeluErf => U::GeluErf,
+            Activation::GeluTanh => U::GeluTanh,
+            Activation::Tanh => U::Tanh,
+            Activation::Sigmoid => U::Sigmoid,
+            Activation::Silu => U::Silu,
+            _ => return None,
+        })
+    }
+
     /// Whether each output depends on its own input alone (all but the softmaxes): only then
     /// can a layer split by output columns apply it to its slice.
     pub fn is_elementwise(self) -> bool {

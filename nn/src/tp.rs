@@ -372,10 +372,12 @@ pub fn linear(
     if let Some((LayerShard { style: Style::Row { .. }, .. }, c)) = shard {
         y = reduce_from_parallel(&y, c.clone())?;
     }
-    if let Some(b) = bias {
-        y = y.add(b)?;
-    }
-    let y = activation.apply(&y)?;
+    let y = match (bias, activation.as_unary()) {
+        // Bias and activation in one pass over the output.
+        (Some(b), Some(op)) => y.add_unary(b, op)?,
+        (Some(b), None) => activation.apply(&y.add(b)?)?,
+        (None, _) => activation.apply(&y)?,
+    };
     match shard {
         Some((LayerShard { style: Style::Column { sizes, gather: true }, .. }, c)) => {
             gather_from_parallel(&y, c.clone(), axes.1, sizes)

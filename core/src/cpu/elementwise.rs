@@ -19,24 +19,63 @@ use std::sync::Arc;
 /// Rows per parallel task are sized so each task has about this many elements.
 const PAR_CHUNK: usize = 1 << 15;
 
+/// Rows shorter than this, with an operand that repeats one row (a bias over 32 channels), are
+/// folded into rows of about this length: the loop's setup per row outweighed 32 values' work.
+const SHORT_ROW: usize = 512;
+
 /// The row structure of coalesced operands: row length, per-operand start offset of each row,
-/// and per-operand stride along a row.
+/// and per-operand stride along a row. An operand with `expand` set repeats its row of that many
+/// values from that offset: it is read from a buffer holding the row `len / n` times over.
 struct Rows {
     len: usize,
     starts: Vec<Vec<usize>>,
     steps: Vec<usize>,
+    expand: Vec<Option<(usize, usize)>>,
 }
 
 fn rows(layouts: &[&Layout]) -> Rows {
     let strides: Vec<&[usize]> = layouts.iter().map(|l| l.strides()).collect();
     let (shape, st) = coalesce(layouts[0].shape(), &strides);
     let r = shape.len();
+    if let Some(folded) = fold_short_rows(&shape, &st, layouts) {
+        return folded;
+    }
     let starts = layouts
         .iter()
         .zip(&st)
-        .map(|(l, s)| Layout::new(shape[..r - 1].into(), s[..r - 1].into(), l.offset()).offsets().collect())
+        .map(|(l, s)| match r {
+            // One leading axis: the starts are a stride apart (no walk of the offsets).
+            2 => (0..shape[0]).map(|i| l.offset() + i * s[0]).collect(),
+            _ => Layout::new(shape[..r - 1].into(), s[..r - 1].into(), l.offset()).offsets().collect(),
+        })
         .collect();
-    Rows { len: shape[r - 1], starts, steps: st.iter().map(|s| s[r - 1]).collect() }
+    let expand = vec![None; layouts.len()];
+    Rows { len: shape[r - 1], starts, steps: st.iter().map(|s| s[r - 1]).collect(), expand }
+}
+
+/// `[rows, n]` operands, each either rows one after another or one row (or value) repeated, with
+/// `n` short: `k` rows at a time become one of `k n` values (the repeated row read `k` times over
+/// from a buffer), `k` the largest divisor of the row count that keeps them near `SHORT_ROW`.
+fn fold_short_rows(shape: &[usize], st: &[crate::layout::Dims], layouts: &[&Layout]) -> Option<Rows> {
+    let [count, n] = *shape else { return None };
+    if n >= SHORT_ROW / 2 || !st.iter().all(|s| s[..] == [n, 1] || s[0] == 0) {
+        return None;
+    }
+    let k = (2..=SHORT_ROW / n).rev().find(|k| count % k == 0)?;
+    let rows = count / k;
+    let len = k * n;
+    let mut out = Rows { len, starts: Vec::new(), steps: Vec::new(), expand: Vec::new() };
+    for (l, s) in layouts.iter().zip(st) {
+        let (starts, step, expand) = match (s[0], s[1]) {
+            (0, 0) => (vec![l.offset(); rows], 0, None),
+            (0, _) => (vec![0; rows], 1, Some((l.offset(), n))),
+            _ => ((0..rows).map(|i| l.offset() + i * len).collect(), 1, None),
+        };
+        out.starts.push(starts);
+        out.steps.push(step);
+        out.expand.push(expand);
+    }
+    Some(out)
 }
 
 /// Fill `out` (row-major, `rows.len` per row) with `f` of the operands, in parallel over rows
@@ -53,6 +92,9 @@ fn run<const N: usize>(
     if n == 0 || numel == 0 {
         return;
     }
+    let repeated: [Option<Vec<f32>>; N] =
+        std::array::from_fn(|k| rows.expand[k].map(|(off, len)| data[k][off..off + len].repeat(n / len)));
+    let data: [&[f32]; N] = std::array::from_fn(|k| repeated[k].as_deref().unwrap_or(data[k]));
     out.reserve_exact(numel);
     // Every element is written once, straight into the spare capacity: no zero fill first.
     let dst = &mut out.spare_capacity_mut()[..numel];
@@ -263,6 +305,24 @@ pub fn binary(op: BinaryOp, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &La
         BinaryOp::Div => go!(|p: f32, q: f32| p / q),
         other => go!(|p: f32, q: f32| other.apply(p, q)),
     }
+    Ok(f32_storage(out))
+}
+
+/// `op(a + b)` for every element, in one pass; the activations layers use most each get a loop
+/// of their own.
+pub fn add_unary(op: UnaryOp, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<CpuStorage> {
+    let (x, y) = (a.f32s("add_unary")?, b.f32s("add_unary")?);
+    let r = rows(&[la, lb]);
+    let mut out = try_take(la.numel())?;
+    macro_rules! each {
+        ($($v:ident),*) => {
+            match op {
+                $(UnaryOp::$v => run(&mut out, la.numel(), &r, [x, y], |[p, q]| UnaryOp::$v.apply(p + q)),)*
+                other => run(&mut out, la.numel(), &r, [x, y], |[p, q]| other.apply(p + q)),
+            }
+        };
+    }
+    each!(Identity, Relu, GeluTanh, GeluErf, Silu, Sigmoid, Tanh);
     Ok(f32_storage(out))
 }
 

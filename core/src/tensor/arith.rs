@@ -142,6 +142,32 @@ impl Tensor {
         Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(Op::Binary(a, b, op))))
     }
 
+    /// `op(self + rhs)` in one pass over the data, `rhs` broadcast to `self`'s shape: a layer's
+    /// bias and activation without the sum in between going through memory. The same values as
+    /// `self.add(rhs)?.unary(op)`.
+    ///
+    /// ```
+    /// # use weft_core::{Device, Tensor, ops::UnaryOp};
+    /// let x = Tensor::from_vec(vec![-2f32, 1.0, 0.5, -0.5], &[2, 2], &Device::Cpu)?;
+    /// let bias = Tensor::from_vec(vec![1f32, -1.0], &[2], &Device::Cpu)?;
+    /// assert_eq!(x.add_unary(&bias, UnaryOp::Relu)?.to_vec::<f32>()?, vec![0.0, 0.0, 1.5, 0.0]);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn add_unary(&self, rhs: &Tensor, op: UnaryOp) -> Result<Tensor> {
+        let what = "add_unary";
+        self.same_device(rhs, what)?;
+        self.expect_f32(what)?;
+        rhs.expect_f32(what)?;
+        let shape = broadcast_shape(what, self.dims(), rhs.dims())?;
+        if shape.as_slice() != self.dims() {
+            return Err(Error::ShapeMismatch { op: what, lhs: self.dims().to_vec(), rhs: rhs.dims().to_vec() });
+        }
+        let b = rhs.broadcast_to(&shape)?;
+        let storage = self.storage().add_unary(op, self.layout(), &b.storage(), b.layout())?;
+        let node = Op::AddUnary(self.clone(), b, op);
+        Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(node)))
+    }
+
     /// x * mul + add, in one kernel.
     pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
         self.unary(UnaryOp::Affine { mul, add })
