@@ -360,14 +360,14 @@ fn keep_nan(x: &Tensor, d: Tensor) -> Result<Tensor> {
 }
 
 /// Whether `unary_grad` of `op` reads only its output (then `x` may be given as the output).
-fn reads_output_only(op: UnaryOp) -> bool {
+pub(crate) fn reads_output_only(op: UnaryOp) -> bool {
     use UnaryOp as U;
     matches!(op, U::Identity | U::Exp | U::Tanh | U::Sigmoid | U::Relu)
 }
 
 /// The gradient of `op`'s input `x` given its output `out` and the output's gradient `g` (`None`
 /// for the ops with none).
-fn unary_grad(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
     use UnaryOp as U;
     Ok(Some(match op {
         U::Identity => g.clone(),

@@ -150,7 +150,7 @@ impl Storage {
     pub fn conv2d(&self, pass: ConvPass, la: &Layout, rhs: &Storage, lb: &Layout, g: &Window2d) -> Result<Storage> {
         Ok(match (self, rhs) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(match pass {
-                ConvPass::Forward => cpu::conv2d(a, la, b, lb, g)?,
+                ConvPass::Forward => cpu::conv2d(a, la, b, lb, g, None)?,
                 ConvPass::InputGrad => cpu::conv2d_input_grad(a, la, b, lb, g)?,
                 ConvPass::KernelGrad => cpu::conv2d_kernel_grad(a, la, b, lb, g)?,
             }),
@@ -158,6 +158,22 @@ impl Storage {
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("conv2d", self, rhs)),
         })
+    }
+
+    /// The forward convolution with `op(y + bias)` applied to each block of output rows while in
+    /// cache: Cpu storage only (`None` otherwise, for the caller to run the two ops).
+    pub fn conv2d_add_unary(
+        &self,
+        la: &Layout,
+        rhs: &Storage,
+        lb: &Layout,
+        g: &Window2d,
+        bias: &Storage,
+        op: UnaryOp,
+    ) -> Result<Option<Storage>> {
+        let (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) = (self, rhs, bias) else { return Ok(None) };
+        let bias = bias.f32s("conv2d")?;
+        Ok(Some(Storage::Cpu(cpu::conv2d(a, la, b, lb, g, Some((bias, op)))?)))
     }
 
     /// Max or average pooling, or (with `dy`) its input gradient.

@@ -7,6 +7,7 @@ mod common;
 use common::{assert_close, gpu, vals};
 use proptest::prelude::*;
 use weft_core::conv::{Padding, Window2d};
+use weft_core::ops::UnaryOp;
 use weft_core::{Device, Result, Tensor, Var};
 
 /// A geometry drawn by proptest.
@@ -352,4 +353,86 @@ fn max_pooling_over_many_channels_keeps_ties_and_nans() {
             }
         }
     }
+}
+
+/// y, dx, dk and dbias of `sum(op(conv(x, k) + bias) * w)` on `dev`, fused or as the
+/// convolution followed by `add_unary`, as bits.
+fn conv_add_unary(c: &Case, op: UnaryOp, fused: bool, dev: &Device) -> [Vec<u32>; 4] {
+    let (xv, kv) = (Var::new(c.x(dev)).unwrap(), Var::new(c.kernel(dev)).unwrap());
+    let bv = Var::new(Tensor::rand(-0.5, 0.5, &[c.c_out], c.seed + 5, dev).unwrap()).unwrap();
+    let (x, k, b) = (xv.as_tensor(), kv.as_tensor(), bv.as_tensor());
+    let y = if fused {
+        x.conv2d_add_unary(k, b, op, c.strides, c.dilation, c.padding).unwrap()
+    } else {
+        x.conv2d(k, c.strides, c.dilation, c.padding).unwrap().add_unary(b, op).unwrap()
+    };
+    let w = Tensor::from_slice(&weights(c), y.dims(), dev).unwrap();
+    let grads = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let bits = |t: &Tensor| vals(t).iter().map(|v| v.to_bits()).collect();
+    [bits(&y), bits(grads.get(&xv).unwrap()), bits(grads.get(&kv).unwrap()), bits(grads.get(&bv).unwrap())]
+}
+
+const EPILOGUES: [UnaryOp; 5] = [UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Identity, UnaryOp::GeluTanh];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// A convolution with its bias and activation applied to the output blocks while in cache
+    /// gives the values and gradients (input, kernel, bias) of the convolution then `add_unary`,
+    /// bit for bit, on the Cpu; on a GPU (which runs the two) the Cpu's values.
+    #[test]
+    fn conv_with_bias_and_activation_is_the_conv_then_add_unary(c in case(), pick in 0usize..5) {
+        let op = EPILOGUES[pick];
+        let names = ["y", "dx", "dkernel", "dbias"];
+        let want = conv_add_unary(&c, op, false, &Device::Cpu);
+        let got = conv_add_unary(&c, op, true, &Device::Cpu);
+        for (name, (g, w)) in names.iter().zip(got.iter().zip(&want)) {
+            prop_assert_eq!(g, w, "{} of {:?} {:?}", name, op, c);
+        }
+        if let Some(dev) = gpu() {
+            let on_gpu = conv_add_unary(&c, op, true, &dev);
+            for (name, (g, w)) in names.iter().zip(on_gpu.iter().zip(&want)) {
+                let f = |v: &[u32]| v.iter().map(|&b| f32::from_bits(b)).collect::<Vec<_>>();
+                assert_close(&f(g), &f(w), 1e-5, &format!("GPU {name} of {op:?} {c:?}"));
+            }
+        }
+    }
+}
+
+/// The fused form over several blocks of output rows, over the 1x1 kernel whose columns are the
+/// input itself, and in one dimension: the convolution then `add_unary`, bit for bit.
+#[test]
+fn conv_with_bias_and_activation_over_blocks_pointwise_and_1d() {
+    let big = Case {
+        batch: 8,
+        hw: [16, 16],
+        c_in: 8,
+        c_out: 5,
+        kernel: [3, 3],
+        strides: [1, 1],
+        dilation: [1, 1],
+        padding: Padding::Same,
+        seed: 3,
+    };
+    let pointwise = Case { kernel: [1, 1], padding: Padding::Valid, ..big };
+    for c in [big, pointwise] {
+        for op in EPILOGUES {
+            assert_eq!(
+                conv_add_unary(&c, op, true, &Device::Cpu),
+                conv_add_unary(&c, op, false, &Device::Cpu),
+                "{op:?} {c:?}"
+            );
+        }
+    }
+    let d = Device::Cpu;
+    let x = Tensor::rand(-1.0, 1.0, &[3, 11, 4], 1, &d).unwrap();
+    let k = Tensor::rand(-1.0, 1.0, &[3, 4, 6], 2, &d).unwrap();
+    let b = Tensor::rand(-1.0, 1.0, &[6], 3, &d).unwrap();
+    let fused = x.conv1d_add_unary(&k, &b, UnaryOp::Relu, 2, 1, Padding::Causal).unwrap();
+    let two = x.conv1d(&k, 2, 1, Padding::Causal).unwrap().add_unary(&b, UnaryOp::Relu).unwrap();
+    assert_eq!(fused.dims(), two.dims());
+    assert_eq!(vals(&fused), vals(&two));
+    let bad = Tensor::zeros(&[5], &d).unwrap();
+    let e = x.conv1d_add_unary(&k, &bad, UnaryOp::Relu, 1, 1, Padding::Valid).unwrap_err().to_string();
+    assert!(e.contains("[6]") && e.contains("[5]"), "{e}");
 }

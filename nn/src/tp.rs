@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use weft_core::collectives::{Collectives, gather_from_parallel, reduce_from_parallel};
+use weft_core::ops::UnaryOp;
 use weft_core::{Device, Error, Result, Tensor, Var};
 
 /// Where a variable's values live across the ranks of the model axis.
@@ -347,6 +348,25 @@ pub fn linear(
     bias: Option<&Tensor>,
     activation: crate::Activation,
 ) -> Result<Tensor> {
+    let product = |x: &Tensor, epilogue: Option<(&Tensor, UnaryOp)>| match epilogue {
+        Some((b, op)) => product(x)?.add_unary(b, op),
+        None => product(x),
+    };
+    linear_fused(layer, ctx, x, axes, product, bias, activation)
+}
+
+/// [`linear`], with `product` given the bias and activation to apply itself (`op(y + bias)`)
+/// where the split allows (not after a row split's all-reduce): a convolution applies them to its
+/// output blocks while in cache. Given `None`, it returns the bare product.
+pub fn linear_fused(
+    layer: &dyn crate::Layer,
+    ctx: &crate::Ctx,
+    x: &Tensor,
+    axes: (usize, usize),
+    product: impl FnOnce(&Tensor, Option<(&Tensor, UnaryOp)>) -> Result<Tensor>,
+    bias: Option<&Tensor>,
+    activation: crate::Activation,
+) -> Result<Tensor> {
     let _scope = crate::scope::enter(layer);
     let path = weft_core::trace::current_scope();
     let shard = shard_of(&ctx.tp, &path);
@@ -368,15 +388,21 @@ pub fn linear(
         }
         _ => x.clone(),
     };
-    let mut y = product(&x)?;
+    let row_split = matches!(shard, Some((LayerShard { style: Style::Row { .. }, .. }, _)));
+    // Bias and activation in one pass over the output (in the product itself where it can).
+    let epilogue = match (bias, activation.as_unary()) {
+        (Some(b), Some(op)) => Some((b, op)),
+        _ => None,
+    };
+    let mut y = product(&x, epilogue.filter(|_| !row_split))?;
     if let Some((LayerShard { style: Style::Row { .. }, .. }, c)) = shard {
         y = reduce_from_parallel(&y, c.clone())?;
     }
-    let y = match (bias, activation.as_unary()) {
-        // Bias and activation in one pass over the output.
-        (Some(b), Some(op)) => y.add_unary(b, op)?,
-        (Some(b), None) => activation.apply(&y.add(b)?)?,
-        (None, _) => activation.apply(&y)?,
+    let y = match (epilogue, bias) {
+        (Some(_), _) if !row_split => y,
+        (Some((b, op)), _) => y.add_unary(b, op)?,
+        (None, Some(b)) => activation.apply(&y.add(b)?)?,
+        (None, None) => activation.apply(&y)?,
     };
     match shard {
         Some((LayerShard { style: Style::Column { sizes, gather: true }, .. }, c)) => {

@@ -9,6 +9,7 @@
 use super::gemm_engine::{Product, engine};
 use super::{CpuStorage, HostBuf, f32_storage, strided, try_take, try_zeros};
 use crate::conv::{PoolKind, Window2d};
+use crate::ops::UnaryOp;
 use crate::{Error, Layout, Result};
 use std::mem::MaybeUninit;
 
@@ -137,7 +138,16 @@ fn gemm(
 }
 
 /// `y = conv(x, kernel)`: `x` `[n, h, w, c_in]`, `kernel` `[kh, kw, c_in, c_out]`.
-pub fn conv2d(x: &CpuStorage, lx: &Layout, k: &CpuStorage, lk: &Layout, g: &Window2d) -> Result<CpuStorage> {
+/// With `epilogue` (a bias over the output channels and an op), each block of output rows
+/// becomes `op(rows + bias)` right after its product, while still in cache.
+pub fn conv2d(
+    x: &CpuStorage,
+    lx: &Layout,
+    k: &CpuStorage,
+    lk: &Layout,
+    g: &Window2d,
+    epilogue: Option<(&[f32], UnaryOp)>,
+) -> Result<CpuStorage> {
     let xs = strided(x.f32s("conv2d")?, lx)?;
     let kernel = packed(k, lk, "conv2d")?;
     let kernel = kernel.f32s("conv2d")?;
@@ -146,8 +156,18 @@ pub fn conv2d(x: &CpuStorage, lx: &Layout, k: &CpuStorage, lk: &Layout, g: &Wind
     let len = g.batch * per * c_out;
     let mut y = try_take(len)?;
     let out = &mut y.spare_capacity_mut()[..len];
+    // SAFETY (both uses): the product just wrote every value of the rows.
+    let finish = |rows: &mut [MaybeUninit<f32>]| {
+        if let Some((bias, op)) = epilogue {
+            super::elementwise::add_unary_rows_in_place(unsafe { written_mut(rows) }, bias, op);
+        }
+    };
     if identity_columns(g) {
         gemm(out, (g.batch * per, c_out, kk), (&xs, kk, 1), (kernel, c_out, 1), true)?;
+        if epilogue.is_some() {
+            use rayon::prelude::*;
+            out.par_chunks_mut((1 << 15) / c_out * c_out + c_out).for_each(finish);
+        }
     } else {
         // Blocks of rows, each unrolled into a scratch buffer that stays in cache and multiplied
         // at once into its rows of y, the blocks spread over the threads (the unrolled windows
@@ -164,7 +184,9 @@ pub fn conv2d(x: &CpuStorage, lx: &Layout, k: &CpuStorage, lk: &Layout, g: &Wind
             }
             // SAFETY: unroll_row wrote every value of the m rows.
             let cols = unsafe { written(cols) };
-            gemm(y_rows, (m, c_out, kk), (cols, kk, 1), (kernel, c_out, 1), false)
+            gemm(y_rows, (m, c_out, kk), (cols, kk, 1), (kernel, c_out, 1), false)?;
+            finish(y_rows);
+            Ok(())
         };
         if super::one_thread() {
             let mut scratch = Scratch::default();
@@ -322,6 +344,15 @@ pub fn conv2d_kernel_grad(
 unsafe fn written(v: &[MaybeUninit<f32>]) -> &[f32] {
     // SAFETY: f32 and MaybeUninit<f32> share their layout; the caller's contract.
     unsafe { &*(v as *const [MaybeUninit<f32>] as *const [f32]) }
+}
+
+/// As `written`, for values to change in place.
+///
+/// # Safety
+/// Every value of `v` has been written.
+unsafe fn written_mut(v: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: f32 and MaybeUninit<f32> share their layout; the caller's contract.
+    unsafe { &mut *(v as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
 /// A zeroed buffer seen as the uninitialised output of a product that overwrites it all.

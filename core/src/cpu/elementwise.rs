@@ -326,6 +326,46 @@ pub fn add_unary(op: UnaryOp, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &
     Ok(f32_storage(out))
 }
 
+/// `v = op(v + bias)` for each row of `bias.len()` values of `v`, in place: a convolution's
+/// bias and activation applied to its output rows while they are in cache.
+pub(super) fn add_unary_rows_in_place(v: &mut [f32], bias: &[f32], op: UnaryOp) {
+    macro_rules! each {
+        ($($o:ident),*) => {
+            match op {
+                $(UnaryOp::$o => rows_in_place(v, bias, |x| UnaryOp::$o.apply(x)),)*
+                other => rows_in_place(v, bias, |x| other.apply(x)),
+            }
+        };
+    }
+    each!(Identity, Relu, Sigmoid, Tanh);
+}
+
+/// `add_unary_rows_in_place` for one op, on the widest loop the CPU has.
+#[inline(always)]
+fn rows_in_place(v: &mut [f32], bias: &[f32], f: impl Fn(f32) -> f32) {
+    #[inline(always)]
+    fn each_row(v: &mut [f32], bias: &[f32], f: &impl Fn(f32) -> f32) {
+        for row in v.chunks_exact_mut(bias.len()) {
+            for (x, b) in row.iter_mut().zip(bias) {
+                *x = f(*x + *b);
+            }
+        }
+    }
+    /// # Safety
+    /// The CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn each_row_avx2(v: &mut [f32], bias: &[f32], f: &impl Fn(f32) -> f32) {
+        each_row(v, bias, f)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2() {
+        // SAFETY: the CPU has AVX2 (checked once, at run time).
+        return unsafe { each_row_avx2(v, bias, &f) };
+    }
+    each_row(v, bias, &f)
+}
+
 /// `mask != 0 ? a : b`, all three of one shape.
 pub fn where_cond(
     m: &CpuStorage,

@@ -2,8 +2,9 @@
 //! the 2-D ones over a height of 1.
 
 use super::Tensor;
-use crate::backprop::Op;
+use crate::backprop::{Op, reads_output_only, unary_grad};
 use crate::conv::{ConvPass, Padding, PoolKind, Window2d};
+use crate::ops::UnaryOp;
 use crate::{DType, Error, Result};
 use std::sync::Arc;
 
@@ -27,19 +28,90 @@ impl Tensor {
         dilation: [usize; 2],
         padding: Padding,
     ) -> Result<Tensor> {
+        self.conv2d_then(kernel, None, [strides, dilation], padding)
+    }
+
+    /// `op(self.conv2d(kernel, ..) + bias)`, a convolution layer's bias and activation: on the
+    /// Cpu, for the activations whose gradient reads the output (relu, tanh, sigmoid, identity),
+    /// applied to each block of output rows right after its product while in cache; otherwise the
+    /// convolution, then [`Tensor::add_unary`]. `bias` is `[c_out]`.
+    ///
+    /// ```
+    /// use weft_core::{conv::Padding, ops::UnaryOp, Device, Tensor};
+    /// let x = Tensor::ones(&[1, 3, 3, 2], &Device::Cpu)?;
+    /// let k = Tensor::ones(&[3, 3, 2, 2], &Device::Cpu)?;
+    /// let bias = Tensor::from_vec(vec![-20f32, 1.0], &[2], &Device::Cpu)?;
+    /// let y = x.conv2d_add_unary(&k, &bias, UnaryOp::Relu, [1, 1], [1, 1], Padding::Valid)?;
+    /// assert_eq!(y.to_vec::<f32>()?, vec![0.0, 19.0]);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn conv2d_add_unary(
+        &self,
+        kernel: &Tensor,
+        bias: &Tensor,
+        op: UnaryOp,
+        strides: [usize; 2],
+        dilation: [usize; 2],
+        padding: Padding,
+    ) -> Result<Tensor> {
+        self.conv2d_then(kernel, Some((bias, op)), [strides, dilation], padding)
+    }
+
+    /// The convolution, with `epilogue` (bias, op) applied to its output blocks where the Cpu can.
+    fn conv2d_then(
+        &self,
+        kernel: &Tensor,
+        epilogue: Option<(&Tensor, UnaryOp)>,
+        [strides, dilation]: [[usize; 2]; 2],
+        padding: Padding,
+    ) -> Result<Tensor> {
         let g = self.conv_geometry(kernel, strides, dilation, padding)?;
         let c_out = kernel.dims()[3];
         let (x, k) = (self.contiguous_from_zero()?, kernel.contiguous_from_zero()?);
-        let storage = x.storage().conv2d(ConvPass::Forward, x.layout(), &k.storage(), k.layout(), &g)?;
-        let (xs, ks) = (x.clone(), k.clone());
+        let (storage, epilogue) = match epilogue {
+            None => (x.storage().conv2d(ConvPass::Forward, x.layout(), &k.storage(), k.layout(), &g)?, None),
+            Some((bias, op)) => {
+                if bias.dims() != [c_out] {
+                    return Err(Error::ShapeMismatch {
+                        op: "conv2d bias",
+                        lhs: vec![c_out],
+                        rhs: bias.dims().to_vec(),
+                    });
+                }
+                let b = bias.contiguous_from_zero()?;
+                let fused = match reads_output_only(op) {
+                    true => x.storage().conv2d_add_unary(x.layout(), &k.storage(), k.layout(), &g, &b.storage(), op)?,
+                    false => None,
+                };
+                match fused {
+                    Some(storage) => (storage, Some((b, op))),
+                    None => return x.conv2d_then(&k, None, [strides, dilation], padding)?.add_unary(bias, op),
+                }
+            }
+        };
+        let dims = g.output_dims(c_out);
+        let (xs, ks, device) = (x.clone(), k.clone(), self.device().clone());
+        // With an epilogue the closure keeps the output's storage, not the output (which holds
+        // the closure): the op's gradient reads it.
+        let out = epilogue.as_ref().map(|&(_, op)| (storage.clone(), op));
         let backward = Arc::new(move |dy: &Tensor| -> Result<Vec<Option<Tensor>>> {
+            let dy = match &out {
+                Some((s, op)) => {
+                    let out = Tensor::from_storage(s.clone(), &dims, DType::F32, device.clone(), None);
+                    unary_grad(*op, &out, &out, dy)?.ok_or_else(|| Error::invalid("conv2d", "no gradient"))?
+                }
+                None => dy.clone(),
+            };
             let dy = dy.contiguous_from_zero()?;
             let dx = conv_pass(ConvPass::InputGrad, &dy, &ks, &g, xs.dims())?;
             let dk = conv_pass(ConvPass::KernelGrad, &xs, &dy, &g, ks.dims())?;
-            Ok(vec![Some(dx), Some(dk)])
+            let db = out.as_ref().map(|_| dy.sum(&[0, 1, 2], false)).transpose()?;
+            Ok([Some(dx), Some(dk)].into_iter().chain(db.map(Some)).collect())
         });
-        let op = Op::Custom { name: "conv2d", inputs: vec![x, k], backward };
-        Ok(Tensor::from_storage(storage, &g.output_dims(c_out), DType::F32, self.device().clone(), Some(op)))
+        let (name, mut inputs) = (if epilogue.is_some() { "conv2d_add_unary" } else { "conv2d" }, vec![x, k]);
+        inputs.extend(epilogue.map(|(b, _)| b));
+        let op = Op::Custom { name, inputs, backward };
+        Ok(Tensor::from_storage(storage, &dims, DType::F32, self.device().clone(), Some(op)))
     }
 
     /// 1-D convolution of `[batch, steps, c_in]` with a kernel `[k, c_in, c_out]` (Keras'
@@ -47,6 +119,20 @@ impl Tensor {
     pub fn conv1d(&self, kernel: &Tensor, stride: usize, dilation: usize, padding: Padding) -> Result<Tensor> {
         let (x, k) = (self.as_2d("conv1d")?, kernel.kernel_as_2d()?);
         x.conv2d(&k, [1, stride], [1, dilation], padding)?.squeeze(1)
+    }
+
+    /// `op(self.conv1d(kernel, ..) + bias)`: [`Tensor::conv2d_add_unary`] over a height of 1.
+    pub fn conv1d_add_unary(
+        &self,
+        kernel: &Tensor,
+        bias: &Tensor,
+        op: UnaryOp,
+        stride: usize,
+        dilation: usize,
+        padding: Padding,
+    ) -> Result<Tensor> {
+        let (x, k) = (self.as_2d("conv1d")?, kernel.kernel_as_2d()?);
+        x.conv2d_add_unary(&k, bias, op, [1, stride], [1, dilation], padding)?.squeeze(1)
     }
 
     /// Max pooling over windows of `pool` (height, width) of `[batch, h, w, c]`; padding is

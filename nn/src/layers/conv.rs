@@ -8,6 +8,7 @@ use crate::split::{LinearSplit, SplitAxis, SplitRule};
 use crate::{Activation, Ctx, Initializer, Layer, tp};
 use std::sync::OnceLock;
 use weft_core::conv::Padding;
+use weft_core::ops::UnaryOp;
 use weft_core::{Error, Result, Tensor, Var, trace};
 
 /// What the two convolution layers share: settings in (height, width) order, a 1-D layer using
@@ -102,7 +103,7 @@ impl Conv {
             }
         };
         let last = x.rank() - 1;
-        let product = |x: &Tensor| {
+        let product = |x: &Tensor, epilogue: Option<(&Tensor, UnaryOp)>| {
             let k_in = kernel.dims()[kernel.rank() - 2];
             if x.dims()[last] != k_in * g {
                 return Err(Error::invalid(
@@ -117,19 +118,29 @@ impl Conv {
                     x.conv2d(k, self.strides, self.dilation, self.padding)
                 }
             };
-            if g == 1 {
-                return conv(x, kernel).map_err(|e| Error::invalid(kind, format!("{path}: {e}")));
+            let (s, d, p) = (self.strides, self.dilation, self.padding);
+            let with = |e: Error| Error::invalid(kind, format!("{path}: {e}"));
+            match (g, epilogue) {
+                // Bias and activation applied to the output blocks while in cache.
+                (1, Some((b, op))) if one_d => return x.conv1d_add_unary(kernel, b, op, s[1], d[1], p).map_err(with),
+                (1, Some((b, op))) => return x.conv2d_add_unary(kernel, b, op, s, d, p).map_err(with),
+                (1, None) => return conv(x, kernel).map_err(with),
+                _ => {}
             }
             // Each group: its input channels through its block of filters, side by side.
             let (c, f) = (k_in, self.filters / g);
             let parts = (0..g)
                 .map(|i| conv(&x.narrow(last as isize, i * c, c)?, &kernel.narrow(-1, i * f, f)?))
                 .collect::<Result<Vec<_>>>()
-                .map_err(|e| Error::invalid(kind, format!("{path}: {e}")))?;
-            Tensor::concat(&parts, -1)
+                .map_err(with)?;
+            let y = Tensor::concat(&parts, -1)?;
+            match epilogue {
+                Some((b, op)) => y.add_unary(b, op),
+                None => Ok(y),
+            }
         };
-        let y =
-            tp::linear(layer, ctx, x, (last, last), product, bias.as_ref().map(|b| b.as_tensor()), self.activation)?;
+        let bias = bias.as_ref().map(|b| b.as_tensor());
+        let y = tp::linear_fused(layer, ctx, x, (last, last), product, bias, self.activation)?;
         self.penalties.activity(&y, ctx)?;
         Ok(y)
     }
