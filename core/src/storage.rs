@@ -172,7 +172,8 @@ impl Storage {
         op: UnaryOp,
     ) -> Result<Option<Storage>> {
         let (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) = (self, rhs, bias) else { return Ok(None) };
-        let bias = bias.f32s("conv2d")?;
+        // The bias is compact from 0, but its storage may be longer (a view of a larger tensor).
+        let bias = &bias.f32s("conv2d")?[..lb.shape()[3]];
         Ok(Some(Storage::Cpu(cpu::conv2d(a, la, b, lb, g, Some((bias, op)))?)))
     }
 

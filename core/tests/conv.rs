@@ -432,6 +432,12 @@ fn conv_with_bias_and_activation_over_blocks_pointwise_and_1d() {
     let two = x.conv1d(&k, 2, 1, Padding::Causal).unwrap().add_unary(&b, UnaryOp::Relu).unwrap();
     assert_eq!(fused.dims(), two.dims());
     assert_eq!(vals(&fused), vals(&two));
+    // A bias that is a view of a larger tensor (one layer's row of a stacked [2, c_out]).
+    let stacked = Tensor::rand(-1.0, 1.0, &[2, 6], 4, &d).unwrap();
+    let first = stacked.narrow(0, 0, 1).unwrap().squeeze(0).unwrap();
+    let fused = x.conv1d_add_unary(&k, &first, UnaryOp::Relu, 1, 1, Padding::Same).unwrap();
+    let two = x.conv1d(&k, 1, 1, Padding::Same).unwrap().add_unary(&first, UnaryOp::Relu).unwrap();
+    assert_eq!(vals(&fused), vals(&two), "a bias viewed from a larger tensor");
     let bad = Tensor::zeros(&[5], &d).unwrap();
     let e = x.conv1d_add_unary(&k, &bad, UnaryOp::Relu, 1, 1, Padding::Valid).unwrap_err().to_string();
     assert!(e.contains("[6]") && e.contains("[5]"), "{e}");

@@ -99,6 +99,10 @@ proptest! {
         for op in [UnaryOp::Relu, UnaryOp::GeluTanh, UnaryOp::Sigmoid, UnaryOp::Softplus] {
             prop_assert_eq!(vals(&x.add_unary(&bias, op).unwrap()), each(&|e| op.apply(xv[e] + bv[e % c])), "add_unary {:?}", op);
         }
+        // A repeated row read with a stride (a column of a matrix): not folded as if adjacent.
+        let column = Tensor::rand(-2.0, 2.0, &[c, 2], seed + 4, &d).unwrap().narrow(1, 1, 1).unwrap().squeeze(1).unwrap();
+        let cv = vals(&column);
+        prop_assert_eq!(vals(&x.add(&column).unwrap()), each(&|e| xv[e] + cv[e % c]), "x + a strided row");
     }
 
     /// Contiguous rows and strided views (a transpose, a broadcast row) give the same values.

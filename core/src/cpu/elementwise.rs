@@ -58,7 +58,7 @@ fn rows(layouts: &[&Layout]) -> Rows {
 /// from a buffer), `k` the largest divisor of the row count that keeps them near `SHORT_ROW`.
 fn fold_short_rows(shape: &[usize], st: &[crate::layout::Dims], layouts: &[&Layout]) -> Option<Rows> {
     let [count, n] = *shape else { return None };
-    if n >= SHORT_ROW / 2 || !st.iter().all(|s| s[..] == [n, 1] || s[0] == 0) {
+    if n >= SHORT_ROW / 2 || !st.iter().all(|s| s[..] == [n, 1] || (s[0] == 0 && s[1] <= 1)) {
         return None;
     }
     let k = (2..=SHORT_ROW / n).rev().find(|k| count % k == 0)?;
