@@ -190,7 +190,10 @@ unsafe fn blocked(m: usize, n: usize, k: usize, a: Strided, b: Rhs, c: Out, spac
                             let bp = bp0.add((jr / NR) * per);
                             let cp = c.at(i, jc + jr);
                             let nr = NR.min(nc - jr);
-                            tile_rows_as::<true>(rows, kc, ap.ptr, ap.rs as usize, bp, cp.0, cp.1, nr, pc > 0);
+                            tile_rows::<true>(
+                                rows,
+                                Tile { kc, a: ap.ptr, lda: ap.rs as usize, b: bp, c: cp.0, ldc: cp.1, nr, add: pc > 0 },
+                            );
                         }
                     }
                 }
@@ -208,7 +211,10 @@ unsafe fn blocked(m: usize, n: usize, k: usize, a: Strided, b: Rhs, c: Out, spac
                         unsafe {
                             let ap = apack.add(ir * kc);
                             let cp = c.at(ic + ir, jc + jr);
-                            tile_rows(MR.min(mc - ir), kc, ap, bp, cp.0, cp.1, nr, pc > 0);
+                            tile_rows::<false>(
+                                MR.min(mc - ir),
+                                Tile { kc, a: ap, lda: 0, b: bp, c: cp.0, ldc: cp.1, nr, add: pc > 0 },
+                            );
                         }
                     }
                 }
@@ -232,23 +238,19 @@ fn reads_left_in_place(a: Strided, n: usize) -> bool {
 /// The widest output whose left matrix is read in place.
 const IN_PLACE_MAX_N: usize = 128;
 
-/// The micro-kernel for `rows` rows (1 to 6) of a packed left panel.
-///
-/// # Safety
-/// As [`tile`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile_rows(
-    rows: usize,
-    kc: usize,
-    a: *const f32,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    nr: usize,
-    add: bool,
-) {
-    // SAFETY: the caller's contract.
-    unsafe { tile_rows_as::<false>(rows, kc, a, 0, b, c, ldc, nr, add) }
+/// One call of the micro-kernel: `kc` values of `k` from the left panel `a` (rows `lda` apart
+/// when read in place) and the right panel `b`, into `c` (row stride `ldc`, first `nr` columns),
+/// overwriting it or adding to it (`add`).
+#[derive(Clone, Copy)]
+pub(crate) struct Tile {
+    pub kc: usize,
+    pub a: *const f32,
+    pub lda: usize,
+    pub b: *const f32,
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub nr: usize,
+    pub add: bool,
 }
 
 /// The micro-kernel for `rows` rows (1 to 6), of a packed left panel or (`IN_PLACE`) read in
@@ -256,27 +258,16 @@ pub(crate) unsafe fn tile_rows(
 ///
 /// # Safety
 /// As [`tile`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_rows_as<const IN_PLACE: bool>(
-    rows: usize,
-    kc: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    nr: usize,
-    add: bool,
-) {
+pub(crate) unsafe fn tile_rows<const IN_PLACE: bool>(rows: usize, t: Tile) {
     // SAFETY: the caller's contract.
     unsafe {
         match rows {
-            6 => tile::<6, IN_PLACE>(kc, a, lda, b, c, ldc, nr, add),
-            5 => tile::<5, IN_PLACE>(kc, a, lda, b, c, ldc, nr, add),
-            4 => tile::<4, IN_PLACE>(kc, a, lda, b, c, ldc, nr, add),
-            3 => tile::<3, IN_PLACE>(kc, a, lda, b, c, ldc, nr, add),
-            2 => tile::<2, IN_PLACE>(kc, a, lda, b, c, ldc, nr, add),
-            _ => tile::<1, IN_PLACE>(kc, a, lda, b, c, ldc, nr, add),
+            6 => tile::<6, IN_PLACE>(t),
+            5 => tile::<5, IN_PLACE>(t),
+            4 => tile::<4, IN_PLACE>(t),
+            3 => tile::<3, IN_PLACE>(t),
+            2 => tile::<2, IN_PLACE>(t),
+            _ => tile::<1, IN_PLACE>(t),
         }
     }
 }
@@ -291,17 +282,8 @@ unsafe fn tile_rows_as<const IN_PLACE: bool>(
 /// `b` `kc * NR`; rows `0..R`, columns `0..nr` of `c` (row stride `ldc`) lie in a live
 /// allocation no other thread touches.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile<const R: usize, const IN_PLACE: bool>(
-    kc: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    nr: usize,
-    add: bool,
-) {
+unsafe fn tile<const R: usize, const IN_PLACE: bool>(t: Tile) {
+    let Tile { kc, a, lda, b, c, ldc, nr, add } = t;
     use std::arch::x86_64::*;
     let mut lo = [_mm256_setzero_ps(); R];
     let mut hi = [_mm256_setzero_ps(); R];

@@ -20,8 +20,9 @@
 //! values adjacent). faer's kernels, which take narrow and small products with gradients, may
 //! round differently.
 
-pub(crate) use super::gemm_pack::NR;
 #[cfg(target_arch = "x86_64")]
+use super::blocked_gemm::Tile;
+pub(crate) use super::gemm_pack::NR;
 use super::gemm_pack::{MR, a_len, pack_a_chunks};
 use super::gemm_pack::{Strided, b_len, pack_b};
 use crate::{Error, Result};
@@ -202,7 +203,8 @@ pub(crate) unsafe fn run(a: &PackedLhs, b: &PackedRhs, panels: Range<usize>, c: 
                 // columns c0..c0 + nr of c inside the caller's bounds.
                 unsafe {
                     let ap = a.data.as_ptr().add(rows * p0 + i * kc);
-                    super::blocked_gemm::tile_rows(MR.min(m - i), kc, ap, bp, c.add(i * ldc + c0), ldc, nr, p0 > 0);
+                    let t = Tile { kc, a: ap, lda: 0, b: bp, c: c.add(i * ldc + c0), ldc, nr, add: p0 > 0 };
+                    super::blocked_gemm::tile_rows::<false>(MR.min(m - i), t);
                 }
             }
         }
