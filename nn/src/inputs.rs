@@ -120,10 +120,10 @@ impl Inputs {
                 )),
             };
         }
-        if let ([(n, t)], [only]) = (self.entries.as_slice(), names) {
-            if n.is_empty() || n == only {
-                return Ok(vec![t.clone()]);
-            }
+        if let ([(n, t)], [only]) = (self.entries.as_slice(), names)
+            && (n.is_empty() || n == only)
+        {
+            return Ok(vec![t.clone()]);
         }
         let missing: Vec<&String> = names.iter().filter(|n| self.get(n).is_none()).collect();
         let extra: Vec<&String> = self.entries.iter().map(|(n, _)| n).filter(|n| !names.contains(n)).collect();

@@ -2,7 +2,8 @@
 //! matrix is packed `KC` rows by up to `NC` columns at a time (its 16-column panels, 16 KiB each,
 //! stay in L1 while a block of the left matrix passes over them), the left matrix `MC` rows by
 //! `KC` columns at a time (about 150 KiB, in L2), and a 6 x 16 micro-kernel with 12
-//! accumulators runs over the panels.
+//! accumulators runs over the panels; where AVX-512 runs at full width, a 12 x 32 one with 24
+//! (two left panels by two right ones: [`Isa`]).
 //!
 //! Why not faer's kernels, which weft used before: measured in one process, interleaved, best of
 //! 9 (AMD EPYC Zen 3, AVX2), this kernel against faer's: 512–2048 square 1.06–1.19x on one
@@ -39,8 +40,12 @@ fn a_room(mc: usize, kc: usize) -> usize {
 }
 
 /// Whether this kernel is the better one for an `m x k` by `k x n` product (see the module doc).
+/// With 512-bit tiles, narrow products too: a layer of 10 outputs ran 1.5–2x faster here than on
+/// faer's AVX-512 kernels (a 2-core Zen 5: 256 x 1024 x 10 at 182 against 117 GFLOP/s), while a
+/// `k` under 32 stays faster there.
 pub(crate) fn suits(m: usize, n: usize, k: usize) -> bool {
-    m >= 16 && n >= 32 && k >= 32 && m * n * k >= 1 << 18
+    let narrow_n = if isa().wide() { 1 } else { 32 };
+    m >= 16 && n >= narrow_n && k >= 32 && m * n * k >= 1 << 18
 }
 
 /// The chunk of `k` each pass sums: equal sizes, at most `KC` (384 is 192 + 192, not 256 + 128).
@@ -58,13 +63,28 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// # Safety
 /// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.
 pub(crate) unsafe fn run(p: &Product, packed: Option<&PackedRhs>, threads: usize) -> Result<()> {
+    // SAFETY: the caller's contract; `isa` is what this CPU runs.
+    unsafe { run_on(isa(), p, packed, threads) }
+}
+
+/// The micro-kernel's width on this CPU: 512 bits where AVX-512 runs at full width (see
+/// `gemm_engine`), else 256.
+pub(crate) fn isa() -> Isa {
+    if super::gemm_engine::full_width_avx512() { Isa::Avx512 } else { Isa::Avx2 }
+}
+
+/// [`run`] with the micro-kernel at `isa`'s width (tests compare the two).
+///
+/// # Safety
+/// As [`run`], and the CPU runs `isa`.
+unsafe fn run_on(isa: Isa, p: &Product, packed: Option<&PackedRhs>, threads: usize) -> Result<()> {
     let (m, n, k) = (p.m, p.n, p.k);
     debug_assert!(packed.is_none_or(|b| b.dims() == (k, n)));
     let by_cols = if packed.is_some() { m < 2 * MR * threads } else { m <= n };
     // Parts of at least two panels (or two row tiles) each.
     let most = if by_cols { n.div_ceil(2 * NR) } else { m.div_ceil(2 * MR) };
     let parts = threads.min(most).max(1);
-    let (unit, len) = if by_cols { (NR, n) } else { (MR, m) };
+    let (unit, len) = if by_cols { (isa.cols(), n) } else { (isa.rows(), m) };
     let per = len.div_ceil(parts).div_ceil(unit) * unit;
     let a = Strided { ptr: p.lhs, rs: p.lhs_rs, cs: p.lhs_cs };
     let b = match packed {
@@ -91,9 +111,9 @@ pub(crate) unsafe fn run(p: &Product, packed: Option<&PackedRhs>, threads: usize
             let space = buf.spare_ptr();
             let space = space.add(space.align_offset(LINE * 4).min(LINE));
             if by_cols {
-                blocked(m, size, k, a, b.at(0, start), c.at(0, start), space);
+                blocked(isa, (m, size, k), a, b.at(0, start), c.at(0, start), space);
             } else {
-                blocked(size, n, k, a.at(start, 0), b, c.at(start, 0), space);
+                blocked(isa, (size, n, k), a.at(start, 0), b, c.at(start, 0), space);
             }
         }
     };
@@ -150,10 +170,10 @@ impl Out {
 /// and `MC` rows, packing each block once.
 ///
 /// # Safety
-/// `a` (m x k), `b` (k x n) and `c` (m x n) lie in live allocations; `space` has room for
-/// `a_room(MC.min(m), k_chunk(k))` values, and `b_len(k_chunk(k), NC.min(n))` more unless `b`
-/// is packed.
-unsafe fn blocked(m: usize, n: usize, k: usize, a: Strided, b: Rhs, c: Out, space: *mut f32) {
+/// The CPU runs `isa`; `a` (m x k), `b` (k x n) and `c` (m x n) lie in live allocations; `space`
+/// has room for `a_room(MC.min(m), k_chunk(k))` values, and `b_len(k_chunk(k), NC.min(n))` more
+/// unless `b` is packed.
+unsafe fn blocked(isa: Isa, (m, n, k): (usize, usize, usize), a: Strided, b: Rhs, c: Out, space: *mut f32) {
     use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
     let kc_len = k_chunk(k);
     let direct = reads_left_in_place(a, n);
@@ -173,27 +193,27 @@ unsafe fn blocked(m: usize, n: usize, k: usize, a: Strided, b: Rhs, c: Out, spac
             if direct {
                 // Left rows read in place: each group of MR rows against every right panel while
                 // it is in L1, the next group fetched meanwhile (it comes from L3 or memory).
-                for i in (0..m).step_by(MR) {
-                    let rows = MR.min(m - i);
-                    // SAFETY: rows i.. and i + MR.. lie inside the left matrix, columns pc..pc + kc.
+                let mr = isa.rows();
+                for i in (0..m).step_by(mr) {
+                    let rows = mr.min(m - i);
+                    // SAFETY: rows i.. and i + mr.. lie inside the left matrix, columns pc..pc + kc.
                     unsafe {
                         let ap = a.at(i, pc);
-                        if i + MR < m {
-                            let next = a.at(i + MR, pc);
-                            for r in 0..MR.min(m - i - MR) {
+                        if i + mr < m {
+                            let next = a.at(i + mr, pc);
+                            for r in 0..mr.min(m - i - mr) {
                                 for q in (0..kc).step_by(16) {
                                     _mm_prefetch::<_MM_HINT_T0>(next.ptr.add(r * next.rs as usize + q).cast());
                                 }
                             }
                         }
-                        for jr in (0..nc).step_by(NR) {
+                        for jr in (0..nc).step_by(isa.cols()) {
                             let bp = bp0.add((jr / NR) * per);
                             let cp = c.at(i, jc + jr);
-                            let nr = NR.min(nc - jr);
-                            tile_rows::<true>(
-                                rows,
-                                Tile { kc, a: ap.ptr, lda: ap.rs as usize, b: bp, c: cp.0, ldc: cp.1, nr, add: pc > 0 },
-                            );
+                            let nr = isa.cols().min(nc - jr);
+                            let (a, lda, ldc) = (ap.ptr, ap.rs as usize, cp.1);
+                            let t = Tile { kc, a, lda, b: bp, per, c: cp.0, ldc, nr, add: pc > 0 };
+                            tile_rows::<true>(isa.wide(), rows, t);
                         }
                     }
                 }
@@ -202,19 +222,17 @@ unsafe fn blocked(m: usize, n: usize, k: usize, a: Strided, b: Rhs, c: Out, spac
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
                 unsafe { pack_a(a.at(ic, pc), mc, kc, apack) };
-                for jr in (0..nc).step_by(NR) {
-                    let nr = NR.min(nc - jr);
+                for jr in (0..nc).step_by(isa.cols()) {
+                    let nr = isa.cols().min(nc - jr);
                     let bp = unsafe { bp0.add((jr / NR) * per) };
-                    for ir in (0..mc).step_by(MR) {
+                    for ir in (0..mc).step_by(isa.rows()) {
                         // SAFETY: panels ir / MR and jr / NR of this block; the output tile
                         // rows ic + ir.., columns jc + jr.. lie inside c.
                         unsafe {
                             let ap = apack.add(ir * kc);
                             let cp = c.at(ic + ir, jc + jr);
-                            tile_rows::<false>(
-                                MR.min(mc - ir),
-                                Tile { kc, a: ap, lda: 0, b: bp, c: cp.0, ldc: cp.1, nr, add: pc > 0 },
-                            );
+                            let t = Tile { kc, a: ap, lda: 0, b: bp, per, c: cp.0, ldc: cp.1, nr, add: pc > 0 };
+                            tile_rows::<false>(isa.wide(), isa.rows().min(mc - ir), t);
                         }
                     }
                 }
@@ -239,14 +257,16 @@ fn reads_left_in_place(a: Strided, n: usize) -> bool {
 const IN_PLACE_MAX_N: usize = 128;
 
 /// One call of the micro-kernel: `kc` values of `k` from the left panel `a` (rows `lda` apart
-/// when read in place) and the right panel `b`, into `c` (row stride `ldc`, first `nr` columns),
-/// overwriting it or adding to it (`add`).
+/// when read in place) and the right panel `b` (and, for more than `NR` columns, the next panel
+/// `per` values on), into `c` (row stride `ldc`, first `nr` columns), overwriting it or adding to
+/// it (`add`).
 #[derive(Clone, Copy)]
 pub(crate) struct Tile {
     pub kc: usize,
     pub a: *const f32,
     pub lda: usize,
     pub b: *const f32,
+    pub per: usize,
     pub c: *mut f32,
     pub ldc: usize,
     pub nr: usize,
@@ -254,22 +274,86 @@ pub(crate) struct Tile {
 }
 
 /// The micro-kernel for `rows` rows (1 to 6), of a packed left panel or (`IN_PLACE`) read in
-/// place: row `r`'s values at `a + r * lda`, adjacent.
+/// place: row `r`'s values at `a + r * lda`, adjacent; with `wide` (a CPU of [`Isa::Avx512`])
+/// up to two right panels (`nr` up to `2 * NR`), else one.
 ///
 /// # Safety
-/// As [`tile`].
-pub(crate) unsafe fn tile_rows<const IN_PLACE: bool>(rows: usize, t: Tile) {
+/// As [`tile`] (or, `wide`, [`tile512`]).
+pub(crate) unsafe fn tile_rows<const IN_PLACE: bool>(wide: bool, rows: usize, t: Tile) {
+    macro_rules! rows {
+        ($f:ident $(, $w:literal)?) => {
+            match rows {
+                12 => $f::<12, IN_PLACE $(, $w)?>(t),
+                11 => $f::<11, IN_PLACE $(, $w)?>(t),
+                10 => $f::<10, IN_PLACE $(, $w)?>(t),
+                9 => $f::<9, IN_PLACE $(, $w)?>(t),
+                8 => $f::<8, IN_PLACE $(, $w)?>(t),
+                7 => $f::<7, IN_PLACE $(, $w)?>(t),
+                6 => $f::<6, IN_PLACE $(, $w)?>(t),
+                5 => $f::<5, IN_PLACE $(, $w)?>(t),
+                4 => $f::<4, IN_PLACE $(, $w)?>(t),
+                3 => $f::<3, IN_PLACE $(, $w)?>(t),
+                2 => $f::<2, IN_PLACE $(, $w)?>(t),
+                _ => $f::<1, IN_PLACE $(, $w)?>(t),
+            }
+        };
+    }
     // SAFETY: the caller's contract.
     unsafe {
-        match rows {
-            6 => tile::<6, IN_PLACE>(t),
-            5 => tile::<5, IN_PLACE>(t),
-            4 => tile::<4, IN_PLACE>(t),
-            3 => tile::<3, IN_PLACE>(t),
-            2 => tile::<2, IN_PLACE>(t),
-            _ => tile::<1, IN_PLACE>(t),
+        match (wide, t.nr > NR) {
+            (false, _) => rows!(tile),
+            (true, false) => rows!(tile512, 1),
+            (true, true) => rows!(tile512, 2),
         }
     }
+}
+
+/// The vector width the micro-kernel runs at, decided once per process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// 256-bit vectors: AVX2 and FMA.
+    Avx2,
+    /// 512-bit vectors (AVX-512 F, on a CPU that runs them at full width): two right panels per
+    /// call, twice the multiply-adds per instruction.
+    Avx512,
+}
+
+impl Isa {
+    /// Whether tiles cover two right panels.
+    pub(crate) fn wide(self) -> bool {
+        self == Isa::Avx512
+    }
+
+    /// Columns one call of the micro-kernel covers.
+    pub(crate) fn cols(self) -> usize {
+        if self.wide() { 2 * NR } else { NR }
+    }
+
+    /// Rows one call covers (two packed left panels with 512 bits).
+    pub(crate) fn rows(self) -> usize {
+        if self.wide() { 2 * MR } else { MR }
+    }
+}
+
+/// The micro-kernels' walk over `kc` values of `k`: `$step!(s)` for each, four per turn (the
+/// loop's own cost spread out; the same sums in the same order), moving the left panel pointer
+/// `$ap` (by `MR` values per `k`, or 1 read in place) and the right one `$bp` (by `NR`).
+macro_rules! over_k {
+    ($step:ident, $kc:expr, $ap:ident, $bp:ident, $in_place:expr) => {
+        for _ in 0..$kc / 4 {
+            $step!(0);
+            $step!(1);
+            $step!(2);
+            $step!(3);
+            $ap = $ap.add(if $in_place { 4 } else { 4 * MR });
+            $bp = $bp.add(4 * NR);
+        }
+        for _ in 0..$kc % 4 {
+            $step!(0);
+            $ap = $ap.add(if $in_place { 1 } else { MR });
+            $bp = $bp.add(NR);
+        }
+    };
 }
 
 /// `R` rows by 16 columns over `kc` values of `k`, from a packed left panel (`MR` values per `k`;
@@ -283,7 +367,8 @@ pub(crate) unsafe fn tile_rows<const IN_PLACE: bool>(rows: usize, t: Tile) {
 /// allocation no other thread touches.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile<const R: usize, const IN_PLACE: bool>(t: Tile) {
-    let Tile { kc, a, lda, b, c, ldc, nr, add } = t;
+    let Tile { kc, a, lda, b, c, ldc, nr, add, .. } = t;
+    debug_assert!(nr <= NR);
     use std::arch::x86_64::*;
     let mut lo = [_mm256_setzero_ps(); R];
     let mut hi = [_mm256_setzero_ps(); R];
@@ -310,20 +395,7 @@ unsafe fn tile<const R: usize, const IN_PLACE: bool>(t: Tile) {
                 }
             }};
         }
-        // Four values per turn (the loop's own cost spread out); the same sums in the same order.
-        for _ in 0..kc / 4 {
-            step!(0);
-            step!(1);
-            step!(2);
-            step!(3);
-            ap = ap.add(if IN_PLACE { 4 } else { 4 * MR });
-            bp = bp.add(4 * NR);
-        }
-        for _ in 0..kc % 4 {
-            step!(0);
-            ap = ap.add(if IN_PLACE { 1 } else { MR });
-            bp = bp.add(NR);
-        }
+        over_k!(step, kc, ap, bp, IN_PLACE);
         for r in 0..R {
             let cp = c.add(r * ldc);
             if nr == NR {
@@ -343,6 +415,75 @@ unsafe fn tile<const R: usize, const IN_PLACE: bool>(t: Tile) {
                 }
             }
         }
+    }
+}
+
+/// [`tile`] at 512 bits: `R` rows (up to `2 * MR`: two packed left panels) by `W` right panels
+/// (16 columns each, `per` values apart), one vector per row and panel. The same sums in the same
+/// order as [`tile`] (one multiply-add chain per element over `k`, added to `c` last): the same
+/// bits. Edges are written through masks.
+///
+/// # Safety
+/// The CPU has AVX-512 F; as [`tile`], with `a` holding `R.div_ceil(MR)` packed panels of
+/// `kc * MR` values one after the other, `b` `W` panels of `kc * NR` values `per` apart, and
+/// `nr <= W * NR`.
+#[target_feature(enable = "avx512f")]
+unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile) {
+    let Tile { kc, a, lda, b, per, c, ldc, nr, add } = t;
+    debug_assert!(R <= 2 * MR && W <= 2 && nr <= W * NR);
+    use std::arch::x86_64::*;
+    // Each row's statements written out (not a loop), so the accumulators stay in registers:
+    // LLVM keeps an array it cannot index by constants in memory.
+    macro_rules! each_row {
+        ($r:ident => $body:block) => {
+            each_row!(@ $r $body; 0 1 2 3 4 5 6 7 8 9 10 11)
+        };
+        (@ $r:ident $body:block; $($i:literal)*) => {
+            $(if $i < R {
+                let $r: usize = $i;
+                $body
+            })*
+        };
+    }
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    // SAFETY (this function): every pointer stays inside the bounds above.
+    unsafe {
+        each_row!(r => {
+            _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc).cast());
+            _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(r * ldc + W * NR - 1).cast());
+        });
+        // Where row r's value of step s lies: its row (in place), or panel r / MR, slot r % MR.
+        let second = MR * kc;
+        let (mut ap, mut bp) = (a, b);
+        // One value of k: W loads of the right panels, R broadcasts of the left, R * W FMAs.
+        macro_rules! step {
+            ($s:expr) => {{
+                let b0 = _mm512_loadu_ps(bp.add($s * NR));
+                let b1 = if W == 2 { _mm512_loadu_ps(bp.add(per + $s * NR)) } else { b0 };
+                each_row!(r => {
+                    let at = if IN_PLACE { r * lda + $s } else { (r / MR) * second + $s * MR + r % MR };
+                    let av = _mm512_set1_ps(*ap.add(at));
+                    acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+                    if W == 2 {
+                        acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+                    }
+                });
+            }};
+        }
+        over_k!(step, kc, ap, bp, IN_PLACE);
+        // The first panel's columns, then the second's (if any), each through a mask at the edge.
+        let mask = |col: usize| -> __mmask16 { if nr - col >= NR { !0 } else { (1u16 << (nr - col)) - 1 } };
+        let (m0, m1) = (mask(0), if nr > NR { mask(NR) } else { 0 });
+        each_row!(r => {
+            let cp = c.add(r * ldc);
+            let v = if add { _mm512_add_ps(_mm512_maskz_loadu_ps(m0, cp), acc[r][0]) } else { acc[r][0] };
+            _mm512_mask_storeu_ps(cp, m0, v);
+            if W == 2 && m1 != 0 {
+                let cp = cp.add(NR);
+                let v = if add { _mm512_add_ps(_mm512_maskz_loadu_ps(m1, cp), acc[r][1]) } else { acc[r][1] };
+                _mm512_mask_storeu_ps(cp, m1, v);
+            }
+        });
     }
 }
 
@@ -366,14 +507,14 @@ mod tests {
     /// `a @ b` on `threads` threads for a row-major (`kind` 0), transposed (1) or broadcast (2)
     /// left matrix and a row-major or transposed right one.
     fn product(m: usize, n: usize, k: usize, (ka, kb): (u8, u8), seed: u64, threads: usize) -> (Vec<f32>, Vec<f64>) {
-        product_with(m, n, k, (ka, kb), seed, threads, false)
+        product_with(isa(), (m, n, k), (ka, kb), seed, threads, false)
     }
 
-    /// As [`product`]; `prepacked`: the right matrix packed beforehand (as inference keeps it).
+    /// As [`product`], with the micro-kernel at `isa`'s width; `prepacked`: the right matrix
+    /// packed beforehand (as inference keeps it).
     fn product_with(
-        m: usize,
-        n: usize,
-        k: usize,
+        isa: Isa,
+        (m, n, k): (usize, usize, usize),
         (ka, kb): (u8, u8),
         seed: u64,
         threads: usize,
@@ -402,8 +543,9 @@ mod tests {
             rhs_cs: bcs,
         };
         let packed = prepacked.then(|| PackedRhs::pack(&b, 0, brs as usize, bcs as usize, k, n).unwrap());
-        // SAFETY: the kernel exists (has_kernel), the strides reach only inside a, b and out.
-        unsafe { run(&p, packed.as_ref(), threads) }.unwrap();
+        // SAFETY: the kernel exists (has_kernel, and the caller's check for 512 bits), the
+        // strides reach only inside a, b and out.
+        unsafe { run_on(isa, &p, packed.as_ref(), threads) }.unwrap();
         let at = |i: usize, q: usize| a[(i as isize * ars + q as isize * acs) as usize] as f64;
         let bt = |q: usize, j: usize| b[(q as isize * brs + j as isize * bcs) as usize] as f64;
         let want = (0..m * n).map(|e| (0..k).map(|q| at(e / n, q) * bt(q, e % n)).sum()).collect();
@@ -432,9 +574,31 @@ mod tests {
             }
             // A right matrix packed beforehand (cut by rows, or by columns when rows are few).
             for threads in [1, 2, 3] {
-                let (pre, _) = product_with(m, n, k, (ka, kb), seed, threads, true);
+                let (pre, _) = product_with(isa(), (m, n, k), (ka, kb), seed, threads, true);
                 prop_assert!(one.iter().zip(&pre).all(|(x, y)| x.to_bits() == y.to_bits()),
                     "m{m} n{n} k{k}: the packed right matrix on {threads} threads changed bits");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// The 512-bit tiles (12 x 32) give the 256-bit tiles' bits (6 x 16) across the row
+        /// blocks, the chunks of k, both tiles' edges (rows past one left panel, columns past one
+        /// right panel), every layout, thread count, and a right matrix packed beforehand: the same
+        /// sums in the same order.
+        #[test]
+        fn the_512_bit_tiles_give_the_256_bit_bits(m in 1usize..200, n in 1usize..100, k in 1usize..600,
+                ka in 0u8..3, kb in 0u8..2, threads in 1usize..4, prepacked in any::<bool>(), seed in 0u64..1000) {
+            if !has_kernel() || !std::arch::is_x86_feature_detected!("avx512f") {
+                eprintln!("blocked_gemm: this CPU has no AVX-512 F; the 512-bit tiles are not tested");
+                return Ok(());
+            }
+            let run = |isa| product_with(isa, (m, n, k), (ka, kb), seed, threads, prepacked).0;
+            let (wide, narrow) = (run(Isa::Avx512), run(Isa::Avx2));
+            for (e, (x, y)) in wide.iter().zip(&narrow).enumerate() {
+                prop_assert_eq!(x.to_bits(), y.to_bits(), "m{} n{} k{} layouts {}{} threads {} at ({}, {}): {} vs {}",
+                    m, n, k, ka, kb, threads, e / n, e % n, x, y);
             }
         }
     }
@@ -450,7 +614,7 @@ mod tests {
         // cut by columns when packed here, by rows when packed beforehand.
         for (m, prepacked) in [(7, false), (7, true), (150, false), (150, true)] {
             let (n, k) = (NC + 37, 40);
-            let (got, want) = product_with(m, n, k, (0, 0), 5, 2, prepacked);
+            let (got, want) = product_with(isa(), (m, n, k), (0, 0), 5, 2, prepacked);
             for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
                 assert!((g as f64 - w).abs() <= 1e-4, "m{m} packed {prepacked} at ({}, {}): {g} vs {w}", e / n, e % n);
             }

@@ -7,13 +7,14 @@
 //! gemm's 85–106, 1024³ 118–122 against 94–100; on the MLP's 256x784x1024 they are level. weft's
 //! kernel against faer: see `blocked_gemm`.
 //!
-//! Which CPUs get weft's kernel: every one with AVX2 and FMA, except those whose AVX-512 doubles
-//! the multiply-adds a cycle. AMD's Zen 4 (family 0x19 with AVX-512) runs a 512-bit FMA as two
-//! 256-bit halves on the same two pipes AVX2 uses, so AVX-512 buys it no arithmetic; on a Zen 4
-//! the gemm crate's AVX2 kernel reached OpenBLAS's AVX-512 one at 1024³ in one of two side-by-side
-//! runs (0.66 in the other), and weft's kernel beats that kernel by 1.3x or more on Zen 3.
-//! Intel's AVX-512 server cores (two 512-bit FMA pipes) and Zen 5 (family 0x1a, 512-bit pipes)
-//! keep faer's AVX-512 kernels.
+//! Which CPUs get weft's kernel: every one with AVX2 and FMA. Where AVX-512 runs at full width
+//! (Intel's AVX-512 server cores, AMD's Zen 5: family 0x1a, two 512-bit FMA pipes) its tiles are
+//! 512 bits wide (`blocked_gemm::Isa`); AMD's Zen 4 (family 0x19 with AVX-512) runs a 512-bit
+//! FMA as two 256-bit halves on the pipes AVX2 uses, so it keeps the 256-bit tiles. On a 2-core
+//! Zen 5 EPYC (best of 3 alternated runs, 2 threads, GFLOP/s), weft's 512-bit tiles against
+//! faer's AVX-512 kernels: 1024³ 492 / 481, 2048³ 452 / 457, the MLP's forward products level,
+//! its weight gradients (a transposed left matrix) 491–498 / 443–453, its input gradients
+//! 429–453 / 436–443. (That CPU's peak is about 486.)
 
 use std::sync::OnceLock;
 
@@ -70,10 +71,24 @@ fn x86_levels() -> (bool, bool) {
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Engine {
     match x86_levels() {
-        (true, true) if splits_512_bit_ops() => Engine::Weft,
-        (true, _) => Engine::Avx512,
-        (false, true) => Engine::Weft,
+        // weft's kernel, at 512 bits where AVX-512 runs at full width (`blocked_gemm::isa`).
+        (_, true) => Engine::Weft,
+        (true, false) => Engine::Avx512,
         (false, false) => Engine::Portable,
+    }
+}
+
+/// Whether this CPU runs AVX-512 (the x86-64-v4 set) at full width: it has it and is not a
+/// Zen 4 (see [`splits_512_bit_ops`]). weft's kernel then runs 512-bit tiles.
+pub(crate) fn full_width_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static FULL: OnceLock<bool> = OnceLock::new();
+        *FULL.get_or_init(|| x86_levels().0 && !splits_512_bit_ops())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -166,7 +181,10 @@ impl Product {
                 )
             },
             #[cfg(target_arch = "x86_64")]
-            Engine::Avx2 | Engine::Weft | Engine::Avx512 => unsafe { self.run_x86(engine == Engine::Avx512, threads) },
+            // (The products weft's kernel leaves go to faer's at the same width.)
+            Engine::Avx2 | Engine::Weft | Engine::Avx512 => unsafe {
+                self.run_x86(engine == Engine::Avx512 || (engine == Engine::Weft && full_width_avx512()), threads)
+            },
         }
         Ok(())
     }
@@ -259,8 +277,9 @@ mod tests {
             };
             assert_eq!(forced("faer", detect()), faer);
             assert_eq!(forced("weft", detect()), if avx2 { Engine::Weft } else { detect() });
-            // Without AVX-512, every CPU with AVX2 and FMA runs weft's kernel by default.
-            if !avx512 && avx2 {
+            // Every CPU with AVX2 and FMA runs weft's kernel by default (at 512 bits where
+            // AVX-512 runs at full width).
+            if avx2 {
                 assert_eq!(detect(), Engine::Weft);
             }
         }

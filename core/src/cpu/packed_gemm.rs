@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) const MAX_ROWS: usize = 32;
 
 /// Whether this CPU runs the kernel (AVX2 and FMA, where `gemm_engine` picks weft's engine or
-/// faer's AVX2 one; where it picks faer's AVX-512 kernels, those have twice the arithmetic a cycle).
+/// faer's AVX2 one; its tiles are 512 bits wide where AVX-512 runs at full width).
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -191,20 +191,26 @@ pub(crate) unsafe fn run(a: &PackedLhs, b: &PackedRhs, panels: Range<usize>, c: 
     debug_assert_eq!(a.k, k);
     let rows = m.div_ceil(MR) * MR;
     let kc_len = super::blocked_gemm::k_chunk(k);
+    let isa = super::blocked_gemm::isa();
+    // Columns up to the end of the last panel of this range (and of the matrix).
+    let end = (panels.end * NR).min(b.n);
     for p0 in (0..k).step_by(kc_len) {
         let kc = kc_len.min(k - p0);
-        for j in panels.clone() {
+        // One or two panels per tile (see `blocked_gemm::Isa`), never past this range's own.
+        for j in panels.clone().step_by(isa.cols() / NR) {
             let c0 = j * NR;
-            let nr = NR.min(b.n - c0);
+            let nr = isa.cols().min(end - c0);
             // SAFETY: panel j, rows p0.. lie inside the packed data (j < panels, p0 + kc <= k).
             let bp = unsafe { b.panels_ptr().add(j * k * NR + p0 * NR) };
-            for i in (0..m).step_by(MR) {
+            for i in (0..m).step_by(isa.rows()) {
                 // SAFETY: row panel i / MR of chunk p0 lies inside a's packed data; rows i..,
-                // columns c0..c0 + nr of c inside the caller's bounds.
+                // columns c0..c0 + nr of c inside the caller's bounds; the tile's second panel
+                // (when nr > NR) is panel j + 1 < panels.end.
                 unsafe {
                     let ap = a.data.as_ptr().add(rows * p0 + i * kc);
-                    let t = Tile { kc, a: ap, lda: 0, b: bp, c: c.add(i * ldc + c0), ldc, nr, add: p0 > 0 };
-                    super::blocked_gemm::tile_rows::<false>(MR.min(m - i), t);
+                    let (cp, per) = (c.add(i * ldc + c0), k * NR);
+                    let t = Tile { kc, a: ap, lda: 0, b: bp, per, c: cp, ldc, nr, add: p0 > 0 };
+                    super::blocked_gemm::tile_rows::<false>(isa.wide(), isa.rows().min(m - i), t);
                 }
             }
         }
@@ -225,7 +231,7 @@ mod tests {
         fn kernel_matches_f64(m in 1usize..=MAX_ROWS, n in 1usize..70, k in 1usize..600, lda_pad in 0usize..3,
                               transposed in any::<bool>(), off in 0usize..5, parts in 1usize..4, seed in 0u64..1000) {
             if !available() {
-                eprintln!("packed_gemm: this CPU has no AVX2 (or has AVX-512); nothing to test");
+                eprintln!("packed_gemm: this CPU has no AVX2 and FMA (or the engine is forced off weft's); nothing to test");
                 return Ok(());
             }
             let val = |i: usize, s: u64| (((i as u64 * 2654435761 + s * 97) % 1999) as f32 / 999.5) - 1.0;

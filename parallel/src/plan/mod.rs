@@ -259,16 +259,16 @@ impl ShardingPlan {
         }
         for l in &self.layers {
             for v in &l.variables {
-                if let Placement::Shard { axis, sizes } = &v.placement {
-                    if sizes.len() != self.model_axis || v.shape.get(*axis) != Some(&sizes.iter().sum()) {
-                        return Err(Error::invalid(
-                            "ShardingPlan",
-                            format!(
-                                "{}: sizes {sizes:?} do not split axis {axis} of {:?} over {} ranks",
-                                v.path, v.shape, self.model_axis
-                            ),
-                        ));
-                    }
+                if let Placement::Shard { axis, sizes } = &v.placement
+                    && (sizes.len() != self.model_axis || v.shape.get(*axis) != Some(&sizes.iter().sum()))
+                {
+                    return Err(Error::invalid(
+                        "ShardingPlan",
+                        format!(
+                            "{}: sizes {sizes:?} do not split axis {axis} of {:?} over {} ranks",
+                            v.path, v.shape, self.model_axis
+                        ),
+                    ));
                 }
             }
         }
