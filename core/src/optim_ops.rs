@@ -5,7 +5,6 @@ use crate::cpu;
 use crate::gpu::GpuStorage;
 use crate::storage::Storage;
 use crate::{DType, Error, Result, Tensor};
-use rayon::prelude::*;
 
 /// Hyper-parameters of one Adam step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,17 +73,17 @@ impl Tensor {
                     &mut mo.spare_capacity_mut()[..n],
                     &mut vo.spare_capacity_mut()[..n],
                 );
-                if cpu::one_thread() {
-                    let ins = w.chunks(CHUNK).zip(g.chunks(CHUNK)).zip(m.chunks(CHUNK)).zip(v.chunks(CHUNK));
-                    let outs = wo_s.chunks_mut(CHUNK).zip(mo_s.chunks_mut(CHUNK)).zip(vo_s.chunks_mut(CHUNK));
-                    outs.zip(ins).for_each(job);
-                } else {
-                    let ins =
-                        w.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)).zip(m.par_chunks(CHUNK)).zip(v.par_chunks(CHUNK));
-                    let outs =
-                        wo_s.par_chunks_mut(CHUNK).zip(mo_s.par_chunks_mut(CHUNK)).zip(vo_s.par_chunks_mut(CHUNK));
-                    outs.zip(ins).for_each(job);
-                }
+                let ins = w.chunks(CHUNK).zip(g.chunks(CHUNK)).zip(m.chunks(CHUNK)).zip(v.chunks(CHUNK));
+                let outs = wo_s.chunks_mut(CHUNK).zip(mo_s.chunks_mut(CHUNK)).zip(vo_s.chunks_mut(CHUNK));
+                // Each chunk's seven slices, handed out by index to the threads (the calling one
+                // among them: `cpu::par_for`).
+                let pieces: Vec<std::sync::Mutex<Option<_>>> =
+                    outs.zip(ins).map(|p| std::sync::Mutex::new(Some(p))).collect();
+                cpu::par_for(pieces.len(), &|i| {
+                    if let Some(p) = pieces[i].lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        job(p)
+                    }
+                });
                 // SAFETY: the inputs are contiguous from offset 0 with at least n elements each
                 // (checked shapes, made contiguous above), so the zipped chunks cover 0..n of
                 // every output once, and every element was written.

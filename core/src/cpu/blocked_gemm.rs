@@ -21,7 +21,6 @@ use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a, pack_b};
 use super::packed_gemm::PackedRhs;
 use super::try_take;
 use crate::Result;
-use rayon::prelude::*;
 
 /// Most `k` values summed per pass (a 16-column panel of them is 16 KiB: half of L1).
 const KC: usize = 256;
@@ -118,7 +117,7 @@ unsafe fn run_on(isa: Isa, p: &Product, packed: Option<&PackedRhs>, threads: usi
         }
     };
     if parts > 1 {
-        scratch.par_iter_mut().enumerate().for_each(part);
+        super::share::par_chunks_mut(&mut scratch, 1, |t, buf| part((t, &mut buf[0])));
     } else {
         part((0, &mut scratch[0]));
     }

@@ -12,7 +12,6 @@ use crate::layout::coalesce;
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::{DType, Layout, Result};
 use half::f16;
-use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
@@ -139,11 +138,18 @@ fn run<const N: usize>(
     } else if n <= PAR_CHUNK {
         // Tasks of whole rows.
         let per_task = (PAR_CHUNK / n).max(1) * n;
-        dst.par_chunks_mut(per_task).enumerate().for_each(|(t, chunk)| span(t * per_task / n, 0, chunk));
+        super::share::par_chunks_mut(dst, per_task, |t, chunk| span(t * per_task / n, 0, chunk));
     } else {
         // Long rows (a contiguous tensor is one row): each cut into tasks of PAR_CHUNK.
-        dst.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-            row.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, o)| span(i, c * PAR_CHUNK, o))
+        let per_row = n.div_ceil(PAR_CHUNK);
+        let base = super::share::Ptr(dst.as_mut_ptr());
+        super::share::par_for(dst.len() / n * per_row, &|t| {
+            let (i, c) = (t / per_row, t % per_row);
+            let start = c * PAR_CHUNK;
+            // SAFETY: task t is elements start..start + len of row i, disjoint from every other
+            // task's, inside dst (a whole number of rows of n), which is borrowed for the loop.
+            let o = unsafe { std::slice::from_raw_parts_mut(base.get().add(i * n + start), PAR_CHUNK.min(n - start)) };
+            span(i, start, o)
         });
     }
     // SAFETY: the pieces above cover 0..numel (numel is a whole number of rows of n, and the

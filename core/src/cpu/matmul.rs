@@ -177,7 +177,7 @@ fn packed(
             unsafe { packed_gemm::run(&lhs, &rhs, cols, dst.ptr(), n) }
         };
         if parts > 1 {
-            (0..parts).into_par_iter().for_each(run);
+            super::share::par_for(parts, &run);
         } else {
             run(0);
         }

@@ -14,6 +14,7 @@ mod norm;
 mod packed_gemm;
 mod pool;
 mod reduce;
+mod share;
 mod strided_copy;
 mod sum_columns;
 
@@ -163,12 +164,7 @@ pub(crate) fn one_thread() -> bool {
 /// `f(i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter): in parallel,
 /// or in order on this thread when the pool has one thread.
 pub(crate) fn for_chunks<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
-    use rayon::prelude::*;
-    if one_thread() {
-        dst.chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
-    } else {
-        dst.par_chunks_mut(size).enumerate().for_each(|(i, c)| f(i, c));
-    }
+    share::par_chunks_mut(dst, size, f);
 }
 
 /// Wrap an f32 result.
@@ -177,3 +173,4 @@ pub(crate) fn f32_storage(v: Vec<f32>) -> CpuStorage {
 }
 
 pub(crate) use pool::{try_take, try_zeros};
+pub(crate) use share::par_for;

@@ -1,0 +1,172 @@
+//! Parallel loops in which the calling thread takes part.
+//!
+//! A thread outside rayon's pool (a program's `main`, unless it called `set_num_threads`) that
+//! runs a rayon loop hands the whole loop to the pool and sleeps until the pool wakes it: two
+//! wake-ups of a sleeping thread per op, tens of microseconds each on a loaded machine, against an
+//! op of a layer's activations (a ReLU's gradient over 256 x 1024 values) that takes about as
+//! long. Here the caller claims pieces from a shared counter and works on them itself while the
+//! pool's threads, woken meanwhile, claim the rest; it then waits only for pieces already
+//! claimed, never for a thread to wake. Which thread runs which piece does not change what each
+//! piece computes, so results keep their bits.
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Runs `f(i)` once for every `i` in `0..n`, on this thread and rayon's pool.
+///
+/// On a pool thread (a nested loop, or a caller that joined the pool through
+/// `set_num_threads`) rayon's own loop runs it; with a pool of one thread, or one piece, this
+/// thread alone. A panic in `f` is raised again here once every claimed piece has finished.
+pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
+    let threads = rayon::current_num_threads();
+    if n <= 1 || threads == 1 {
+        (0..n).for_each(f);
+        return;
+    }
+    if rayon::current_thread_index().is_some() {
+        use rayon::prelude::*;
+        (0..n).into_par_iter().for_each(f);
+        return;
+    }
+    // SAFETY: the pointer is dereferenced only by a thread that claimed a piece, and this
+    // function returns only after every claimed piece has finished (`done` reaches `n`): a
+    // helper that starts later finds nothing left and never touches `f`.
+    let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(f) };
+    let shared = Arc::new(Shared {
+        f,
+        n,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        panicked: AtomicBool::new(false),
+    });
+    for _ in 1..threads.min(n) {
+        let s = shared.clone();
+        rayon::spawn(move || s.work());
+    }
+    shared.work();
+    let mut spins = 0u32;
+    while shared.done.load(Ordering::Acquire) < n {
+        // The pieces still running were claimed by awake threads: they end soon.
+        if spins < 1 << 10 {
+            std::hint::spin_loop();
+            spins += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    if shared.panicked.load(Ordering::Acquire) {
+        resume_unwind(Box::new("a parallel piece of a Cpu op panicked"));
+    }
+}
+
+/// `f(i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter), through
+/// [`par_for`].
+pub(crate) fn par_chunks_mut<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let (len, size) = (dst.len(), size.max(1));
+    let base = Ptr(dst.as_mut_ptr());
+    par_for(len.div_ceil(size), &|i| {
+        let start = i * size;
+        // SAFETY: chunk i is elements start..start + its length of `dst`, disjoint from every
+        // other chunk, and `dst` is borrowed mutably for the whole loop.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), size.min(len - start)) };
+        f(i, chunk)
+    });
+}
+
+/// A pointer shared by pieces that each touch their own elements.
+pub(crate) struct Ptr<T>(pub(crate) *mut T);
+
+impl<T> Clone for Ptr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Ptr<T> {}
+
+impl<T> Ptr<T> {
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+// SAFETY: the pieces that share it write disjoint elements (see `par_chunks_mut`).
+unsafe impl<T: Send> Send for Ptr<T> {}
+unsafe impl<T: Send> Sync for Ptr<T> {}
+
+/// The loop's state, shared with the pool's threads (which may start after the loop is over).
+struct Shared {
+    f: *const (dyn Fn(usize) + Sync),
+    n: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    panicked: AtomicBool,
+}
+
+// SAFETY: `f` is `Sync` and called only while the loop that owns it waits (see `par_for`).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// Claims and runs pieces until none is left.
+    fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.n {
+                return;
+            }
+            // SAFETY: piece i was claimed, so the loop is still waiting for it (see `par_for`).
+            let f = unsafe { &*self.f };
+            if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+                self.panicked.store(true, Ordering::Release);
+            }
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every index runs once, from a thread outside the pool and from inside it, and the
+    /// chunks cover the slice exactly.
+    #[test]
+    fn every_piece_runs_once() {
+        for n in [0, 1, 2, 3, 17, 1000] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            par_for(n, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n {n}");
+            let inside = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+            inside.install(|| {
+                par_for(n, &|i| {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                })
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 2), "n {n} in a pool");
+        }
+        for (len, size) in [(0, 4), (10, 3), (12, 4), (1, 1000)] {
+            let mut v = vec![0usize; len];
+            par_chunks_mut(&mut v, size, |i, c| c.iter_mut().for_each(|x| *x += i + 1));
+            let want: Vec<usize> = (0..len).map(|e| e / size + 1).collect();
+            assert_eq!(v, want, "len {len} size {size}");
+        }
+    }
+
+    /// A panicking piece is raised on the calling thread after the others finish.
+    #[test]
+    fn a_panic_comes_back_to_the_caller() {
+        let ran = AtomicUsize::new(0);
+        let out = catch_unwind(AssertUnwindSafe(|| {
+            par_for(64, &|i| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                assert!(i != 40, "piece 40");
+            })
+        }));
+        assert!(out.is_err());
+        assert_eq!(ran.load(Ordering::Relaxed), 64, "every piece ran");
+    }
+}
