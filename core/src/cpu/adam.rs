@@ -3,10 +3,12 @@
 //! The update reads four values and writes three per weight, and a training step's variables do
 //! not fit in the cache, so it runs at the speed of memory. An ordinary store first reads the
 //! line it writes (to own it): 40 bytes of traffic per weight. Where the CPU has AVX, the new
-//! values are computed eight at a time and, for a variable too large to stay in the cache anyway,
-//! written with streaming stores, which skip that read (28 bytes); a small variable's new values
-//! stay in the cache for the next forward pass. Without fused multiply-adds, in the scalar loop's order: the results are the same
-//! bits either way, so a variable split over devices updates as it would whole.
+//! values are computed eight at a time (sixteen where AVX-512 runs at full width: the square root
+//! and division are as slow as the memory there) and, for a variable too large to stay in the
+//! cache anyway, written with streaming stores, which skip that read (28 bytes); a small
+//! variable's new values stay in the cache for the next forward pass. Without fused multiply-adds,
+//! in the scalar loop's order: the results are the same bits either way, so a variable split over
+//! devices updates as it would whole.
 
 use crate::optim_ops::AdamStep;
 use std::mem::MaybeUninit;
@@ -35,6 +37,12 @@ pub fn chunk(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, stream: bool) {
     let n = ins[0].len();
     assert!(ins.iter().all(|s| s.len() == n) && out.w.len() == n && out.m.len() == n && out.v.len() == n);
     #[cfg(target_arch = "x86_64")]
+    if super::gemm_engine::full_width_avx512() {
+        // SAFETY: AVX-512 F is present; the lengths are checked above.
+        unsafe { avx512(ins, out, p, stream) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx") {
         // SAFETY: AVX is present; the lengths are checked above.
         unsafe { avx(ins, out, p, stream) };
@@ -55,58 +63,82 @@ fn scalar(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, from: usize, to: usize)
     }
 }
 
-/// Eight at a time with AVX; streaming stores when asked for and the three outputs share their
-/// alignment.
-///
-/// # Safety
-/// The CPU has AVX, and every slice has the same length (checked by `chunk`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn avx(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, stream: bool) {
-    use std::arch::x86_64::*;
-    let n = ins[0].len();
-    let mis = |s: &[MaybeUninit<f32>]| s.as_ptr() as usize % 32;
-    let same = stream && mis(out.w) == mis(out.m) && mis(out.w) == mis(out.v);
-    // Scalar up to the first 32-byte boundary of the outputs (streaming stores need it).
-    let head = if same { ((32 - mis(out.w)) % 32 / 4).min(n) } else { 0 };
-    let body = head + (n - head) / 8 * 8;
-    let (b1, b2) = (_mm256_set1_ps(1.0 - p.beta1), _mm256_set1_ps(1.0 - p.beta2));
-    let (lr, eps, decay) = (_mm256_set1_ps(p.lr_t), _mm256_set1_ps(p.eps), _mm256_set1_ps(p.decay));
-    let (wp, gp, mp, vp) = (ins[0].as_ptr(), ins[1].as_ptr(), ins[2].as_ptr(), ins[3].as_ptr());
-    let (wo, mo, vo) =
-        (out.w.as_mut_ptr().cast::<f32>(), out.m.as_mut_ptr().cast::<f32>(), out.v.as_mut_ptr().cast::<f32>());
-    let mut i = head;
-    while i < body {
-        // SAFETY: i + 8 <= body <= n for every pointer; with `same`, wo/mo/vo + i are 32-byte
-        // aligned (head brought them there and i advances by 8 floats).
-        unsafe {
-            let (w, g) = (_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(gp.add(i)));
-            let (m, v) = (_mm256_loadu_ps(mp.add(i)), _mm256_loadu_ps(vp.add(i)));
-            let mi = _mm256_add_ps(m, _mm256_mul_ps(_mm256_sub_ps(g, m), b1));
-            let vi = _mm256_add_ps(v, _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(g, g), v), b2));
-            let step = _mm256_div_ps(_mm256_mul_ps(lr, mi), _mm256_add_ps(_mm256_sqrt_ps(vi), eps));
-            let wi = _mm256_sub_ps(_mm256_mul_ps(w, decay), step);
-            if same {
-                _mm256_stream_ps(wo.add(i), wi);
-                _mm256_stream_ps(mo.add(i), mi);
-                _mm256_stream_ps(vo.add(i), vi);
-            } else {
-                _mm256_storeu_ps(wo.add(i), wi);
-                _mm256_storeu_ps(mo.add(i), mi);
-                _mm256_storeu_ps(vo.add(i), vi);
+/// A vector loop over the elements, `$lanes` at a time with one instruction set's intrinsics;
+/// streaming stores when asked for and the three outputs share their alignment (the vector's
+/// size). The scalar loop's operations in its order, without fused multiply-adds: the same bits.
+macro_rules! vector_loop {
+    ($(#[$doc:meta])* $name:ident, $feature:literal, $lanes:literal, $load:ident, $store:ident, $stream:ident,
+     $set1:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        unsafe fn $name(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, stream: bool) {
+            use std::arch::x86_64::*;
+            const BYTES: usize = $lanes * 4;
+            let n = ins[0].len();
+            let mis = |s: &[MaybeUninit<f32>]| s.as_ptr() as usize % BYTES;
+            let same = stream && mis(out.w) == mis(out.m) && mis(out.w) == mis(out.v);
+            // Scalar up to the first vector boundary of the outputs (streaming stores need it).
+            let head = if same { ((BYTES - mis(out.w)) % BYTES / 4).min(n) } else { 0 };
+            let body = head + (n - head) / $lanes * $lanes;
+            let (b1, b2) = ($set1(1.0 - p.beta1), $set1(1.0 - p.beta2));
+            let (lr, eps, decay) = ($set1(p.lr_t), $set1(p.eps), $set1(p.decay));
+            let (wp, gp, mp, vp) = (ins[0].as_ptr(), ins[1].as_ptr(), ins[2].as_ptr(), ins[3].as_ptr());
+            let (wo, mo, vo) =
+                (out.w.as_mut_ptr().cast::<f32>(), out.m.as_mut_ptr().cast::<f32>(), out.v.as_mut_ptr().cast::<f32>());
+            let mut i = head;
+            while i < body {
+                // SAFETY: i + lanes <= body <= n for every pointer; with `same`, wo/mo/vo + i are
+                // aligned to the vector (head brought them there and i advances by whole vectors).
+                unsafe {
+                    let (w, g) = ($load(wp.add(i)), $load(gp.add(i)));
+                    let (m, v) = ($load(mp.add(i)), $load(vp.add(i)));
+                    let mi = $add(m, $mul($sub(g, m), b1));
+                    let vi = $add(v, $mul($sub($mul(g, g), v), b2));
+                    let step = $div($mul(lr, mi), $add($sqrt(vi), eps));
+                    let wi = $sub($mul(w, decay), step);
+                    if same {
+                        $stream(wo.add(i), wi);
+                        $stream(mo.add(i), mi);
+                        $stream(vo.add(i), vi);
+                    } else {
+                        $store(wo.add(i), wi);
+                        $store(mo.add(i), mi);
+                        $store(vo.add(i), vi);
+                    }
+                }
+                i += $lanes;
             }
+            if same {
+                // Streaming stores are weakly ordered: fence them before the buffers are handed on.
+                _mm_sfence();
+            }
+            let tail = |from, to, out: Outs<'_>| scalar(ins, out, p, from, to);
+            let Outs { w, m, v } = out;
+            tail(0, head, Outs { w: &mut w[..], m: &mut m[..], v: &mut v[..] });
+            tail(body, n, Outs { w, m, v });
         }
-        i += 8;
-    }
-    if same {
-        // Streaming stores are weakly ordered: fence them before the buffers are handed on.
-        _mm_sfence();
-    }
-    let tail = |from, to, out: Outs<'_>| scalar(ins, out, p, from, to);
-    let Outs { w, m, v } = out;
-    tail(0, head, Outs { w: &mut w[..], m: &mut m[..], v: &mut v[..] });
-    tail(body, n, Outs { w, m, v });
+    };
 }
+
+vector_loop!(
+    /// Eight at a time with AVX.
+    ///
+    /// # Safety
+    /// The CPU has AVX, and every slice has the same length (checked by `chunk`).
+    avx, "avx", 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_stream_ps, _mm256_set1_ps, _mm256_add_ps,
+    _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps
+);
+
+vector_loop!(
+    /// Sixteen at a time where AVX-512 runs at full width: its square roots and divisions (the
+    /// loop's slowest instructions) take half the instructions per value.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, and every slice has the same length (checked by `chunk`).
+    avx512, "avx512f", 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_stream_ps, _mm512_set1_ps, _mm512_add_ps,
+    _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
+);
 
 #[cfg(test)]
 mod tests {
@@ -122,13 +154,30 @@ mod tests {
         assert!(has || std::env::var("CI").is_err(), "no AVX under CI=true: the AVX Adam loop went untested");
     }
 
+    /// The vector loops this CPU runs, each to be checked against the scalar one.
+    #[allow(clippy::type_complexity)]
+    fn loops() -> Vec<(&'static str, unsafe fn([&[f32]; 4], Outs<'_>, &AdamStep, bool))> {
+        let mut v: Vec<(&'static str, unsafe fn([&[f32]; 4], Outs<'_>, &AdamStep, bool))> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx") {
+                v.push(("avx", avx));
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                v.push(("avx512", avx512));
+            }
+        }
+        v
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(96))]
         /// Any length and any start of each output (so shared and unshared alignments, and with
-        /// `carve` three outputs cut from one buffer 32 bytes apart, which always share theirs and
-        /// take the streaming stores) gives the scalar loop's bits, streaming or not.
+        /// `carve` three outputs cut from one buffer 64 bytes apart, which always share theirs and
+        /// take the streaming stores) gives the scalar loop's bits, streaming or not, for each
+        /// vector loop the CPU has (AVX; AVX-512 where present).
         #[test]
-        fn equals_the_scalar_loop(n in 0usize..300, offs in proptest::array::uniform3(0usize..9), carve in any::<bool>(),
+        fn equals_the_scalar_loop(n in 0usize..300, offs in proptest::array::uniform3(0usize..17), carve in any::<bool>(),
                                   stream in any::<bool>(), seed in 0u64..1000) {
             let val = |i: usize, s: u64| (((i as u64 * 2654435761 + s * 97) % 1999) as f32 / 999.5) - 1.0;
             let ins: Vec<Vec<f32>> = (0..4).map(|k| (0..n).map(|i| {
@@ -136,21 +185,24 @@ mod tests {
                 if k == 3 { x.abs() } else { x }
             }).collect()).collect();
             let p = AdamStep { lr_t: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-7, decay: 0.996 };
-            // Each output's start in one buffer: apart by a whole number of 8-float blocks when
+            // Each output's start in one buffer: apart by a whole number of 16-float blocks when
             // carved (one alignment for all three), else at unrelated offsets.
-            let span = n.div_ceil(8) * 8 + 8;
+            let span = n.div_ceil(16) * 16 + 16;
             let starts = if carve { [0, 1, 2].map(|k| offs[0] + k * span) } else { [offs[0], span + offs[1], 2 * span + offs[2]] };
-            let mut buf = vec![MaybeUninit::new(f32::NAN); 3 * span + 8];
-            let (a, rest) = buf.split_at_mut(span);
-            let (b, c) = rest.split_at_mut(span);
-            let (s0, s1, s2) = (starts[0], starts[1] - span, starts[2] - 2 * span);
-            chunk([&ins[0], &ins[1], &ins[2], &ins[3]],
-                Outs { w: &mut a[s0..s0 + n], m: &mut b[s1..s1 + n], v: &mut c[s2..s2 + n] }, &p, stream);
-            for i in 0..n {
-                let (w, m, v) = one(ins[0][i], ins[1][i], ins[2][i], ins[3][i], &p);
-                // SAFETY: chunk wrote every element of each output range.
-                let got = unsafe { [buf[starts[0] + i].assume_init(), buf[starts[1] + i].assume_init(), buf[starts[2] + i].assume_init()] };
-                prop_assert_eq!(got.map(f32::to_bits), [w, m, v].map(f32::to_bits), "element {}", i);
+            for (name, run) in loops() {
+                let mut buf = vec![MaybeUninit::new(f32::NAN); 3 * span + 16];
+                let (a, rest) = buf.split_at_mut(span);
+                let (b, c) = rest.split_at_mut(span);
+                let (s0, s1, s2) = (starts[0], starts[1] - span, starts[2] - 2 * span);
+                let outs = Outs { w: &mut a[s0..s0 + n], m: &mut b[s1..s1 + n], v: &mut c[s2..s2 + n] };
+                // SAFETY: `loops` lists only what the CPU has; the slices have one length.
+                unsafe { run([&ins[0], &ins[1], &ins[2], &ins[3]], outs, &p, stream) };
+                for i in 0..n {
+                    let (w, m, v) = one(ins[0][i], ins[1][i], ins[2][i], ins[3][i], &p);
+                    // SAFETY: the loop wrote every element of each output range.
+                    let got = unsafe { [buf[starts[0] + i].assume_init(), buf[starts[1] + i].assume_init(), buf[starts[2] + i].assume_init()] };
+                    prop_assert_eq!(got.map(f32::to_bits), [w, m, v].map(f32::to_bits), "{} element {}", name, i);
+                }
             }
         }
     }
