@@ -370,7 +370,8 @@ macro_rules! over_k {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile<const R: usize, const IN_PLACE: bool>(t: Tile) {
     let Tile { kc, a, lda, b, c, ldc, nr, add, .. } = t;
-    debug_assert!(nr <= NR);
+    // One left panel (rows past MR belong to the 512-bit tiles, which read the next panel).
+    debug_assert!(R <= MR && nr <= NR);
     use std::arch::x86_64::*;
     let mut lo = [_mm256_setzero_ps(); R];
     let mut hi = [_mm256_setzero_ps(); R];

@@ -9,15 +9,17 @@
 //! claimed, never for a thread to wake. Which thread runs which piece does not change what each
 //! piece computes, so results keep their bits.
 
+use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Runs `f(i)` once for every `i` in `0..n`, on this thread and rayon's pool.
 ///
 /// On a pool thread (a nested loop, or a caller that joined the pool through
 /// `set_num_threads`) rayon's own loop runs it; with a pool of one thread, or one piece, this
-/// thread alone. A panic in `f` is raised again here once every claimed piece has finished.
+/// thread alone. A panic in `f` is raised again here, with its own message, once every claimed
+/// piece has finished.
 pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let threads = rayon::current_num_threads();
     if n <= 1 || threads == 1 {
@@ -33,13 +35,8 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     // function returns only after every claimed piece has finished (`done` reaches `n`): a
     // helper that starts later finds nothing left and never touches `f`.
     let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(f) };
-    let shared = Arc::new(Shared {
-        f,
-        n,
-        next: AtomicUsize::new(0),
-        done: AtomicUsize::new(0),
-        panicked: AtomicBool::new(false),
-    });
+    let shared =
+        Arc::new(Shared { f, n, next: AtomicUsize::new(0), done: AtomicUsize::new(0), panic: Mutex::new(None) });
     for _ in 1..threads.min(n) {
         let s = shared.clone();
         rayon::spawn(move || s.work());
@@ -55,8 +52,9 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
             std::thread::yield_now();
         }
     }
-    if shared.panicked.load(Ordering::Acquire) {
-        resume_unwind(Box::new("a parallel piece of a Cpu op panicked"));
+    let panic = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(payload) = panic {
+        resume_unwind(payload);
     }
 }
 
@@ -101,7 +99,8 @@ struct Shared {
     n: usize,
     next: AtomicUsize,
     done: AtomicUsize,
-    panicked: AtomicBool,
+    /// The first panic's payload, raised again by the caller.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 // SAFETY: `f` is `Sync` and called only while the loop that owns it waits (see `par_for`).
@@ -118,8 +117,8 @@ impl Shared {
             }
             // SAFETY: piece i was claimed, so the loop is still waiting for it (see `par_for`).
             let f = unsafe { &*self.f };
-            if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
-                self.panicked.store(true, Ordering::Release);
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(i))) {
+                self.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(payload);
             }
             self.done.fetch_add(1, Ordering::Release);
         }
@@ -156,7 +155,8 @@ mod tests {
         }
     }
 
-    /// A panicking piece is raised on the calling thread after the others finish.
+    /// A panicking piece is raised on the calling thread, with its message, after the others
+    /// finish.
     #[test]
     fn a_panic_comes_back_to_the_caller() {
         let ran = AtomicUsize::new(0);
@@ -166,7 +166,13 @@ mod tests {
                 assert!(i != 40, "piece 40");
             })
         }));
-        assert!(out.is_err());
+        let payload = out.expect_err("the panic comes back");
+        let msg = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        assert!(msg.contains("piece 40"), "the piece's own message: {msg:?}");
         assert_eq!(ran.load(Ordering::Relaxed), 64, "every piece ran");
     }
 }
