@@ -76,14 +76,9 @@ impl Tensor {
                 let ins = w.chunks(CHUNK).zip(g.chunks(CHUNK)).zip(m.chunks(CHUNK)).zip(v.chunks(CHUNK));
                 let outs = wo_s.chunks_mut(CHUNK).zip(mo_s.chunks_mut(CHUNK)).zip(vo_s.chunks_mut(CHUNK));
                 // Each chunk's seven slices, handed out by index to the threads (the calling one
-                // among them: `cpu::par_for`).
-                let pieces: Vec<std::sync::Mutex<Option<_>>> =
-                    outs.zip(ins).map(|p| std::sync::Mutex::new(Some(p))).collect();
-                cpu::par_for(pieces.len(), &|i| {
-                    if let Some(p) = pieces[i].lock().unwrap_or_else(|e| e.into_inner()).take() {
-                        job(p)
-                    }
-                });
+                // among them: `cpu::par_chunks_mut`).
+                let mut pieces: Vec<Option<_>> = outs.zip(ins).map(Some).collect();
+                cpu::par_chunks_mut(&mut pieces, 1, |_, p| p[0].take().into_iter().for_each(job));
                 // SAFETY: the inputs are contiguous from offset 0 with at least n elements each
                 // (checked shapes, made contiguous above), so the zipped chunks cover 0..n of
                 // every output once, and every element was written.

@@ -442,7 +442,7 @@ pub fn pool2d(kind: PoolKind, x: &CpuStorage, lx: &Layout, g: &Window2d) -> Resu
     let len = g.batch * oh_n * ow_n * c;
     let mut y = try_take(len)?;
     // One output row (all of its positions and channels) per task.
-    super::for_chunks(&mut y.spare_capacity_mut()[..len], ow_n * c, |r, dst| {
+    super::par_chunks_mut(&mut y.spare_capacity_mut()[..len], ow_n * c, |r, dst| {
         let (n, oh) = (r / oh_n, r % oh_n);
         let mut at = Vec::with_capacity(g.kernel[0] * g.kernel[1]);
         for (ow, dst) in dst.chunks_mut(c).enumerate() {
@@ -484,7 +484,7 @@ pub fn pool2d_grad(
     let [oh_n, ow_n] = g.output;
     let per_sample = h * w * c;
     let mut dx = try_zeros(g.batch * per_sample)?;
-    super::for_chunks(&mut dx, per_sample, |n, dst| {
+    super::par_chunks_mut(&mut dx, per_sample, |n, dst| {
         let base = n * per_sample;
         let mut at = Vec::with_capacity(g.kernel[0] * g.kernel[1]);
         // Max: each channel's winning value and tap, found over the window in order.

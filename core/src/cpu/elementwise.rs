@@ -141,16 +141,7 @@ fn run<const N: usize>(
         super::share::par_chunks_mut(dst, per_task, |t, chunk| span(t * per_task / n, 0, chunk));
     } else {
         // Long rows (a contiguous tensor is one row): each cut into tasks of PAR_CHUNK.
-        let per_row = n.div_ceil(PAR_CHUNK);
-        let base = super::share::Ptr(dst.as_mut_ptr());
-        super::share::par_for(dst.len() / n * per_row, &|t| {
-            let (i, c) = (t / per_row, t % per_row);
-            let start = c * PAR_CHUNK;
-            // SAFETY: task t is elements start..start + len of row i, disjoint from every other
-            // task's, inside dst (a whole number of rows of n), which is borrowed for the loop.
-            let o = unsafe { std::slice::from_raw_parts_mut(base.get().add(i * n + start), PAR_CHUNK.min(n - start)) };
-            span(i, start, o)
-        });
+        super::share::par_row_pieces(dst, n, PAR_CHUNK, span);
     }
     // SAFETY: the pieces above cover 0..numel (numel is a whole number of rows of n, and the
     // pieces of a row cover it) and each wrote every element it was given.

@@ -161,16 +161,10 @@ pub(crate) fn one_thread() -> bool {
     rayon::current_num_threads() == 1
 }
 
-/// `f(i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter): in parallel,
-/// or in order on this thread when the pool has one thread.
-pub(crate) fn for_chunks<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync + Send) {
-    share::par_chunks_mut(dst, size, f);
-}
-
 /// Wrap an f32 result.
 pub(crate) fn f32_storage(v: Vec<f32>) -> CpuStorage {
     CpuStorage::F32(Arc::new(HostBuf::new(v)))
 }
 
 pub(crate) use pool::{try_take, try_zeros};
-pub(crate) use share::par_for;
+pub(crate) use share::par_chunks_mut;

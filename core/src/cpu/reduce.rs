@@ -282,12 +282,9 @@ fn over_pieces<T: Send>(n: usize, pieces: usize, f: impl Fn(usize, usize) -> T +
     if super::one_thread() {
         return (0..pieces).map(|p| f(p * PIECE, ((p + 1) * PIECE).min(n))).collect();
     }
-    let parts: Vec<std::sync::Mutex<Option<T>>> = (0..pieces).map(|_| std::sync::Mutex::new(None)).collect();
-    super::share::par_for(pieces, &|p| {
-        let v = f(p * PIECE, ((p + 1) * PIECE).min(n));
-        *parts[p].lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
-    });
-    parts.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every piece ran")).collect()
+    let mut parts: Vec<Option<T>> = (0..pieces).map(|_| None).collect();
+    super::share::par_chunks_mut(&mut parts, 1, |p, slot| slot[0] = Some(f(p * PIECE, ((p + 1) * PIECE).min(n))));
+    parts.into_iter().flatten().collect()
 }
 
 /// Reduce one output's run: split into parallel pieces when it is long and `split` allows. The

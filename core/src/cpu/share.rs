@@ -72,8 +72,30 @@ pub(crate) fn par_chunks_mut<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usi
     });
 }
 
+/// `f(r, start, piece)` for each piece of at most `size` elements of each row `r` of `dst`
+/// (rows of `row_len`, `dst` a whole number of them), the piece starting at `start` in its row,
+/// through [`par_for`]: a single long row is cut too.
+pub(crate) fn par_row_pieces<T: Send>(
+    dst: &mut [T],
+    row_len: usize,
+    size: usize,
+    f: impl Fn(usize, usize, &mut [T]) + Sync,
+) {
+    let (row_len, size) = (row_len.max(1), size.max(1));
+    let per_row = row_len.div_ceil(size);
+    let base = Ptr(dst.as_mut_ptr());
+    par_for(dst.len() / row_len * per_row, &|t| {
+        let (r, start) = (t / per_row, t % per_row * size);
+        // SAFETY: piece t is elements start..start + its length of row r, inside `dst` (a whole
+        // number of rows), disjoint from every other piece; `dst` is borrowed for the loop.
+        let piece =
+            unsafe { std::slice::from_raw_parts_mut(base.get().add(r * row_len + start), size.min(row_len - start)) };
+        f(r, start, piece)
+    });
+}
+
 /// A pointer shared by pieces that each touch their own elements.
-pub(crate) struct Ptr<T>(pub(crate) *mut T);
+struct Ptr<T>(*mut T);
 
 impl<T> Clone for Ptr<T> {
     fn clone(&self) -> Self {
@@ -84,12 +106,12 @@ impl<T> Clone for Ptr<T> {
 impl<T> Copy for Ptr<T> {}
 
 impl<T> Ptr<T> {
-    pub(crate) fn get(self) -> *mut T {
+    fn get(self) -> *mut T {
         self.0
     }
 }
 
-// SAFETY: the pieces that share it write disjoint elements (see `par_chunks_mut`).
+// SAFETY: the pieces that share it write disjoint elements (see `par_chunks_mut`, `par_row_pieces`).
 unsafe impl<T: Send> Send for Ptr<T> {}
 unsafe impl<T: Send> Sync for Ptr<T> {}
 
@@ -153,6 +175,10 @@ mod tests {
             let want: Vec<usize> = (0..len).map(|e| e / size + 1).collect();
             assert_eq!(v, want, "len {len} size {size}");
         }
+        // Rows of 10 in pieces of 4: each element learns its row and its place in the row.
+        let mut v = vec![(0, 0); 30];
+        par_row_pieces(&mut v, 10, 4, |r, start, p| p.iter_mut().enumerate().for_each(|(j, x)| *x = (r, start + j)));
+        assert_eq!(v, (0..30).map(|e| (e / 10, e % 10)).collect::<Vec<_>>());
     }
 
     /// A panicking piece is raised on the calling thread, with its message, after the others

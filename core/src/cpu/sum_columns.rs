@@ -69,17 +69,7 @@ pub(super) fn sum_columns(run: &Run, row_bases: &[usize], len: usize, out: &mut 
     };
     if parallel {
         // Tiles of every row in parallel: a single row of many columns is the common case.
-        let per_row = len.div_ceil(TILE);
-        let base = super::share::Ptr(out.as_mut_ptr());
-        super::share::par_for(row_bases.len() * per_row, &|t| {
-            let (r, c) = (t / per_row, t % per_row);
-            let start = c * TILE;
-            // SAFETY: tile t is elements start..start + its length of row r of `out` (rows of
-            // len), disjoint from every other tile, and `out` is borrowed for the loop.
-            let chunk =
-                unsafe { std::slice::from_raw_parts_mut(base.get().add(r * len + start), TILE.min(len - start)) };
-            tile(run, row_bases[r] + start, chunk)
-        });
+        super::share::par_row_pieces(out, len, TILE, |r, start, chunk| tile(run, row_bases[r] + start, chunk));
     } else {
         out.chunks_mut(len).enumerate().for_each(one_row);
     }
