@@ -4,17 +4,17 @@
 //! runs a rayon loop hands the whole loop to the pool and sleeps until the pool wakes it: two
 //! wake-ups of a sleeping thread per op, tens of microseconds each on a loaded machine, against an
 //! op of a layer's activations (a ReLU's gradient over 256 x 1024 values) that takes about as
-//! long. Here the caller claims pieces from a shared counter and works on them itself while the
-//! pool's threads, woken meanwhile, claim the rest; it then waits only for pieces already
-//! claimed, never for a thread to wake. Which thread runs which piece does not change what each
-//! piece computes, so results keep their bits.
+//! long. Here the caller claims pieces from a shared counter and works on them itself while
+//! weft's helper threads (one fewer than rayon's pool), woken meanwhile, claim the rest; it then
+//! waits only for pieces already claimed, never for a thread to wake. Which thread runs which
+//! piece does not change what each piece computes, so results keep their bits.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Runs `f(i)` once for every `i` in `0..n`, on this thread and rayon's pool.
+/// Runs `f(i)` once for every `i` in `0..n`, on this thread and the helper threads.
 ///
 /// On a pool thread (a nested loop, or a caller that joined the pool through
 /// `set_num_threads`) rayon's own loop runs it; with a pool of one thread, or one piece, this
@@ -35,27 +35,52 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     // function returns only after every claimed piece has finished (`done` reaches `n`): a
     // helper that starts later finds nothing left and never touches `f`.
     let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(f) };
-    let shared =
-        Arc::new(Shared { f, n, next: AtomicUsize::new(0), done: AtomicUsize::new(0), panic: Mutex::new(None) });
+    let shared = Arc::new(Shared {
+        f,
+        n,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        panic: Mutex::new(None),
+        caller: std::thread::current(),
+    });
     for _ in 1..threads.min(n) {
         let s = shared.clone();
-        rayon::spawn(move || s.work());
+        match helpers() {
+            Some(pool) => pool.spawn(move || s.work()),
+            None => rayon::spawn(move || s.work()),
+        }
     }
     shared.work();
     let mut spins = 0u32;
     while shared.done.load(Ordering::Acquire) < n {
-        // The pieces still running were claimed by awake threads: they end soon.
+        // The pieces still running were claimed by awake threads: a short spin, then sleep until
+        // the last one ends (a thread spinning on would take cycles from the ones still working).
         if spins < 1 << 10 {
             std::hint::spin_loop();
             spins += 1;
         } else {
-            std::thread::yield_now();
+            std::thread::park();
         }
     }
     let panic = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(payload) = panic {
         resume_unwind(payload);
     }
+}
+
+/// The threads that help a caller from outside any pool: one fewer than rayon's pool has, so that
+/// with the caller they are as many as the cores. Helpers from rayon's own pool made one thread
+/// too many (the caller, the helper, and a pool thread awake looking for work on two cores), and
+/// the Cpu step of an MLP ran 8-10% slower for it on a 2-core Zen 3. `None` where the pool cannot
+/// be made (then rayon's pool helps).
+fn helpers() -> Option<&'static rayon::ThreadPool> {
+    static HELPERS: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    HELPERS
+        .get_or_init(|| {
+            let n = rayon::current_num_threads().saturating_sub(1).max(1);
+            rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("weft-helper-{i}")).build().ok()
+        })
+        .as_ref()
 }
 
 /// `f(i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter), through
@@ -123,6 +148,8 @@ struct Shared {
     done: AtomicUsize,
     /// The first panic's payload, raised again by the caller.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Woken by whoever finishes the last piece.
+    caller: std::thread::Thread,
 }
 
 // SAFETY: `f` is `Sync` and called only while the loop that owns it waits (see `par_for`).
@@ -142,7 +169,9 @@ impl Shared {
             if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(i))) {
                 self.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(payload);
             }
-            self.done.fetch_add(1, Ordering::Release);
+            if self.done.fetch_add(1, Ordering::Release) + 1 == self.n {
+                self.caller.unpark();
+            }
         }
     }
 }
@@ -179,6 +208,26 @@ mod tests {
         let mut v = vec![(0, 0); 30];
         par_row_pieces(&mut v, 10, 4, |r, start, p| p.iter_mut().enumerate().for_each(|(j, x)| *x = (r, start + j)));
         assert_eq!(v, (0..30).map(|e| (e / 10, e % 10)).collect::<Vec<_>>());
+    }
+
+    /// From a thread outside any pool, the pieces run on the caller and weft's helpers only (as
+    /// many threads as rayon's pool, not one more), and a caller that went to sleep waiting for a
+    /// slow piece is woken when it ends.
+    #[test]
+    fn the_caller_and_its_helpers_run_the_pieces() {
+        let me = std::thread::current().id();
+        let names = Mutex::new(std::collections::BTreeSet::new());
+        par_for(64, &|i| {
+            let t = std::thread::current();
+            if t.id() != me {
+                names.lock().unwrap().insert(t.name().unwrap_or("").to_string());
+            }
+            // The last piece outlasts the caller's spin, so it sleeps and must be woken.
+            std::thread::sleep(std::time::Duration::from_millis(if i == 63 { 50 } else { 1 }));
+        });
+        let names = names.into_inner().unwrap();
+        assert!(names.iter().all(|n| n.starts_with("weft-helper-")), "pieces ran on {names:?}");
+        assert!(names.len() < rayon::current_num_threads().max(2), "{} helpers: {names:?}", names.len());
     }
 
     /// A panicking piece is raised on the calling thread, with its message, after the others
