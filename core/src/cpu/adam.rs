@@ -5,10 +5,12 @@
 //! line it writes (to own it): 40 bytes of traffic per weight. Where the CPU has AVX, the new
 //! values are computed eight at a time (sixteen where AVX-512 runs at full width: the square root
 //! and division are as slow as the memory there) and, for a variable too large to stay in the
-//! cache anyway, written with streaming stores, which skip that read (28 bytes); a small
-//! variable's new values stay in the cache for the next forward pass. Without fused multiply-adds,
-//! in the scalar loop's order: the results are the same bits either way, so a variable split over
-//! devices updates as it would whole.
+//! cache anyway, the moments are written with streaming stores, which skip that read (32 bytes);
+//! they are read only at the next step. The new weights are stored as usual, so that the next
+//! forward pass, which reads them first, finds them in the cache: on a 2-core Zen 3 with a 32 MiB
+//! L3 the MLP's step (7.4 MB of weights) ran 2-3% faster so than with the weights streamed too.
+//! Without fused multiply-adds, in the scalar loop's order: the results are the same bits either
+//! way, so a variable split over devices updates as it would whole.
 
 use crate::optim_ops::AdamStep;
 use std::mem::MaybeUninit;
@@ -32,7 +34,7 @@ pub struct Outs<'a> {
 }
 
 /// Writes every element of `out` from the inputs `[w, g, m, v]` (all of one length); `stream`:
-/// with streaming stores where the CPU has them (for a large variable).
+/// the moments with streaming stores where the CPU has them (for a large variable).
 pub fn chunk(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, stream: bool) {
     let n = ins[0].len();
     assert!(ins.iter().all(|s| s.len() == n) && out.w.len() == n && out.m.len() == n && out.v.len() == n);
@@ -64,8 +66,9 @@ fn scalar(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, from: usize, to: usize)
 }
 
 /// A vector loop over the elements, `$lanes` at a time with one instruction set's intrinsics;
-/// streaming stores when asked for and the three outputs share their alignment (the vector's
-/// size). The scalar loop's operations in its order, without fused multiply-adds: the same bits.
+/// streaming stores for the moments when asked for and the three outputs share their alignment
+/// (the vector's size). The scalar loop's operations in its order, without fused multiply-adds:
+/// the same bits.
 macro_rules! vector_loop {
     ($(#[$doc:meta])* $name:ident, $feature:literal, $lanes:literal, $load:ident, $store:ident, $stream:ident,
      $set1:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {
@@ -97,12 +100,13 @@ macro_rules! vector_loop {
                     let vi = $add(v, $mul($sub($mul(g, g), v), b2));
                     let step = $div($mul(lr, mi), $add($sqrt(vi), eps));
                     let wi = $sub($mul(w, decay), step);
+                    // The weights are read again by the next forward pass: an ordinary store keeps
+                    // them in the cache. The moments wait for the next step: streamed past it.
+                    $store(wo.add(i), wi);
                     if same {
-                        $stream(wo.add(i), wi);
                         $stream(mo.add(i), mi);
                         $stream(vo.add(i), vi);
                     } else {
-                        $store(wo.add(i), wi);
                         $store(mo.add(i), mi);
                         $store(vo.add(i), vi);
                     }
