@@ -8,7 +8,7 @@
 //! cache anyway, the moments are written with streaming stores, which skip that read (32 bytes);
 //! they are read only at the next step. The new weights are stored as usual, so that the next
 //! forward pass, which reads them first, finds them in the cache: on a 2-core Zen 3 with a 32 MiB
-//! L3 the MLP's step (7.4 MB of weights) ran 2-3% faster so than with the weights streamed too.
+//! L3 the MLP's step (7.4 MB of weights) ran 2-3% faster than with the weights streamed too.
 //! Without fused multiply-adds, in the scalar loop's order: the results are the same bits either
 //! way, so a variable split over devices updates as it would whole.
 
@@ -66,8 +66,8 @@ fn scalar(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, from: usize, to: usize)
 }
 
 /// A vector loop over the elements, `$lanes` at a time with one instruction set's intrinsics;
-/// streaming stores for the moments when asked for and the three outputs share their alignment
-/// (the vector's size). The scalar loop's operations in its order, without fused multiply-adds:
+/// streaming stores for the moments when asked for and the two share their alignment (the
+/// vector's size). The scalar loop's operations in its order, without fused multiply-adds:
 /// the same bits.
 macro_rules! vector_loop {
     ($(#[$doc:meta])* $name:ident, $feature:literal, $lanes:literal, $load:ident, $store:ident, $stream:ident,
@@ -80,9 +80,9 @@ macro_rules! vector_loop {
             const BYTES: usize = $lanes * 4;
             let n = ins[0].len();
             let mis = |s: &[MaybeUninit<f32>]| s.as_ptr() as usize % BYTES;
-            let same = stream && mis(out.w) == mis(out.m) && mis(out.w) == mis(out.v);
-            // Scalar up to the first vector boundary of the outputs (streaming stores need it).
-            let head = if same { ((BYTES - mis(out.w)) % BYTES / 4).min(n) } else { 0 };
+            let same = stream && mis(out.m) == mis(out.v);
+            // Scalar up to the first vector boundary of the moments (streaming stores need it).
+            let head = if same { ((BYTES - mis(out.m)) % BYTES / 4).min(n) } else { 0 };
             let body = head + (n - head) / $lanes * $lanes;
             let (b1, b2) = ($set1(1.0 - p.beta1), $set1(1.0 - p.beta2));
             let (lr, eps, decay) = ($set1(p.lr_t), $set1(p.eps), $set1(p.decay));
@@ -91,7 +91,7 @@ macro_rules! vector_loop {
                 (out.w.as_mut_ptr().cast::<f32>(), out.m.as_mut_ptr().cast::<f32>(), out.v.as_mut_ptr().cast::<f32>());
             let mut i = head;
             while i < body {
-                // SAFETY: i + lanes <= body <= n for every pointer; with `same`, wo/mo/vo + i are
+                // SAFETY: i + lanes <= body <= n for every pointer; with `same`, mo/vo + i are
                 // aligned to the vector (head brought them there and i advances by whole vectors).
                 unsafe {
                     let (w, g) = ($load(wp.add(i)), $load(gp.add(i)));

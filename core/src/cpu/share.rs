@@ -84,17 +84,10 @@ fn helpers() -> Option<&'static rayon::ThreadPool> {
 }
 
 /// `f(i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter), through
-/// [`par_for`].
+/// [`par_for`]: [`par_row_pieces`] with `dst` as one row.
 pub(crate) fn par_chunks_mut<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    let (len, size) = (dst.len(), size.max(1));
-    let base = Ptr(dst.as_mut_ptr());
-    par_for(len.div_ceil(size), &|i| {
-        let start = i * size;
-        // SAFETY: chunk i is elements start..start + its length of `dst`, disjoint from every
-        // other chunk, and `dst` is borrowed mutably for the whole loop.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), size.min(len - start)) };
-        f(i, chunk)
-    });
+    let size = size.max(1);
+    par_row_pieces(dst, dst.len(), size, |_, start, chunk| f(start / size, chunk));
 }
 
 /// `f(r, start, piece)` for each piece of at most `size` elements of each row `r` of `dst`
@@ -215,17 +208,28 @@ mod tests {
     /// slow piece is woken when it ends.
     #[test]
     fn the_caller_and_its_helpers_run_the_pieces() {
-        let me = std::thread::current().id();
-        let names = Mutex::new(std::collections::BTreeSet::new());
-        par_for(64, &|i| {
-            let t = std::thread::current();
-            if t.id() != me {
-                names.lock().unwrap().insert(t.name().unwrap_or("").to_string());
-            }
-            // The last piece outlasts the caller's spin, so it sleeps and must be woken.
-            std::thread::sleep(std::time::Duration::from_millis(if i == 63 { 50 } else { 1 }));
+        // On a thread of its own, so that a caller never woken fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let me = std::thread::current().id();
+            let names = Mutex::new(std::collections::BTreeSet::new());
+            let slow = std::sync::atomic::AtomicBool::new(false);
+            par_for(64, &|_| {
+                let t = std::thread::current();
+                let mut ms = 1;
+                if t.id() != me {
+                    names.lock().unwrap().insert(t.name().unwrap_or("").to_string());
+                    // A helper's first piece outlasts all the caller's pieces and its spin, so the
+                    // caller sleeps and must be woken.
+                    if !slow.swap(true, Ordering::Relaxed) {
+                        ms = 200;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            });
+            tx.send(names.into_inner().unwrap()).unwrap();
         });
-        let names = names.into_inner().unwrap();
+        let names = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the caller was woken");
         assert!(names.iter().all(|n| n.starts_with("weft-helper-")), "pieces ran on {names:?}");
         assert!(names.len() < rayon::current_num_threads().max(2), "{} helpers: {names:?}", names.len());
     }
