@@ -37,6 +37,44 @@ impl Tensor {
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn adam_step(&self, g: &Tensor, m: &Tensor, v: &Tensor, p: AdamStep) -> Result<(Tensor, Tensor, Tensor)> {
+        let ([w, m, v], _) = self.adam_pass(g, m, v, p)?;
+        Ok((w, m, v))
+    }
+
+    /// [`adam_step`](Tensor::adam_step) that also checks the gradient in the same pass, so that
+    /// a training step need not read it again to know whether the update may stand: the fourth
+    /// value is a `[1]` tensor, 0 when every value of `g` is finite and NaN when any is an
+    /// infinity or a NaN. Only on the Cpu; `None` on a GPU, whose shader arithmetic may assume
+    /// finite values (there the gradient's [`max`](Tensor::max) and [`min`](Tensor::min), found
+    /// by bit tests, tell).
+    ///
+    /// ```
+    /// use weft_core::{optim_ops::AdamStep, Device, Tensor};
+    /// let dev = Device::Cpu;
+    /// let w = Tensor::ones(&[3], &dev)?;
+    /// let (m, v) = (Tensor::zeros(&[3], &dev)?, Tensor::zeros(&[3], &dev)?);
+    /// let step = AdamStep { lr_t: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-7, decay: 1.0 };
+    /// let good = Tensor::from_vec(vec![0.5f32, -1.0, 2.0], &[3], &dev)?;
+    /// let (_, _, _, check) = w.adam_step_checked(&good, &m, &v, step)?;
+    /// assert_eq!(check.unwrap().to_vec::<f32>()?, [0.0]);
+    /// let bad = Tensor::from_vec(vec![0.5f32, f32::INFINITY, 2.0], &[3], &dev)?;
+    /// let (_, _, _, check) = w.adam_step_checked(&bad, &m, &v, step)?;
+    /// assert!(check.unwrap().to_vec::<f32>()?[0].is_nan());
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn adam_step_checked(
+        &self,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        p: AdamStep,
+    ) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
+        let ([w, m, v], check) = self.adam_pass(g, m, v, p)?;
+        Ok((w, m, v, check))
+    }
+
+    /// The new weight, m and v, and on the Cpu the gradient's check.
+    fn adam_pass(&self, g: &Tensor, m: &Tensor, v: &Tensor, p: AdamStep) -> Result<([Tensor; 3], Option<Tensor>)> {
         for t in [g, m, v] {
             self.same_device(t, "adam_step")?;
             t.expect_f32("adam_step")?;
@@ -52,6 +90,7 @@ impl Tensor {
         let [w, g, m, v] = [self, g, m, v].map(|t| crate::no_grad(|| t.contiguous_from_zero()));
         let (w, g, m, v) = (w?, g?, m?, v?);
         let n = self.numel();
+        let mut check = None;
         let outs = match (w.storage(), g.storage(), m.storage(), v.storage()) {
             (Storage::Cpu(w), Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => {
                 // Contiguous from 0, but the buffers may run past the view: the first n of each.
@@ -65,8 +104,8 @@ impl Tensor {
                 // capacity (no zero fill first).
                 // Streaming stores only for a variable whose seven arrays outgrow a core's cache.
                 let stream = n >= 1 << 18;
-                let job = |(((wo, mo), vo), (((w, g), m), v))| {
-                    cpu::adam::chunk([w, g, m, v], cpu::adam::Outs { w: wo, m: mo, v: vo }, &p, stream)
+                let job = |((((wo, mo), vo), c), (((w, g), m), v)): ((_, &mut f32), _)| {
+                    *c = cpu::adam::chunk([w, g, m, v], cpu::adam::Outs { w: wo, m: mo, v: vo }, &p, stream);
                 };
                 let (wo_s, mo_s, vo_s) = (
                     &mut wo.spare_capacity_mut()[..n],
@@ -74,7 +113,13 @@ impl Tensor {
                     &mut vo.spare_capacity_mut()[..n],
                 );
                 let ins = w.chunks(CHUNK).zip(g.chunks(CHUNK)).zip(m.chunks(CHUNK)).zip(v.chunks(CHUNK));
-                let outs = wo_s.chunks_mut(CHUNK).zip(mo_s.chunks_mut(CHUNK)).zip(vo_s.chunks_mut(CHUNK));
+                // Each chunk's gradient check: 0, or NaN.
+                let mut checks = vec![0f32; n.div_ceil(CHUNK)];
+                let outs = wo_s
+                    .chunks_mut(CHUNK)
+                    .zip(mo_s.chunks_mut(CHUNK))
+                    .zip(vo_s.chunks_mut(CHUNK))
+                    .zip(checks.iter_mut());
                 // Each chunk's seven slices, handed out by index to the threads (the calling one
                 // among them: `cpu::par_chunks_mut`).
                 let mut pieces: Vec<Option<_>> = outs.zip(ins).map(Some).collect();
@@ -87,6 +132,8 @@ impl Tensor {
                     mo.set_len(n);
                     vo.set_len(n);
                 }
+                let c = Storage::Cpu(cpu::f32_storage(vec![checks.iter().sum::<f32>()]));
+                check = Some(Tensor::from_storage(c, &[1], DType::F32, self.device().clone(), None));
                 [wo, mo, vo].map(|o| Storage::Cpu(cpu::f32_storage(o)))
             }
             (Storage::Gpu(w), Storage::Gpu(g), Storage::Gpu(m), Storage::Gpu(v)) => {
@@ -115,7 +162,7 @@ impl Tensor {
             (Storage::Meta, ..) => [Storage::Meta, Storage::Meta, Storage::Meta],
             _ => return Err(Error::invalid("adam_step", "operands are on different devices")),
         };
-        let [a, b, c] = outs.map(|s| Tensor::from_storage(s, self.dims(), DType::F32, self.device().clone(), None));
-        Ok((a, b, c))
+        let outs = outs.map(|s| Tensor::from_storage(s, self.dims(), DType::F32, self.device().clone(), None));
+        Ok((outs, check))
     }
 }

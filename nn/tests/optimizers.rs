@@ -246,3 +246,43 @@ fn bad_accumulation_and_ema_settings_are_an_err_at_compile() {
     let e = m.compile(Adam::new(0.1).ema_overwrite_frequency(0), Loss::MeanSquaredError, &[]).unwrap_err();
     assert!(e.to_string().contains("ema_overwrite_frequency"), "{e}");
 }
+
+/// Adam lists its own check of each gradient it used as given (0 when finite, NaN when not),
+/// and none when the step clipped or accumulated the gradients first, since its check would
+/// then be of other values than the ones the training step must refuse.
+#[test]
+fn adam_reports_the_gradient_checks_of_its_own_pass_only_for_gradients_used_as_given() {
+    let dev = Device::Cpu;
+    let a = Var::new(Tensor::ones(&[3, 5], &dev).unwrap()).unwrap();
+    let b = Var::new(Tensor::ones(&[7], &dev).unwrap()).unwrap();
+    let params = vec![("a".to_string(), a.clone()), ("b".to_string(), b.clone())];
+    let checks = |mut opt: Box<dyn Optimizer>, bad: f32| {
+        let mut store = GradStore::default();
+        store.insert(a.as_tensor(), Tensor::full(0.5, &[3, 5], &dev).unwrap());
+        let mut gb = vec![0.25f32; 7];
+        gb[6] = bad;
+        store.insert(b.as_tensor(), Tensor::from_vec(gb, &[7], &dev).unwrap());
+        opt.apply(&params, &store).unwrap();
+        let mut got: Vec<(String, f32)> =
+            opt.gradient_checks().into_iter().map(|(p, t)| (p, t.to_vec::<f32>().unwrap()[0])).collect();
+        got.sort_by(|x, y| x.0.cmp(&y.0));
+        got
+    };
+    let got = checks(Box::new(Adam::new(1e-3)), 1.0);
+    assert_eq!(got, vec![("a".to_string(), 0.0), ("b".to_string(), 0.0)]);
+    for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+        let got = checks(Box::new(AdamW::new(1e-3)), bad);
+        assert_eq!(got[0], ("a".to_string(), 0.0));
+        assert!(got[1].0 == "b" && got[1].1.is_nan(), "{bad}: {got:?}");
+    }
+    for opt in [
+        Box::new(Adam::new(1e-3).clip_value(0.1)) as Box<dyn Optimizer>,
+        Box::new(Adam::new(1e-3).clip_norm(0.1)),
+        Box::new(Adam::new(1e-3).clip_global_norm(0.1)),
+        Box::new(Adam::new(1e-3).gradient_accumulation_steps(2)),
+        Box::new(Adam::new(1e-3).amsgrad(true)),
+        Box::new(Sgd::new(0.1)),
+    ] {
+        assert!(checks(opt, 1.0).is_empty());
+    }
+}

@@ -68,16 +68,16 @@ impl Model {
         // one device it is refused rather than written into every weight (a sharded model's
         // coordinated optimizer skips such a step on every rank instead). The losses and each
         // gradient's figures (see `gradient_figures`) come back in one read.
-        let checked = if self.tp.is_none() { gradient_figures(&vars, &grads)? } else { Vec::new() };
-        let mut parts = vec![losses];
-        parts.extend(checked.iter().flat_map(|c| c.figures.iter().cloned()));
-        let read = Read { figures: Tensor::concat(&parts, 0)?, losses: figs.len(), checked };
+        let one_device = self.tp.is_none();
+        let checked = |done| if one_device { gradient_figures(&vars, &grads, done) } else { Ok(Vec::new()) };
+        let k = figs.len();
         let wanted = !counts.is_empty();
         let metrics = |m: &Model| m.count_metrics(&heads, &preds, &labels, wanted);
         let forked = if self.tp.is_none() { self.parts()?.0.fork() } else { None };
         let Some(optimizer_before) = forked else {
             // Everything that can fail runs before the update: the figures are read and checked
             // (which also reports a bad label or id found on a GPU), and the metrics counted.
+            let read = Read::new(losses, k, checked(Vec::new())?)?;
             let figures = self.read_figures(&read)?;
             let batch = metrics(self)?;
             self.update(&vars, &grads, updates)?;
@@ -94,7 +94,13 @@ impl Model {
                 (v, t)
             })
             .collect();
-        let out = self.update(&vars, &grads, updates).and_then(|()| Ok((self.read_figures(&read)?, metrics(self)?)));
+        let out = self.update(&vars, &grads, updates).and_then(|()| {
+            // The optimizer's own pass may have checked gradients already (Adam on the Cpu):
+            // those are not read a second time.
+            let done = self.parts()?.0.gradient_checks();
+            let read = Read::new(losses, k, checked(done)?)?;
+            Ok((self.read_figures(&read)?, metrics(self)?))
+        });
         match out {
             Ok((figures, batch)) => {
                 add_counts(counts, batch);
@@ -189,13 +195,22 @@ struct Read<'a> {
     checked: Vec<GradientCheck<'a>>,
 }
 
+impl<'a> Read<'a> {
+    /// The losses (`[k]`) and the checks' figures, joined for one read.
+    fn new(losses: Tensor, k: usize, checked: Vec<GradientCheck<'a>>) -> Result<Self> {
+        let mut parts = vec![losses];
+        parts.extend(checked.iter().flat_map(|c| c.figures.iter().cloned()));
+        Ok(Read { figures: Tensor::concat(&parts, 0)?, losses: k, checked })
+    }
+}
+
 /// What the step reads back to check one gradient for NaN and infinities.
 struct GradientCheck<'a> {
     path: &'a str,
     grad: Tensor,
-    /// On the Cpu the gradient's sum (`[1]`): a NaN or an infinity anywhere makes it NaN or
-    /// infinite (+inf and -inf meet as NaN), so a finite sum clears the whole gradient in one
-    /// read of it. On a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
+    /// On the Cpu one `[1]` figure that is finite when the whole gradient is: the optimizer's
+    /// own check where it made one (0 or NaN), else the gradient's sum (a NaN or an infinity
+    /// anywhere makes it NaN or infinite: +inf and -inf meet as NaN). On a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
     /// largest and smallest value (two `[1]` tensors, found by the reductions' bit tests), which
     /// go into the step's one read as they are (no concat of their own).
     figures: Vec<Tensor>,
@@ -208,13 +223,23 @@ impl GradientCheck<'_> {
     }
 }
 
-fn gradient_figures<'a>(vars: &'a [(String, Var)], grads: &GradStore) -> Result<Vec<GradientCheck<'a>>> {
+/// Each gradient's check: the optimizer's (`done`, by path) where it made one, else its figures
+/// worked out here.
+fn gradient_figures<'a>(
+    vars: &'a [(String, Var)],
+    grads: &GradStore,
+    done: Vec<(String, Tensor)>,
+) -> Result<Vec<GradientCheck<'a>>> {
+    let mut done: std::collections::HashMap<String, Tensor> = done.into_iter().collect();
     no_grad(|| {
         vars.iter()
             .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
             .map(|(p, g)| {
-                let figures =
-                    if g.device().is_gpu() { gradient_ends(g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] };
+                let figures = match done.remove(p.as_str()) {
+                    Some(c) if !g.device().is_gpu() => vec![c],
+                    _ if g.device().is_gpu() => gradient_ends(g)?.into(),
+                    _ => vec![g.sum_all()?.reshape(&[1])?],
+                };
                 Ok(GradientCheck { path: p, grad: g.clone(), figures })
             })
             .collect()

@@ -65,6 +65,15 @@ pub trait Optimizer: Send {
     fn fork(&self) -> Option<Box<dyn Optimizer>> {
         None
     }
+    /// The gradients the last `apply` checked in its own pass over them, as (variable path, a
+    /// `[1]` tensor: 0 when every value of that variable's gradient was finite, NaN when any was
+    /// not). The training step takes these instead of reading those gradients a second time (on
+    /// the Cpu, Adam's one pass does both); a variable not listed is checked by the step. Only a
+    /// gradient used just as `apply` received it may be listed, not one clipped, scaled or
+    /// accumulated first. The default lists none.
+    fn gradient_checks(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
     /// Check the hyper-parameters (learning rate and schedule, betas, epsilon, clipping, decay):
     /// `compile` calls this, so a bad value is an `Err` naming it before any step runs.
     fn validate(&self) -> Result<()> {
@@ -107,6 +116,9 @@ pub(super) struct Base {
     /// Keras' `ema_overwrite_frequency` (only with `ema`).
     pub(super) ema_overwrite: Option<u64>,
     pub(super) slots: HashMap<String, HashMap<String, Tensor>>,
+    /// The last step's gradient checks made by the rule itself (see
+    /// [`Optimizer::gradient_checks`]); `None` when the step changed the gradients first.
+    pub(super) checks: Option<Vec<(String, Tensor)>>,
 }
 
 impl Base {
@@ -227,6 +239,13 @@ impl Base {
         s.insert(name.to_string(), z.clone());
         Ok(z)
     }
+    /// Keep a rule's check of the gradient of `path` (when the step gave the rule the
+    /// gradient as `apply` received it).
+    pub(super) fn note_check(&mut self, path: &str, check: Option<Tensor>) {
+        if let (Some(list), Some(c)) = (self.checks.as_mut(), check) {
+            list.push((path.to_string(), c));
+        }
+    }
     pub(super) fn set_slot(&mut self, path: &str, name: &'static str, t: Tensor) {
         self.slots.entry(path.to_string()).or_default().insert(name.to_string(), t);
     }
@@ -243,6 +262,7 @@ impl Base {
         mut rule: impl FnMut(&mut Base, &str, &Tensor, &Tensor, f32) -> Result<Tensor>,
     ) -> Result<()> {
         no_grad(|| {
+            self.checks = None;
             let mut pairs: Vec<(&String, &Var, Tensor)> = Vec::new();
             for (path, var) in params {
                 if let Some(g) = grads.get(var) {
@@ -324,6 +344,12 @@ impl Base {
                     p.2 = p.2.mul(&scale)?;
                 }
             }
+            // A rule's own check stands for the step's only when it saw the gradients as given.
+            let as_given = self.accumulate.is_none()
+                && self.clip_norm.is_none()
+                && self.clip_value.is_none()
+                && self.clip_global_norm.is_none();
+            staged.checks = as_given.then(Vec::new);
             let lr = self.lr();
             let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
             for (path, var, g) in &pairs {
@@ -465,6 +491,9 @@ macro_rules! optimizer_trait {
             fn fork(&self) -> Option<Box<dyn Optimizer>> {
                 Some(Box::new(self.clone()))
             }
+            fn gradient_checks(&self) -> Vec<(String, Tensor)> {
+                self.base.checks.clone().unwrap_or_default()
+            }
         }
     };
 }
@@ -578,7 +607,8 @@ impl Adam {
         }
         // One fused pass: m' = m + (g - m)(1 - b1), v' = v + (g² - v)(1 - b2), w' = w - lr_t m' / (sqrt(v') + eps).
         let step = AdamStep { lr_t, beta1: b1, beta2: b2, eps, decay: 1.0 };
-        let (w, m, v) = w.adam_step(g, &m, &v, step)?;
+        let (w, m, v, check) = w.adam_step_checked(g, &m, &v, step)?;
+        b.note_check(path, check);
         b.set_slot(path, "m", m);
         b.set_slot(path, "v", v);
         Ok(w)
@@ -725,5 +755,8 @@ impl Optimizer for Box<dyn Optimizer> {
     }
     fn fork(&self) -> Option<Box<dyn Optimizer>> {
         (**self).fork()
+    }
+    fn gradient_checks(&self) -> Vec<(String, Tensor)> {
+        (**self).gradient_checks()
     }
 }
