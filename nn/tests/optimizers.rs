@@ -286,3 +286,35 @@ fn adam_reports_the_gradient_checks_of_its_own_pass_only_for_gradients_used_as_g
         assert!(checks(opt, 1.0).is_empty());
     }
 }
+
+/// AdamW over several steps against its formula (the weights decayed by `1 - lr * wd` first,
+/// then Adam's step), with and without AMSGrad: the fused update decays the weights in its own
+/// pass, AMSGrad's path decays them apart, and both must give the same numbers.
+#[test]
+fn adamw_over_several_steps_matches_its_formula_with_and_without_amsgrad() {
+    let (lr, wd, b1, b2, eps) = (0.01f32, 0.1f32, 0.9f32, 0.999f32, 1e-7f32);
+    for amsgrad in [false, true] {
+        let (mut w, mut m, mut v, mut vhat) = (1.0f32, 0.0f32, 0.0f32, 0.0f32);
+        let want: Vec<f32> = GRADS
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let t = (i + 1) as i32;
+                w *= 1.0 - lr * wd;
+                m = b1 * m + (1.0 - b1) * g;
+                v = b2 * v + (1.0 - b2) * g * g;
+                vhat = vhat.max(v);
+                let lr_t = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
+                w -= lr_t * m / ((if amsgrad { vhat } else { v }).sqrt() + eps);
+                w
+            })
+            .collect();
+        close(&run(AdamW::new(lr).weight_decay(wd).amsgrad(amsgrad), 1.0, &GRADS), &want);
+        // A variable excluded by name is not decayed (the run's variable is called `w`).
+        let plain = run(Adam::new(lr).amsgrad(amsgrad), 1.0, &GRADS);
+        close(
+            &run(AdamW::new(lr).weight_decay(wd).amsgrad(amsgrad).exclude_from_weight_decay(&["w"]), 1.0, &GRADS),
+            &plain,
+        );
+    }
+}

@@ -116,6 +116,12 @@ pub(super) struct Base {
     /// Keras' `ema_overwrite_frequency` (only with `ema`).
     pub(super) ema_overwrite: Option<u64>,
     pub(super) slots: HashMap<String, HashMap<String, Tensor>>,
+    /// The rule applies weight decay itself, in its own pass over the weights (Adam's fused
+    /// update): the step then hands it the weights undecayed and the factor in `decay`.
+    pub(super) folds_decay: bool,
+    /// The weight decay factor for the variable the rule is called for (`1 - lr * wd`, or 1);
+    /// only read where `folds_decay`.
+    pub(super) decay: f32,
     /// The last step's gradient checks made by the rule itself (see
     /// [`Optimizer::gradient_checks`]); `None` when the step changed the gradients first.
     pub(super) checks: Option<Vec<(String, Tensor)>>,
@@ -356,8 +362,14 @@ impl Base {
                 let mut w = var.as_tensor().clone();
                 // Keras matches the names given against the variable's own name (`kernel`).
                 let name = path.rsplit('/').next().unwrap_or(path.as_str());
+                staged.decay = 1.0;
                 if self.weight_decay != 0.0 && !self.exclude_from_decay.iter().any(|e| name.contains(e.as_str())) {
-                    w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
+                    if self.folds_decay {
+                        // One pass over the weights, not two (the same bits: w * decay first).
+                        staged.decay = 1.0 - lr * self.weight_decay;
+                    } else {
+                        w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
+                    }
                 }
                 updated.insert(path.as_str(), rule(&mut staged, path, &w, g, lr)?);
             }
@@ -568,7 +580,9 @@ impl Default for Adam {
 impl Adam {
     /// Adam at `lr` (a number or a schedule).
     pub fn new(lr: impl Into<LearningRate>) -> Self {
-        Adam { base: Base::new(lr.into()), beta1: 0.9, beta2: 0.999, epsilon: 1e-7, amsgrad: false }
+        // Adam's fused update decays the weights in its pass (AdamW).
+        let base = Base { folds_decay: true, ..Base::new(lr.into()) };
+        Adam { base, beta1: 0.9, beta2: 0.999, epsilon: 1e-7, amsgrad: false }
     }
     /// AMSGrad: divide by the largest second moment seen so far (slot `vhat`), not the
     /// current one.
@@ -595,7 +609,10 @@ impl Adam {
         let t = (b.iterations + 1).min(i32::MAX as u64) as i32;
         let lr_t = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
         let (m, v) = (b.slot(path, "m", w)?, b.slot(path, "v", w)?);
+        // AdamW's decay (see `Base::folds_decay`), 1 without.
+        let decay = b.decay;
         if amsgrad {
+            let w = &if decay != 1.0 { w.mul_scalar(decay)? } else { w.clone() };
             let m = m.add(&g.sub(&m)?.mul_scalar(1.0 - b1)?)?;
             let v = v.add(&g.square()?.sub(&v)?.mul_scalar(1.0 - b2)?)?;
             let vhat = b.slot(path, "vhat", w)?.maximum(&v)?;
@@ -606,7 +623,7 @@ impl Adam {
             return Ok(w);
         }
         // One fused pass: m' = m + (g - m)(1 - b1), v' = v + (g² - v)(1 - b2), w' = w - lr_t m' / (sqrt(v') + eps).
-        let step = AdamStep { lr_t, beta1: b1, beta2: b2, eps, decay: 1.0 };
+        let step = AdamStep { lr_t, beta1: b1, beta2: b2, eps, decay };
         let (w, m, v, check) = w.adam_step_checked(g, &m, &v, step)?;
         b.note_check(path, check);
         b.set_slot(path, "m", m);
