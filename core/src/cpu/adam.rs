@@ -132,7 +132,8 @@ macro_rules! vector_loop {
             }
             let tail = |from, to, out: Outs<'_>| scalar(ins, out, p, from, to);
             let Outs { w, m, v } = out;
-            let ends = tail(0, head, Outs { w: &mut w[..], m: &mut m[..], v: &mut v[..] }) + tail(body, n, Outs { w, m, v });
+            let first = tail(0, head, Outs { w: &mut w[..], m: &mut m[..], v: &mut v[..] });
+            let ends = first + tail(body, n, Outs { w, m, v });
             let mut lanes = [0f32; $lanes];
             // SAFETY: `lanes` holds one vector.
             unsafe { $store(lanes.as_mut_ptr(), check) };

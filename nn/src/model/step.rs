@@ -210,9 +210,10 @@ struct GradientCheck<'a> {
     grad: Tensor,
     /// On the Cpu one `[1]` figure that is finite when the whole gradient is: the optimizer's
     /// own check where it made one (0 or NaN), else the gradient's sum (a NaN or an infinity
-    /// anywhere makes it NaN or infinite: +inf and -inf meet as NaN). On a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
-    /// largest and smallest value (two `[1]` tensors, found by the reductions' bit tests), which
-    /// go into the step's one read as they are (no concat of their own).
+    /// anywhere makes it NaN or infinite: +inf and -inf meet as NaN). On a GPU, whose shader
+    /// arithmetic may assume there is no NaN or infinity, the largest and smallest value (two
+    /// `[1]` tensors, found by the reductions' bit tests), which go into the step's one read as
+    /// they are (no concat of their own).
     figures: Vec<Tensor>,
 }
 
