@@ -180,7 +180,11 @@ fn with_flag<T>(flag: &'static std::thread::LocalKey<Cell<bool>>, value: bool, f
 
 /// Gradients keyed by tensor id.
 #[derive(Default, Clone, Debug)]
-pub struct GradStore(HashMap<TensorId, Tensor>);
+pub struct GradStore {
+    grads: HashMap<TensorId, Tensor>,
+    /// Gradients left as the operands of a product (see [`Tensor::backward_deferring`]).
+    products: HashMap<TensorId, (Tensor, Tensor)>,
+}
 
 /// The gradients of slices of tensors, keyed by the sliced tensor's id, waiting to be put together
 /// once that tensor's gradient is complete (see [`crate::slice_grads`]).
@@ -202,37 +206,68 @@ impl PendingSlices {
 }
 
 impl GradStore {
-    /// The gradient of `t`, if it received one.
+    /// The gradient of `t`, if it received one (and it was not left as a [`product`](Self::product)).
     pub fn get(&self, t: &Tensor) -> Option<&Tensor> {
-        self.0.get(&t.id())
+        self.grads.get(&t.id())
     }
     /// The gradient of the tensor with this id.
     pub fn get_id(&self, id: TensorId) -> Option<&Tensor> {
-        self.0.get(&id)
+        self.grads.get(&id)
     }
-    /// Remove and return the gradient of `t`.
+    /// The operands `(lhs, rhs)` of `t`'s gradient where [`Tensor::backward_deferring`] left it
+    /// as the product `lhs @ rhs`, not worked out (and not in [`get`](Self::get)).
+    pub fn product(&self, t: &Tensor) -> Option<(&Tensor, &Tensor)> {
+        self.products.get(&t.id()).map(|(l, r)| (l, r))
+    }
+    /// The gradient of `t`, with a product left by [`Tensor::backward_deferring`] worked out.
+    pub fn resolve(&self, t: &Tensor) -> Result<Option<Tensor>> {
+        match (self.get(t), self.product(t)) {
+            (Some(g), _) => Ok(Some(g.clone())),
+            (None, Some((l, r))) => crate::no_grad(|| l.matmul(r)).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+    /// Remove and return the gradient of `t` (one left as a [`product`](Self::product) is
+    /// dropped, not worked out: [`resolve`](Self::resolve) it first).
     pub fn remove(&mut self, t: &Tensor) -> Option<Tensor> {
-        self.0.remove(&t.id())
+        self.products.remove(&t.id());
+        self.grads.remove(&t.id())
     }
     /// Set the gradient of `t`.
     pub fn insert(&mut self, t: &Tensor, grad: Tensor) {
-        self.0.insert(t.id(), grad);
+        self.products.remove(&t.id());
+        self.grads.insert(t.id(), grad);
     }
-    /// Number of gradients held.
+    /// Number of gradients held (products included).
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.grads.len() + self.products.len()
     }
     /// Whether no gradient is held.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.grads.is_empty() && self.products.is_empty()
     }
     fn accumulate(&mut self, t: &Tensor, g: Tensor) -> Result<()> {
-        let g = match self.0.remove(&t.id()) {
+        // A product left as one is worked out first: the sum is the one an undeferred pass adds.
+        let prev = match self.products.remove(&t.id()) {
+            Some((l, r)) => Some(l.matmul(&r)?),
+            None => self.grads.remove(&t.id()),
+        };
+        let g = match prev {
             Some(prev) => prev.add(&g)?,
             None => g,
         };
-        self.0.insert(t.id(), g);
+        self.grads.insert(t.id(), g);
         Ok(())
+    }
+
+    /// Leaves `t`'s gradient as `lhs @ rhs` when it has received none yet; else `false` (the
+    /// caller works it out and adds it).
+    fn defer(&mut self, t: &Tensor, lhs: Tensor, rhs: Tensor) -> bool {
+        if self.grads.contains_key(&t.id()) || self.products.contains_key(&t.id()) {
+            return false;
+        }
+        self.products.insert(t.id(), (lhs, rhs));
+        true
     }
 }
 
@@ -285,6 +320,41 @@ impl Tensor {
 
     /// Backward from this tensor with a given output gradient of its shape.
     pub fn backward_with(&self, grad: Tensor) -> Result<GradStore> {
+        self.backward_from(grad, &std::collections::HashSet::new())
+    }
+
+    /// [`backward`](Tensor::backward), except that the gradient of each tensor of `defer` that
+    /// is a leaf (a variable) used once, as an operand of a 2-D matrix product (a dense layer's
+    /// kernel), is left as the operands of the product that makes it (`x^T`, `dy`: see
+    /// [`GradStore::product`]) rather than worked out: an optimizer that can fuse it with its
+    /// update ([`Tensor::adam_step_of_product`]) then never stores it. Used more than once, a
+    /// tensor's gradient is worked out and summed as `backward` does: the same values.
+    ///
+    /// ```
+    /// # use weft_core::{Device, Tensor, Var};
+    /// let dev = Device::Cpu;
+    /// let w = Var::new(Tensor::rand(-1.0, 1.0, &[3, 2], 1, &dev)?)?;
+    /// let x = Tensor::rand(-1.0, 1.0, &[4, 3], 2, &dev)?;
+    /// let loss = x.matmul(w.as_tensor())?.square()?.sum_all()?;
+    /// let grads = loss.backward_deferring(&[w.as_tensor()])?;
+    /// assert!(grads.get(w.as_tensor()).is_none());
+    /// let (lhs, rhs) = grads.product(w.as_tensor()).unwrap();
+    /// let whole = loss.backward()?;
+    /// let want = whole.get(w.as_tensor()).unwrap().to_vec::<f32>()?;
+    /// assert_eq!(lhs.matmul(rhs)?.to_vec::<f32>()?, want);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn backward_deferring(&self, defer: &[&Tensor]) -> Result<GradStore> {
+        if self.numel() != 1 {
+            return Err(Error::invalid("backward", format!("needs a one-element loss, got shape {:?}", self.dims())));
+        }
+        let seed = Tensor::ones(self.dims(), self.device())?;
+        let leaves = defer.iter().filter(|t| t.op().is_none()).map(|t| t.id()).collect();
+        self.backward_from(seed, &leaves)
+    }
+
+    /// Backward from `grad`, the gradients of `defer`'s tensors left as products where they can be.
+    fn backward_from(&self, grad: Tensor, defer: &std::collections::HashSet<TensorId>) -> Result<GradStore> {
         if grad.dims() != self.dims() {
             return Err(Error::ShapeMismatch { op: "backward", lhs: self.dims().to_vec(), rhs: grad.dims().to_vec() });
         }
@@ -314,7 +384,20 @@ impl Tensor {
                     // Only inputs that take part in the gradient get one: the data fed to a model's
                     // first layer does not, and its matmul gradient is the largest of the step.
                     let inputs = op.inputs();
-                    let need: smallvec::SmallVec<[bool; 4]> = inputs.iter().map(|i| i.tracks_grad()).collect();
+                    let mut need: smallvec::SmallVec<[bool; 4]> = inputs.iter().map(|i| i.tracks_grad()).collect();
+                    if let Op::Matmul(a, b) = op
+                        && !defer.is_empty()
+                        && a.rank() == 2
+                        && b.rank() == 2
+                    {
+                        // d(a @ b)/db = a^T @ g and d/da = g @ b^T, left as products.
+                        if need[1] && defer.contains(&b.id()) && store.defer(b, a.t()?, g.clone()) {
+                            need[1] = false;
+                        }
+                        if need[0] && defer.contains(&a.id()) && store.defer(a, g.clone(), b.t()?) {
+                            need[0] = false;
+                        }
+                    }
                     let grads = input_grads(op, &node, &g, &need)?;
                     for ((input, gi), need) in inputs.into_iter().zip(grads).zip(need) {
                         if let Some(gi) = gi.filter(|_| need) {

@@ -73,6 +73,89 @@ impl Tensor {
         Ok((w, m, v, check))
     }
 
+    /// [`adam_step_checked`](Tensor::adam_step_checked) with the gradient given as the product
+    /// `lhs @ rhs` (2-D: `[a, k] @ [k, b]` for an `[a, b]` weight), the form a dense layer's weight
+    /// gradient takes (`x^T @ dy`; see [`GradStore::product`](crate::GradStore::product)). The
+    /// same values as multiplying first, bit for bit; on the Cpu, where weft's own kernel runs
+    /// the product, each block of the gradient's rows goes into Adam's update as soon as it is
+    /// summed, from a scratch block in the cache: the gradient is never stored in memory.
+    ///
+    /// ```
+    /// use weft_core::{optim_ops::AdamStep, Device, Tensor};
+    /// let dev = Device::Cpu;
+    /// let (x, dy) = (Tensor::rand(-1.0, 1.0, &[8, 40], 1, &dev)?, Tensor::rand(-1.0, 1.0, &[8, 48], 2, &dev)?);
+    /// let w = Tensor::rand(-1.0, 1.0, &[40, 48], 3, &dev)?;
+    /// let (m, v) = (Tensor::zeros(&[40, 48], &dev)?, Tensor::zeros(&[40, 48], &dev)?);
+    /// let step = AdamStep { lr_t: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-7, decay: 1.0 };
+    /// let fused = w.adam_step_of_product(&x.t()?, &dy, &m, &v, step)?;
+    /// let apart = w.adam_step_checked(&x.t()?.matmul(&dy)?, &m, &v, step)?;
+    /// assert_eq!(fused.0.to_vec::<f32>()?, apart.0.to_vec::<f32>()?);
+    /// assert_eq!(fused.3.unwrap().to_vec::<f32>()?, [0.0]);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn adam_step_of_product(
+        &self,
+        lhs: &Tensor,
+        rhs: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        p: AdamStep,
+    ) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
+        let (a, b) = (lhs.dims(), rhs.dims());
+        if lhs.rank() != 2 || rhs.rank() != 2 || a[1] != b[0] || [a[0], b[1]] != self.dims() {
+            return Err(Error::invalid(
+                "adam_step",
+                format!("a gradient of {a:?} @ {b:?} for a variable of shape {:?}", self.dims()),
+            ));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(out) = self.adam_pass_of_product(lhs, rhs, m, v, &p)? {
+            return Ok(out);
+        }
+        let g = crate::no_grad(|| lhs.matmul(rhs))?;
+        self.adam_step_checked(&g, m, v, p)
+    }
+
+    /// The fused pass of [`adam_step_of_product`](Tensor::adam_step_of_product) on the Cpu;
+    /// `None` where it does not apply (another device, a product weft's kernel leaves).
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::type_complexity)]
+    fn adam_pass_of_product(
+        &self,
+        lhs: &Tensor,
+        rhs: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        p: &AdamStep,
+    ) -> Result<Option<(Tensor, Tensor, Tensor, Option<Tensor>)>> {
+        let all = [self, lhs, rhs, m, v];
+        if all.iter().any(|t| t.device().is_gpu() || t.dtype() != DType::F32 || !matches!(t.storage(), Storage::Cpu(_)))
+            || m.dims() != self.dims()
+            || v.dims() != self.dims()
+        {
+            return Ok(None);
+        }
+        let [w, m, v] = [self, m, v].map(|t| crate::no_grad(|| t.contiguous_from_zero()));
+        let (w, m, v) = (w?, m?, v?);
+        let (ws, ms, vs, ls, rs) = (w.storage(), m.storage(), v.storage(), lhs.storage(), rhs.storage());
+        let (Storage::Cpu(ws), Storage::Cpu(ms), Storage::Cpu(vs), Storage::Cpu(ls), Storage::Cpu(rs)) =
+            (ws, ms, vs, ls, rs)
+        else {
+            return Ok(None);
+        };
+        let ins = [ws.f32s("adam_step")?, ms.f32s("adam_step")?, vs.f32s("adam_step")?];
+        let Some((outs, check)) = cpu::matmul_adam::matmul_adam((&ls, lhs.layout()), (&rs, rhs.layout()), ins, p)?
+        else {
+            return Ok(None);
+        };
+        let dev = self.device().clone();
+        let [w, m, v] = outs.map(|o| {
+            Tensor::from_storage(Storage::Cpu(cpu::f32_storage(o)), self.dims(), DType::F32, dev.clone(), None)
+        });
+        let c = Storage::Cpu(cpu::f32_storage(vec![check]));
+        Ok(Some((w, m, v, Some(Tensor::from_storage(c, &[1], DType::F32, dev, None)))))
+    }
+
     /// The new weight, m and v, and on the Cpu the gradient's check.
     fn adam_pass(&self, g: &Tensor, m: &Tensor, v: &Tensor, p: AdamStep) -> Result<([Tensor; 3], Option<Tensor>)> {
         for t in [g, m, v] {

@@ -92,3 +92,46 @@ fn add_unary_is_the_sum_then_the_op_bit_for_bit() {
         assert_eq!(run(true), run(false), "{op:?}");
     }
 }
+
+/// `backward_deferring` leaves the gradient of a variable used once in a 2-D product (on either
+/// side) as that product's operands, whose product is `backward`'s gradient bit for bit; a
+/// variable used twice (tied), one used through a slice, a tensor that is not a leaf and a
+/// variable not listed get their gradients worked out, as `backward` gives them.
+#[test]
+fn deferred_products_are_the_gradients_backward_gives() {
+    use weft_core::Var;
+    let dev = Device::Cpu;
+    let rand = |shape: &[usize], seed| Tensor::rand(-1.0, 1.0, shape, seed, &dev).unwrap();
+    let right = Var::new(rand(&[6, 5], 1)).unwrap();
+    let left = Var::new(rand(&[3, 4], 2)).unwrap();
+    let tied = Var::new(rand(&[5, 5], 3)).unwrap();
+    let sliced = Var::new(rand(&[6, 5], 4)).unwrap();
+    let unlisted = Var::new(rand(&[5, 5], 5)).unwrap();
+    let x = rand(&[4, 6], 6);
+    // left @ (x @ right) @ tied @ tied @ unlisted, plus a product through a slice of `sliced`.
+    let h = x.matmul(right.as_tensor()).unwrap();
+    let inner = h.matmul(tied.as_tensor()).unwrap().matmul(tied.as_tensor()).unwrap();
+    let mid = inner.matmul(unlisted.as_tensor()).unwrap();
+    let out = left.as_tensor().matmul(&mid).unwrap();
+    let part = sliced.as_tensor().narrow(0, 1, 4).unwrap();
+    let side = out.matmul(&part.t().unwrap()).unwrap();
+    let loss = side.square().unwrap().sum_all().unwrap();
+    let whole = loss.backward().unwrap();
+    let listed = [right.as_tensor(), left.as_tensor(), tied.as_tensor(), sliced.as_tensor(), &h];
+    let deferred = loss.backward_deferring(&listed).unwrap();
+    assert_eq!(deferred.len(), whole.len());
+    let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for (name, v, as_product) in [
+        ("right", &right, true),
+        ("left", &left, true),
+        ("tied", &tied, false),
+        ("sliced", &sliced, false),
+        ("unlisted", &unlisted, false),
+    ] {
+        let want = bits(whole.get(v.as_tensor()).unwrap());
+        assert_eq!(deferred.product(v.as_tensor()).is_some(), as_product, "{name}");
+        assert_eq!(deferred.get(v.as_tensor()).is_none(), as_product, "{name}");
+        assert_eq!(bits(&deferred.resolve(v.as_tensor()).unwrap().unwrap()), want, "{name}");
+    }
+    assert!(deferred.product(&h).is_none(), "not a leaf: never deferred");
+}

@@ -318,3 +318,47 @@ fn adamw_over_several_steps_matches_its_formula_with_and_without_amsgrad() {
         );
     }
 }
+
+/// On the Cpu, Adam takes dense layers' weight gradients as products (`x^T @ dy`) and sums each
+/// inside its own pass (`Tensor::adam_step_of_product`). Trained so, a model ends with the bits
+/// of one whose Adam gets every gradient worked out (`clip_value(f32::MAX)` changes no finite
+/// value, but makes Adam take the gradients as tensors): with and without weight decay, on rows
+/// and on 3-D sequences, with the batch (the products' `k`) summed in one chunk and in several.
+#[test]
+fn adam_fed_products_trains_to_the_bits_of_adam_fed_gradients() {
+    use weft_nn::layers::Dense;
+    use weft_nn::{Activation, Loss, Model, Sequential};
+    let dev = Device::Cpu;
+    for (wd, shape) in [(0.0, vec![300, 40]), (0.05, vec![128, 40]), (0.0, vec![4, 75, 40])] {
+        let train = |opt: Adam| -> Vec<Vec<u32>> {
+            let net = Sequential::new().add(Dense::new(64).activation(Activation::Relu)).add(Dense::new(48));
+            let mut m = Model::new(net, &dev);
+            m.compile(opt, Loss::MeanSquaredError, &[]).unwrap();
+            m.build(&shape[1..]).unwrap();
+            for (i, (_, v)) in m.variables().iter().enumerate() {
+                v.set(&Tensor::rand(-0.5, 0.5, v.dims(), 10 + i as u64, &dev).unwrap()).unwrap();
+            }
+            let mut y_shape = shape.clone();
+            *y_shape.last_mut().unwrap() = 48;
+            for step in 0..4 {
+                let x = Tensor::rand(-1.0, 1.0, &shape, 100 + step, &dev).unwrap();
+                let y = Tensor::rand(-1.0, 1.0, &y_shape, 200 + step, &dev).unwrap();
+                m.train_on_batch(&x, &y).unwrap();
+            }
+            let slots = m.optimizer().unwrap().slots().into_iter().map(|(_, _, t)| t);
+            let all = m.variables().into_iter().map(|(_, v)| v.as_tensor().clone()).chain(slots);
+            all.map(|t| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()).collect()
+        };
+        let adam = |clip: bool| {
+            let a = Adam::new(1e-2).weight_decay(wd);
+            if clip { a.clip_value(f32::MAX) } else { a }
+        };
+        assert!(adam(false).fuses_products() && !adam(true).fuses_products());
+        assert!(!adam(false).amsgrad(true).fuses_products());
+        let (fused, apart) = (train(adam(false)), train(adam(true)));
+        assert_eq!(fused.len(), apart.len());
+        for (i, (f, a)) in fused.iter().zip(&apart).enumerate() {
+            assert!(f == a, "weight decay {wd}, input {shape:?}: array {i} differs");
+        }
+    }
+}

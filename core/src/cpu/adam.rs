@@ -75,6 +75,20 @@ fn scalar(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, from: usize, to: usize)
     check
 }
 
+/// The new (weight, m, v) of one vector of elements, and `g - g` added to the `check` vector:
+/// [`one`]'s operations in its order, without fused multiply-adds (the same bits). Shared by
+/// every vector loop.
+macro_rules! update {
+    ([$w:ident, $g:ident, $m:ident, $v:ident], $check:ident, [$b1:ident, $b2:ident, $lr:ident, $eps:ident, $decay:ident],
+     $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {{
+        $check = $add($check, $sub($g, $g));
+        let mi = $add($m, $mul($sub($g, $m), $b1));
+        let vi = $add($v, $mul($sub($mul($g, $g), $v), $b2));
+        let step = $div($mul($lr, mi), $add($sqrt(vi), $eps));
+        ($sub($mul($w, $decay), step), mi, vi)
+    }};
+}
+
 /// A vector loop over the elements, `$lanes` at a time with one instruction set's intrinsics;
 /// streaming stores for the moments when asked for and the two share their alignment (the
 /// vector's size). The scalar loop's operations in its order, without fused multiply-adds:
@@ -108,11 +122,7 @@ macro_rules! vector_loop {
                 unsafe {
                     let (w, g) = ($load(wp.add(i)), $load(gp.add(i)));
                     let (m, v) = ($load(mp.add(i)), $load(vp.add(i)));
-                    check = $add(check, $sub(g, g));
-                    let mi = $add(m, $mul($sub(g, m), b1));
-                    let vi = $add(v, $mul($sub($mul(g, g), v), b2));
-                    let step = $div($mul(lr, mi), $add($sqrt(vi), eps));
-                    let wi = $sub($mul(w, decay), step);
+                    let (wi, mi, vi) = update!([w, g, m, v], check, [b1, b2, lr, eps, decay], $add, $sub, $mul, $div, $sqrt);
                     // The weights are read again by the next forward pass: an ordinary store keeps
                     // them in the cache. The moments wait for the next step: streamed past it.
                     $store(wo.add(i), wi);
@@ -158,6 +168,169 @@ vector_loop!(
     /// # Safety
     /// The CPU has AVX-512 F, and every slice has the same length (checked by `chunk`).
     avx512, "avx512f", 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_stream_ps, _mm512_set1_ps, _mm512_add_ps,
+    _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
+);
+
+/// A block of a row-major variable for [`Block::update`]: `rows` rows of `cols` values, `rs`
+/// apart in the weights, the moments and the outputs, `gs` apart in the gradient.
+pub(crate) struct Block {
+    pub w: *const f32,
+    pub g: *const f32,
+    pub m: *const f32,
+    pub v: *const f32,
+    pub wo: *mut f32,
+    pub mo: *mut f32,
+    pub vo: *mut f32,
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub gs: usize,
+    /// The moments with streaming stores where the CPU has them and a row's two share their
+    /// alignment (a variable too large for the cache, as in [`chunk`]).
+    pub stream: bool,
+}
+
+/// The loop [`Block::update`] runs on, chosen once for this CPU (see [`block_loop`]).
+pub(crate) type BlockLoop = unsafe fn(&Block, &AdamStep) -> f32;
+
+/// The widest block loop this CPU has: the same bits whichever it is.
+pub(crate) fn block_loop() -> BlockLoop {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::gemm_engine::full_width_avx512() {
+            return avx512_block;
+        }
+        if std::arch::is_x86_feature_detected!("avx") {
+            return avx_block;
+        }
+    }
+    scalar_block
+}
+
+impl Block {
+    /// Adam's update of every element of the block (the same bits as [`chunk`]), on `run` (from
+    /// [`block_loop`]); returns the gradient's check (0, or NaN).
+    ///
+    /// # Safety
+    /// Every row of every pointer holds `cols` values; the outputs overlap nothing else.
+    pub(crate) unsafe fn update(&self, run: BlockLoop, p: &AdamStep) -> f32 {
+        // SAFETY: the caller's contract; `run` is one this CPU has.
+        unsafe { run(self, p) }
+    }
+
+    /// Element `i` of row `r`, one at a time; returns its check.
+    ///
+    /// # Safety
+    /// As [`Block::update`], with `r < rows` and `i < cols`.
+    #[inline(always)]
+    unsafe fn one_at(&self, r: usize, i: usize, p: &AdamStep) -> f32 {
+        let (o, go) = (r * self.rs + i, r * self.gs + i);
+        // SAFETY: the caller's contract.
+        unsafe {
+            let g = *self.g.add(go);
+            let (w, m, v) = one(*self.w.add(o), g, *self.m.add(o), *self.v.add(o), p);
+            *self.wo.add(o) = w;
+            *self.mo.add(o) = m;
+            *self.vo.add(o) = v;
+            #[allow(clippy::eq_op)]
+            let check = g - g;
+            check
+        }
+    }
+}
+
+/// [`Block::update`] one element at a time.
+///
+/// # Safety
+/// As [`Block::update`].
+unsafe fn scalar_block(b: &Block, p: &AdamStep) -> f32 {
+    let mut check = 0.0;
+    for r in 0..b.rows {
+        for i in 0..b.cols {
+            // SAFETY: the caller's contract; r and i lie inside the block.
+            check += unsafe { b.one_at(r, i, p) };
+        }
+    }
+    check
+}
+
+/// [`Block::update`] a vector at a time along each row, the row's first values (up to the
+/// moments' vector boundary, when streamed) and last ones one at a time.
+macro_rules! block_loop {
+    ($(#[$doc:meta])* $name:ident, $feature:literal, $lanes:literal, $load:ident, $store:ident, $stream:ident,
+     $set1:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feature)]
+        unsafe fn $name(b: &Block, p: &AdamStep) -> f32 {
+            use std::arch::x86_64::*;
+            let (b1, b2) = ($set1(1.0 - p.beta1), $set1(1.0 - p.beta2));
+            let (lr, eps, decay) = ($set1(p.lr_t), $set1(p.eps), $set1(p.decay));
+            let mut check = $set1(0.0);
+            let mut ends = 0.0;
+            let mut streamed = false;
+            for r in 0..b.rows {
+                let (o, go) = (r * b.rs, r * b.gs);
+                let mis = |p: *mut f32| (p.wrapping_add(o) as usize) % ($lanes * 4);
+                let stream = b.stream && mis(b.mo) == mis(b.vo) && b.cols >= 4 * $lanes;
+                // Scalar up to the moments' first vector boundary (streaming stores need it).
+                let head = if stream { ((($lanes * 4) - mis(b.mo)) % ($lanes * 4) / 4).min(b.cols) } else { 0 };
+                let body = head + (b.cols - head) / $lanes * $lanes;
+                streamed |= stream;
+                for i in 0..head {
+                    // SAFETY: as below, one element.
+                    ends += unsafe { b.one_at(r, i, p) };
+                }
+                let mut i = head;
+                while i < body {
+                    // SAFETY: i + lanes <= cols on row r of every pointer (the caller's contract).
+                    unsafe {
+                        let (w, g) = ($load(b.w.add(o + i)), $load(b.g.add(go + i)));
+                        let (m, v) = ($load(b.m.add(o + i)), $load(b.v.add(o + i)));
+                        let (wi, mi, vi) =
+                            update!([w, g, m, v], check, [b1, b2, lr, eps, decay], $add, $sub, $mul, $div, $sqrt);
+                        $store(b.wo.add(o + i), wi);
+                        if stream {
+                            $stream(b.mo.add(o + i), mi);
+                            $stream(b.vo.add(o + i), vi);
+                        } else {
+                            $store(b.mo.add(o + i), mi);
+                            $store(b.vo.add(o + i), vi);
+                        }
+                    }
+                    i += $lanes;
+                }
+                for i in body..b.cols {
+                    // SAFETY: as above, one element.
+                    ends += unsafe { b.one_at(r, i, p) };
+                }
+            }
+            if streamed {
+                _mm_sfence();
+            }
+            let mut lanes = [0f32; $lanes];
+            // SAFETY: `lanes` holds one vector.
+            unsafe { $store(lanes.as_mut_ptr(), check) };
+            lanes.iter().sum::<f32>() + ends
+        }
+    };
+}
+
+block_loop!(
+    /// Eight at a time with AVX.
+    ///
+    /// # Safety
+    /// The CPU has AVX; as [`Block::update`].
+    avx_block, "avx", 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_stream_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps,
+    _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps
+);
+
+block_loop!(
+    /// Sixteen at a time where AVX-512 runs at full width.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; as [`Block::update`].
+    avx512_block, "avx512f", 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_stream_ps, _mm512_set1_ps, _mm512_add_ps,
     _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
 );
 

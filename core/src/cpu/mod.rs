@@ -10,6 +10,8 @@ mod gemm_engine;
 mod gemm_pack;
 mod index;
 mod matmul;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod matmul_adam;
 mod norm;
 mod packed_gemm;
 mod pool;

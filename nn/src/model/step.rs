@@ -50,7 +50,17 @@ impl Model {
         let sync = self.tp.as_ref().is_some_and(|tp| tp.data.world_size() > 1);
         let (loss, per) = self.head_losses(&heads, &preds, &labels, weights.as_ref(), (part, sync))?;
         let loss = self.with_penalties(loss, added, part)?;
-        let grads = loss.backward()?;
+        // Every variable (kept for an undo below) and, of them, what the optimizer trains.
+        let all = self.variables();
+        let vars: Vec<(String, Var)> = all.iter().filter(|(_, v)| v.is_trainable()).cloned().collect();
+        // On one Cpu, an optimizer that works dense layers' weight gradients out inside its own
+        // update (Adam) gets them as products: never stored (see `Optimizer::fuses_products`).
+        let fuse = self.tp.is_none() && !loss.device().is_gpu() && self.parts()?.0.fuses_products();
+        let grads = if fuse {
+            loss.backward_deferring(&vars.iter().map(|(_, v)| v.as_tensor()).collect::<Vec<_>>())?
+        } else {
+            loss.backward()?
+        };
         let mut figs = vec![loss.detach().reshape(&[1])?];
         if per.len() > 1 {
             for l in &per {
@@ -61,9 +71,6 @@ impl Model {
         if let Some(tp) = self.tp.as_ref().filter(|tp| tp.data.world_size() > 1) {
             losses = tp.data.all_reduce(&losses, ReduceKind::Sum)?;
         }
-        // Every variable (kept for an undo below) and, of them, what the optimizer trains.
-        let all = self.variables();
-        let vars: Vec<(String, Var)> = all.iter().filter(|(_, v)| v.is_trainable()).cloned().collect();
         // A finite loss can still have a NaN or infinite gradient (sqrt or a division at 0): on
         // one device it is refused rather than written into every weight (a sharded model's
         // coordinated optimizer skips such a step on every rank instead). The losses and each
@@ -78,7 +85,7 @@ impl Model {
             // Everything that can fail runs before the update: the figures are read and checked
             // (which also reports a bad label or id found on a GPU), and the metrics counted.
             let read = Read::new(losses, k, checked(Vec::new())?)?;
-            let figures = self.read_figures(&read)?;
+            let figures = self.read_figures(&read, &grads)?;
             let batch = metrics(self)?;
             self.update(&vars, &grads, updates)?;
             add_counts(counts, batch);
@@ -99,7 +106,7 @@ impl Model {
             // those are not read a second time.
             let done = self.parts()?.0.gradient_checks();
             let read = Read::new(losses, k, checked(done)?)?;
-            Ok((self.read_figures(&read)?, metrics(self)?))
+            Ok((self.read_figures(&read, &grads)?, metrics(self)?))
         });
         match out {
             Ok((figures, batch)) => {
@@ -123,7 +130,7 @@ impl Model {
 
     /// Read the step's figures back (one read) and check them: `Err` naming the loss or the
     /// variable whose gradient is not finite.
-    fn read_figures(&mut self, read: &Read) -> Result<Figures> {
+    fn read_figures(&mut self, read: &Read, grads: &GradStore) -> Result<Figures> {
         let figures = read.figures.to_vec::<f32>()?;
         let k = read.losses;
         let not_applied = "the step was not applied (weights, optimizer state and counters are unchanged)";
@@ -141,8 +148,13 @@ impl Model {
             }
             // A sum may only have overflowed: the largest and smallest value tell (any NaN shows
             // in both, +inf in the first, -inf in the second).
-            let ends =
-                if c.is_sum() { Tensor::concat(&gradient_ends(&c.grad)?, 0)?.to_vec::<f32>()? } else { mine.to_vec() };
+            let ends = if c.is_sum() {
+                // (A gradient left as a product is worked out now, for the message.)
+                let g = grads.resolve(c.var.as_tensor())?.unwrap_or_else(|| c.var.as_tensor().clone());
+                Tensor::concat(&gradient_ends(&g)?, 0)?.to_vec::<f32>()?
+            } else {
+                mine.to_vec()
+            };
             if let Some(v) = ends.into_iter().find(|v| !v.is_finite()) {
                 return Err(Error::invalid("fit", format!("the gradient of {} holds {v}; {not_applied}", c.path)));
             }
@@ -207,7 +219,9 @@ impl<'a> Read<'a> {
 /// What the step reads back to check one gradient for NaN and infinities.
 struct GradientCheck<'a> {
     path: &'a str,
-    grad: Tensor,
+    var: &'a Var,
+    /// Whether the gradient is on a GPU.
+    gpu: bool,
     /// On the Cpu one `[1]` figure that is finite when the whole gradient is: the optimizer's
     /// own check where it made one (0 or NaN), else the gradient's sum (a NaN or an infinity
     /// anywhere makes it NaN or infinite: +inf and -inf meet as NaN). On a GPU, whose shader
@@ -220,7 +234,7 @@ struct GradientCheck<'a> {
 impl GradientCheck<'_> {
     /// Whether the figure is a sum (on the Cpu), which may only have overflowed.
     fn is_sum(&self) -> bool {
-        !self.grad.device().is_gpu()
+        !self.gpu
     }
 }
 
@@ -234,14 +248,20 @@ fn gradient_figures<'a>(
     let mut done: std::collections::HashMap<String, Tensor> = done.into_iter().collect();
     no_grad(|| {
         vars.iter()
-            .filter_map(|(p, v)| grads.get(v).map(|g| (p, g)))
-            .map(|(p, g)| {
+            .filter(|(_, v)| grads.get(v).is_some() || grads.product(v).is_some())
+            .map(|(p, v)| {
+                let gpu = v.as_tensor().device().is_gpu();
                 let figures = match done.remove(p.as_str()) {
-                    Some(c) if !g.device().is_gpu() => vec![c],
-                    _ if g.device().is_gpu() => gradient_ends(g)?.into(),
-                    _ => vec![g.sum_all()?.reshape(&[1])?],
+                    Some(c) if !gpu => vec![c],
+                    // (A gradient left as a product that the optimizer did not check: worked out.)
+                    _ => {
+                        let Some(g) = grads.resolve(v)? else {
+                            return Err(Error::invalid("fit", format!("the gradient of {p} went missing")));
+                        };
+                        if gpu { gradient_ends(&g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] }
+                    }
                 };
-                Ok(GradientCheck { path: p, grad: g.clone(), figures })
+                Ok(GradientCheck { path: p, var: v, gpu, figures })
             })
             .collect()
     })

@@ -74,10 +74,39 @@ pub trait Optimizer: Send {
     fn gradient_checks(&self) -> Vec<(String, Tensor)> {
         Vec::new()
     }
+    /// Whether `apply` takes gradients left as products ([`GradStore::product`]: a dense layer's
+    /// `x^T @ dy`) and works each out inside its own update, so that the training step may leave
+    /// them so ([`Tensor::backward_deferring`](weft_core::Tensor::backward_deferring)). Adam does
+    /// on the Cpu (see [`Tensor::adam_step_of_product`]), when it uses the gradients as given (no
+    /// clipping, no accumulation) and without AMSGrad. An optimizer that says so must also check
+    /// each such gradient itself ([`gradient_checks`](Optimizer::gradient_checks)) or resolve it.
+    /// The default is `false`.
+    fn fuses_products(&self) -> bool {
+        false
+    }
     /// Check the hyper-parameters (learning rate and schedule, betas, epsilon, clipping, decay):
     /// `compile` calls this, so a bad value is an `Err` naming it before any step runs.
     fn validate(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// A variable's gradient as a rule receives it.
+#[derive(Clone, Copy)]
+pub(super) enum Grad<'a> {
+    /// Worked out.
+    Tensor(&'a Tensor),
+    /// Left as the product `lhs @ rhs` (see [`Optimizer::fuses_products`]).
+    Product(&'a Tensor, &'a Tensor),
+}
+
+impl Grad<'_> {
+    /// The gradient worked out (a product multiplied).
+    pub(super) fn tensor(self) -> Result<Tensor> {
+        match self {
+            Grad::Tensor(g) => Ok(g.clone()),
+            Grad::Product(l, r) => no_grad(|| l.matmul(r)),
+        }
     }
 }
 
@@ -245,6 +274,15 @@ impl Base {
         s.insert(name.to_string(), z.clone());
         Ok(z)
     }
+    /// Whether the rules get the gradients as `apply` received them: no accumulation, no
+    /// clipping (only then may a rule's own check stand for the step's, or a product be fused).
+    pub(super) fn uses_as_given(&self) -> bool {
+        self.accumulate.is_none()
+            && self.clip_norm.is_none()
+            && self.clip_value.is_none()
+            && self.clip_global_norm.is_none()
+    }
+
     /// Keep a rule's check of the gradient of `path` (when the step gave the rule the
     /// gradient as `apply` received it).
     pub(super) fn note_check(&mut self, path: &str, check: Option<Tensor>) {
@@ -265,13 +303,35 @@ impl Base {
         &mut self,
         params: &[(String, Var)],
         grads: &GradStore,
-        mut rule: impl FnMut(&mut Base, &str, &Tensor, &Tensor, f32) -> Result<Tensor>,
+        mut rule: impl FnMut(&mut Base, &str, &Tensor, Grad<'_>, f32) -> Result<Tensor>,
     ) -> Result<()> {
         no_grad(|| {
             self.checks = None;
+            // A gradient left as a product goes to the rule as one when it is used as given;
+            // else it is worked out here, like any other.
+            let mut products: Vec<(&String, &Var, (&Tensor, &Tensor))> = Vec::new();
             let mut pairs: Vec<(&String, &Var, Tensor)> = Vec::new();
             for (path, var) in params {
-                if let Some(g) = grads.get(var) {
+                let resolved;
+                let g = match (grads.get(var), grads.product(var)) {
+                    (None, Some((l, r))) if self.uses_as_given() => {
+                        let (a, b) = (l.dims(), r.dims());
+                        if a.len() != 2 || b.len() != 2 || a[1] != b[0] || [a[0], b[1]] != var.dims() {
+                            return Err(Error::invalid(
+                                "optimizer",
+                                format!("{path}: gradient {a:?} @ {b:?} for a variable of shape {:?}", var.dims()),
+                            ));
+                        }
+                        products.push((path, var, (l, r)));
+                        continue;
+                    }
+                    (None, Some(_)) => {
+                        resolved = grads.resolve(var)?;
+                        resolved.as_ref()
+                    }
+                    (g, _) => g,
+                };
+                if let Some(g) = g {
                     if g.dims() != var.dims() {
                         return Err(Error::invalid(
                             "optimizer",
@@ -351,14 +411,11 @@ impl Base {
                 }
             }
             // A rule's own check stands for the step's only when it saw the gradients as given.
-            let as_given = self.accumulate.is_none()
-                && self.clip_norm.is_none()
-                && self.clip_value.is_none()
-                && self.clip_global_norm.is_none();
-            staged.checks = as_given.then(Vec::new);
+            staged.checks = self.uses_as_given().then(Vec::new);
             let lr = self.lr();
             let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
-            for (path, var, g) in &pairs {
+            let given = pairs.iter().map(|(p, v, g)| (*p, *v, Grad::Tensor(g)));
+            for (path, var, g) in given.chain(products.iter().map(|&(p, v, (l, r))| (p, v, Grad::Product(l, r)))) {
                 let mut w = var.as_tensor().clone();
                 // Keras matches the names given against the variable's own name (`kernel`).
                 let name = path.rsplit('/').next().unwrap_or(path.as_str());
@@ -446,12 +503,36 @@ macro_rules! optimizer_common {
     };
 }
 
+/// The `Optimizer` impl of a rule type. `optimizer_trait!(T)`: its `rule` takes each gradient
+/// worked out (`&Tensor`); `optimizer_trait!(T, fuses)`: it takes [`Grad`] as given, products
+/// included, and `T::fuses` tells when it may (see [`Optimizer::fuses_products`]).
 macro_rules! optimizer_trait {
     ($t:ident) => {
+        optimizer_trait!(@impl $t, worked_out);
+    };
+    ($t:ident, fuses) => {
+        optimizer_trait!(@impl $t, fuses);
+    };
+    (@rule worked_out, $hp:ident, $b:ident, $path:ident, $w:ident, $g:ident, $lr:ident) => {
+        Self::rule(&$hp, $b, $path, $w, &$g.tensor()?, $lr)
+    };
+    (@rule fuses, $hp:ident, $b:ident, $path:ident, $w:ident, $g:ident, $lr:ident) => {
+        Self::rule(&$hp, $b, $path, $w, $g, $lr)
+    };
+    (@fuses worked_out, $s:ident) => {
+        false
+    };
+    (@fuses fuses, $s:ident) => {
+        $s.fuses()
+    };
+    (@impl $t:ident, $how:ident) => {
         impl Optimizer for $t {
             fn apply(&mut self, params: &[(String, Var)], grads: &GradStore) -> Result<()> {
                 let hp = self.hyper();
-                self.base.step(params, grads, |b, path, w, g, lr| Self::rule(&hp, b, path, w, g, lr))
+                self.base.step(params, grads, |b, path, w, g, lr| optimizer_trait!(@rule $how, hp, b, path, w, g, lr))
+            }
+            fn fuses_products(&self) -> bool {
+                optimizer_trait!(@fuses $how, self)
             }
             fn iterations(&self) -> u64 {
                 self.base.calls()
@@ -603,7 +684,12 @@ impl Adam {
         check_range("beta_2", self.beta2, 0.0, 1.0, true)?;
         check_range("epsilon", self.epsilon, 0.0, f32::MAX, false)
     }
-    fn rule(hp: &(f32, f32, f32, bool), b: &mut Base, path: &str, w: &Tensor, g: &Tensor, lr: f32) -> Result<Tensor> {
+    /// Whether a step may hand this optimizer its gradients as products (see
+    /// [`Optimizer::fuses_products`]): only without AMSGrad, whose update is not one fused pass.
+    fn fuses(&self) -> bool {
+        !self.amsgrad && self.base.uses_as_given()
+    }
+    fn rule(hp: &(f32, f32, f32, bool), b: &mut Base, path: &str, w: &Tensor, g: Grad<'_>, lr: f32) -> Result<Tensor> {
         let (b1, b2, eps, amsgrad) = *hp;
         // Bias correction folded into the step size, as Keras does.
         let t = (b.iterations + 1).min(i32::MAX as u64) as i32;
@@ -612,6 +698,7 @@ impl Adam {
         // AdamW's decay (see `Base::folds_decay`), 1 without.
         let decay = b.decay;
         if amsgrad {
+            let g = &g.tensor()?;
             let w = &if decay != 1.0 { w.mul_scalar(decay)? } else { w.clone() };
             let m = m.add(&g.sub(&m)?.mul_scalar(1.0 - b1)?)?;
             let v = v.add(&g.square()?.sub(&v)?.mul_scalar(1.0 - b2)?)?;
@@ -624,7 +711,11 @@ impl Adam {
         }
         // One fused pass: m' = m + (g - m)(1 - b1), v' = v + (g² - v)(1 - b2), w' = w - lr_t m' / (sqrt(v') + eps).
         let step = AdamStep { lr_t, beta1: b1, beta2: b2, eps, decay };
-        let (w, m, v, check) = w.adam_step_checked(g, &m, &v, step)?;
+        // A gradient left as a product (a dense layer's x^T @ dy) is summed inside the same pass.
+        let (w, m, v, check) = match g {
+            Grad::Tensor(g) => w.adam_step_checked(g, &m, &v, step)?,
+            Grad::Product(lhs, rhs) => w.adam_step_of_product(lhs, rhs, &m, &v, step)?,
+        };
         b.note_check(path, check);
         b.set_slot(path, "m", m);
         b.set_slot(path, "v", v);
@@ -632,7 +723,7 @@ impl Adam {
     }
 }
 optimizer_common!(Adam);
-optimizer_trait!(Adam);
+optimizer_trait!(Adam, fuses);
 
 /// AdamW: Adam with decoupled weight decay (Keras' default decay 0.004).
 pub struct AdamW;
@@ -775,5 +866,8 @@ impl Optimizer for Box<dyn Optimizer> {
     }
     fn gradient_checks(&self) -> Vec<(String, Tensor)> {
         (**self).gradient_checks()
+    }
+    fn fuses_products(&self) -> bool {
+        (**self).fuses_products()
     }
 }
