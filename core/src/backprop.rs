@@ -223,9 +223,15 @@ impl GradStore {
     pub fn resolve(&self, t: &Tensor) -> Result<Option<Tensor>> {
         match (self.get(t), self.product(t)) {
             (Some(g), _) => Ok(Some(g.clone())),
-            (None, Some((l, r))) => crate::no_grad(|| l.matmul(r)).map(Some),
+            (None, Some((l, r))) => GradStore::multiply(l, r).map(Some),
             (None, None) => Ok(None),
         }
+    }
+    /// Works out a product [`Tensor::backward_deferring`] left, as the backward pass would have:
+    /// the same kernel, so the same bits (outside a backward pass, a product of few rows may
+    /// take the Cpu's inference kernel, which sums in another order).
+    pub fn multiply(lhs: &Tensor, rhs: &Tensor) -> Result<Tensor> {
+        with_flag(&IN_BACKWARD, true, || no_grad(|| lhs.matmul(rhs)))
     }
     /// Remove and return the gradient of `t` (one left as a [`product`](Self::product) is
     /// dropped, not worked out: [`resolve`](Self::resolve) it first).
@@ -249,7 +255,7 @@ impl GradStore {
     fn accumulate(&mut self, t: &Tensor, g: Tensor) -> Result<()> {
         // A product left as one is worked out first: the sum is the one an undeferred pass adds.
         let prev = match self.products.remove(&t.id()) {
-            Some((l, r)) => Some(l.matmul(&r)?),
+            Some((l, r)) => Some(GradStore::multiply(&l, &r)?),
             None => self.grads.remove(&t.id()),
         };
         let g = match prev {
@@ -327,8 +333,10 @@ impl Tensor {
     /// is a leaf (a variable) used once, as an operand of a 2-D matrix product (a dense layer's
     /// kernel), is left as the operands of the product that makes it (`x^T`, `dy`: see
     /// [`GradStore::product`]) rather than worked out: an optimizer that can fuse it with its
-    /// update ([`Tensor::adam_step_of_product`]) then never stores it. Used more than once, a
-    /// tensor's gradient is worked out and summed as `backward` does: the same values.
+    /// update ([`Tensor::adam_step_of_product`]) then never stores it. Only where those operands
+    /// are no larger than the gradient (a batch of rows no longer than the layer is wide), so
+    /// that keeping them costs no memory. Used more than once, a tensor's gradient is worked out
+    /// and summed as `backward` does: the same values.
     ///
     /// ```
     /// # use weft_core::{Device, Tensor, Var};
@@ -390,11 +398,24 @@ impl Tensor {
                         && a.rank() == 2
                         && b.rank() == 2
                     {
-                        // d(a @ b)/db = a^T @ g and d/da = g @ b^T, left as products.
-                        if need[1] && defer.contains(&b.id()) && store.defer(b, a.t()?, g.clone()) {
+                        // d(a @ b)/db = a^T @ g and d/da = g @ b^T, left as products where the
+                        // operands kept are no larger than the gradient they stand for (else
+                        // deferring would raise the step's peak memory). Snapshots: an operand
+                        // that is a variable (or a view of one) keeps the values it had, whatever
+                        // the optimizer sets later.
+                        let (m, k, n) = (a.dims()[0], a.dims()[1], b.dims()[1]);
+                        if need[1]
+                            && defer.contains(&b.id())
+                            && m * (k + n) <= k * n
+                            && store.defer(b, a.t()?.snapshot(), g.snapshot())
+                        {
                             need[1] = false;
                         }
-                        if need[0] && defer.contains(&a.id()) && store.defer(a, g.clone(), b.t()?) {
+                        if need[0]
+                            && defer.contains(&a.id())
+                            && n * (m + k) <= m * k
+                            && store.defer(a, g.snapshot(), b.t()?.snapshot())
+                        {
                             need[0] = false;
                         }
                     }

@@ -112,7 +112,8 @@ impl Tensor {
         if let Some(out) = self.adam_pass_of_product(lhs, rhs, m, v, &p)? {
             return Ok(out);
         }
-        let g = crate::no_grad(|| lhs.matmul(rhs))?;
+        // (Multiplied as the backward pass would have: the same kernel and bits.)
+        let g = crate::GradStore::multiply(lhs, rhs)?;
         self.adam_step_checked(&g, m, v, p)
     }
 

@@ -94,40 +94,57 @@ fn add_unary_is_the_sum_then_the_op_bit_for_bit() {
 }
 
 /// `backward_deferring` leaves the gradient of a variable used once in a 2-D product (on either
-/// side) as that product's operands, whose product is `backward`'s gradient bit for bit; a
-/// variable used twice (tied), one used through a slice, a tensor that is not a leaf and a
-/// variable not listed get their gradients worked out, as `backward` gives them.
+/// side) as that product's operands, whose product (`GradStore::resolve`) is `backward`'s
+/// gradient bit for bit (worked out on the backward pass's kernels); a variable used twice
+/// (tied), one used through a slice, one whose product's operands outsize its gradient, a tensor
+/// that is not a leaf and a variable not listed get their gradients worked out, as `backward`
+/// gives them. The operands kept do not change when a variable is set after the pass.
 #[test]
 fn deferred_products_are_the_gradients_backward_gives() {
     use weft_core::Var;
     let dev = Device::Cpu;
     let rand = |shape: &[usize], seed| Tensor::rand(-1.0, 1.0, shape, seed, &dev).unwrap();
-    let right = Var::new(rand(&[6, 5], 1)).unwrap();
-    let left = Var::new(rand(&[3, 4], 2)).unwrap();
-    let tied = Var::new(rand(&[5, 5], 3)).unwrap();
-    let sliced = Var::new(rand(&[6, 5], 4)).unwrap();
-    let unlisted = Var::new(rand(&[5, 5], 5)).unwrap();
-    let x = rand(&[4, 6], 6);
-    // left @ (x @ right) @ tied @ tied @ unlisted, plus a product through a slice of `sliced`.
+    let var = |shape: &[usize], seed| Var::new(rand(shape, seed)).unwrap();
+    let (right, left, tied, sliced, unlisted) =
+        (var(&[8, 8], 1), var(&[8, 8], 2), var(&[8, 8], 3), var(&[10, 8], 4), var(&[8, 8], 5));
+    // A left operand of 16 rows times 8 columns of a constant: its gradient g @ c^T has 16 rows.
+    let (wide, tall) = (var(&[16, 256], 6), var(&[8, 8], 7));
+    let x = rand(&[2, 8], 8);
     let h = x.matmul(right.as_tensor()).unwrap();
     let inner = h.matmul(tied.as_tensor()).unwrap().matmul(tied.as_tensor()).unwrap();
     let mid = inner.matmul(unlisted.as_tensor()).unwrap();
-    let out = left.as_tensor().matmul(&mid).unwrap();
-    let part = sliced.as_tensor().narrow(0, 1, 4).unwrap();
-    let side = out.matmul(&part.t().unwrap()).unwrap();
-    let loss = side.square().unwrap().sum_all().unwrap();
+    let out = left.as_tensor().matmul(&mid.t().unwrap()).unwrap();
+    let part = sliced.as_tensor().narrow(0, 1, 8).unwrap();
+    let side = out.t().unwrap().matmul(&part.t().unwrap()).unwrap();
+    let z = wide.as_tensor().matmul(&rand(&[256, 8], 9)).unwrap();
+    let y = rand(&[40, 8], 10).matmul(tall.as_tensor()).unwrap();
+    // Two variables multiplied: `after`'s gradient is `before^T @ g`, kept as `before` was.
+    let (before, after) = (var(&[4, 8], 11), var(&[8, 8], 12));
+    let q = before.as_tensor().matmul(after.as_tensor()).unwrap();
+    let terms = [side, z, q].map(|t| t.square().unwrap().sum_all().unwrap());
+    let loss = terms[0].add(&terms[1]).unwrap().add(&terms[2]).unwrap().add(&y.sum_all().unwrap()).unwrap();
     let whole = loss.backward().unwrap();
-    let listed = [right.as_tensor(), left.as_tensor(), tied.as_tensor(), sliced.as_tensor(), &h];
+    let listed = [&right, &left, &tied, &sliced, &wide, &tall, &before, &after].map(|v| v.as_tensor());
+    let listed: Vec<&Tensor> = listed.into_iter().chain([&h]).collect();
     let deferred = loss.backward_deferring(&listed).unwrap();
     assert_eq!(deferred.len(), whole.len());
     let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    for (name, v, as_product) in [
+    let all = [
         ("right", &right, true),
         ("left", &left, true),
+        ("wide", &wide, true),
+        ("after", &after, true),
+        ("before", &before, false),
         ("tied", &tied, false),
         ("sliced", &sliced, false),
+        ("tall", &tall, false),
         ("unlisted", &unlisted, false),
-    ] {
+    ];
+    // Every variable set to other values after the pass: the products kept are of the old ones.
+    for (_, v, _) in &all {
+        v.set(&v.as_tensor().mul_scalar(3.0).unwrap()).unwrap();
+    }
+    for (name, v, as_product) in all {
         let want = bits(whole.get(v.as_tensor()).unwrap());
         assert_eq!(deferred.product(v.as_tensor()).is_some(), as_product, "{name}");
         assert_eq!(deferred.get(v.as_tensor()).is_none(), as_product, "{name}");

@@ -393,17 +393,17 @@ fn a_non_finite_gradient_fails_the_step_before_any_update() {
     // A layer large enough that, on the Cpu, Adam sums its kernel's gradient inside its own pass
     // (never stored: `Tensor::adam_step_of_product`): refused and named the same way.
     for (relu, t, holds) in [(true, 1.0, "NaN"), (false, -1.0, "inf"), (false, 1.0, "-inf")] {
-        let net = Sequential::new().add(Dense::new(64).named("d")).add(Sqrt(relu));
+        let net = Sequential::new().add(Dense::new(256).named("d")).add(Sqrt(relu));
         let net = if relu { net.add(UnitNormalization::new()) } else { net };
         let mut m = Model::new(net, &Device::Cpu);
         m.compile(Adam::new(0.1), Loss::MeanSquaredError, &[]).unwrap();
-        m.build(&[32]).unwrap();
+        m.build(&[256]).unwrap();
         for (_, v) in m.variables() {
             v.set(&Tensor::zeros(v.dims(), &Device::Cpu).unwrap()).unwrap();
         }
         let before = state(&m);
-        let y = Tensor::full(t, &[128, 64], &Device::Cpu).unwrap();
-        let msg = err_text(m.train_on_batch(Tensor::ones(&[128, 32], &Device::Cpu).unwrap(), &y));
+        let y = Tensor::full(t, &[64, 256], &Device::Cpu).unwrap();
+        let msg = err_text(m.train_on_batch(Tensor::ones(&[64, 256], &Device::Cpu).unwrap(), &y));
         assert!(msg.contains(&format!("d/kernel holds {holds};")) && msg.contains("not applied"), "{t}: {msg}");
         assert_eq!(state(&m), before);
     }

@@ -105,7 +105,7 @@ impl Grad<'_> {
     pub(super) fn tensor(self) -> Result<Tensor> {
         match self {
             Grad::Tensor(g) => Ok(g.clone()),
-            Grad::Product(l, r) => no_grad(|| l.matmul(r)),
+            Grad::Product(l, r) => GradStore::multiply(l, r),
         }
     }
 }
