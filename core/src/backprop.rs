@@ -341,8 +341,8 @@ impl Tensor {
     /// ```
     /// # use weft_core::{Device, Tensor, Var};
     /// let dev = Device::Cpu;
-    /// let w = Var::new(Tensor::rand(-1.0, 1.0, &[3, 2], 1, &dev)?)?;
-    /// let x = Tensor::rand(-1.0, 1.0, &[4, 3], 2, &dev)?;
+    /// let w = Var::new(Tensor::rand(-1.0, 1.0, &[8, 8], 1, &dev)?)?;
+    /// let x = Tensor::rand(-1.0, 1.0, &[2, 8], 2, &dev)?; // 2 rows: x^T and dy are smaller than dw
     /// let loss = x.matmul(w.as_tensor())?.square()?.sum_all()?;
     /// let grads = loss.backward_deferring(&[w.as_tensor()])?;
     /// assert!(grads.get(w.as_tensor()).is_none());
