@@ -317,11 +317,7 @@ impl Tensor {
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn backward(&self) -> Result<GradStore> {
-        if self.numel() != 1 {
-            return Err(Error::invalid("backward", format!("needs a one-element loss, got shape {:?}", self.dims())));
-        }
-        let seed = Tensor::ones(self.dims(), self.device())?;
-        self.backward_with(seed)
+        self.backward_deferring(&[])
     }
 
     /// Backward from this tensor with a given output gradient of its shape.

@@ -129,8 +129,9 @@ impl Tensor {
         v: &Tensor,
         p: &AdamStep,
     ) -> Result<Option<(Tensor, Tensor, Tensor, Option<Tensor>)>> {
+        // (Anything else, a GPU's tensors included, goes the way of a product then Adam's pass.)
         let all = [self, lhs, rhs, m, v];
-        if all.iter().any(|t| t.device().is_gpu() || t.dtype() != DType::F32 || !matches!(t.storage(), Storage::Cpu(_)))
+        if all.iter().any(|t| t.dtype() != DType::F32 || !matches!(t.storage(), Storage::Cpu(_)))
             || m.dims() != self.dims()
             || v.dims() != self.dims()
         {

@@ -1,4 +1,5 @@
-//! Adam's fused update over one chunk of a variable on the Cpu.
+//! Adam's fused update on the Cpu, over a chunk of a variable ([`chunk`]) or a block of its rows
+//! (a [`Block`], as a product finishes them: `matmul_adam`), one loop for both.
 //!
 //! The update reads four values and writes three per weight, and a training step's variables do
 //! not fit in the cache, so it runs at the speed of memory. An ordinary store first reads the
@@ -43,41 +44,13 @@ pub struct Outs<'a> {
 pub fn chunk(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, stream: bool) -> f32 {
     let n = ins[0].len();
     assert!(ins.iter().all(|s| s.len() == n) && out.w.len() == n && out.m.len() == n && out.v.len() == n);
-    #[cfg(target_arch = "x86_64")]
-    if super::gemm_engine::full_width_avx512() {
-        // SAFETY: AVX-512 F is present; the lengths are checked above.
-        return unsafe { avx512(ins, out, p, stream) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: AVX is present; the lengths are checked above.
-        return unsafe { avx(ins, out, p, stream) };
-    }
-    scalar(ins, out, p, 0, n)
-}
-
-/// Elements `from..to` one at a time; returns their gradient check (0, or NaN).
-fn scalar(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, from: usize, to: usize) -> f32 {
-    let [w, g, m, v] = ins.map(|s| &s[from..to]);
-    let outs = out.w[from..to].iter_mut().zip(&mut out.m[from..to]).zip(&mut out.v[from..to]);
-    let mut check = 0.0;
-    for (((wo, mo), vo), (((&w, &g), &m), &v)) in outs.zip(w.iter().zip(g).zip(m).zip(v)) {
-        // Not 0 for every g: an infinity or a NaN gives NaN, which is the point.
-        #[allow(clippy::eq_op)]
-        {
-            check += g - g;
-        }
-        let (w, m, v) = one(w, g, m, v, p);
-        wo.write(w);
-        mo.write(m);
-        vo.write(v);
-    }
-    check
+    // SAFETY: one row of `n` values in every slice (checked above); the outputs are borrowed
+    // mutably, so they overlap nothing else; `block_loop` is one this CPU runs.
+    unsafe { block_loop()(&Block::row(ins, out, stream), p) }
 }
 
 /// The new (weight, m, v) of one vector of elements, and `g - g` added to the `check` vector:
-/// [`one`]'s operations in its order, without fused multiply-adds (the same bits). Shared by
-/// every vector loop.
+/// [`one`]'s operations in its order, without fused multiply-adds (the same bits).
 macro_rules! update {
     ([$w:ident, $g:ident, $m:ident, $v:ident], $check:ident, [$b1:ident, $b2:ident, $lr:ident, $eps:ident, $decay:ident],
      $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {{
@@ -89,90 +62,8 @@ macro_rules! update {
     }};
 }
 
-/// A vector loop over the elements, `$lanes` at a time with one instruction set's intrinsics;
-/// streaming stores for the moments when asked for and the two share their alignment (the
-/// vector's size). The scalar loop's operations in its order, without fused multiply-adds:
-/// the same bits.
-macro_rules! vector_loop {
-    ($(#[$doc:meta])* $name:ident, $feature:literal, $lanes:literal, $load:ident, $store:ident, $stream:ident,
-     $set1:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {
-        $(#[$doc])*
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $feature)]
-        unsafe fn $name(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, stream: bool) -> f32 {
-            use std::arch::x86_64::*;
-            const BYTES: usize = $lanes * 4;
-            let n = ins[0].len();
-            let mis = |s: &[MaybeUninit<f32>]| s.as_ptr() as usize % BYTES;
-            let same = stream && mis(out.m) == mis(out.v);
-            // Scalar up to the first vector boundary of the moments (streaming stores need it).
-            let head = if same { ((BYTES - mis(out.m)) % BYTES / 4).min(n) } else { 0 };
-            let body = head + (n - head) / $lanes * $lanes;
-            let (b1, b2) = ($set1(1.0 - p.beta1), $set1(1.0 - p.beta2));
-            let (lr, eps, decay) = ($set1(p.lr_t), $set1(p.eps), $set1(p.decay));
-            let (wp, gp, mp, vp) = (ins[0].as_ptr(), ins[1].as_ptr(), ins[2].as_ptr(), ins[3].as_ptr());
-            let (wo, mo, vo) =
-                (out.w.as_mut_ptr().cast::<f32>(), out.m.as_mut_ptr().cast::<f32>(), out.v.as_mut_ptr().cast::<f32>());
-            // The gradient check, a vector of them: g - g is 0 unless g is an infinity or NaN.
-            let mut check = $set1(0.0);
-            let mut i = head;
-            while i < body {
-                // SAFETY: i + lanes <= body <= n for every pointer; with `same`, mo/vo + i are
-                // aligned to the vector (head brought them there and i advances by whole vectors).
-                unsafe {
-                    let (w, g) = ($load(wp.add(i)), $load(gp.add(i)));
-                    let (m, v) = ($load(mp.add(i)), $load(vp.add(i)));
-                    let (wi, mi, vi) = update!([w, g, m, v], check, [b1, b2, lr, eps, decay], $add, $sub, $mul, $div, $sqrt);
-                    // The weights are read again by the next forward pass: an ordinary store keeps
-                    // them in the cache. The moments wait for the next step: streamed past it.
-                    $store(wo.add(i), wi);
-                    if same {
-                        $stream(mo.add(i), mi);
-                        $stream(vo.add(i), vi);
-                    } else {
-                        $store(mo.add(i), mi);
-                        $store(vo.add(i), vi);
-                    }
-                }
-                i += $lanes;
-            }
-            if same {
-                // Streaming stores are weakly ordered: fence them before the buffers are handed on.
-                _mm_sfence();
-            }
-            let tail = |from, to, out: Outs<'_>| scalar(ins, out, p, from, to);
-            let Outs { w, m, v } = out;
-            let first = tail(0, head, Outs { w: &mut w[..], m: &mut m[..], v: &mut v[..] });
-            let ends = first + tail(body, n, Outs { w, m, v });
-            let mut lanes = [0f32; $lanes];
-            // SAFETY: `lanes` holds one vector.
-            unsafe { $store(lanes.as_mut_ptr(), check) };
-            lanes.iter().sum::<f32>() + ends
-        }
-    };
-}
-
-vector_loop!(
-    /// Eight at a time with AVX.
-    ///
-    /// # Safety
-    /// The CPU has AVX, and every slice has the same length (checked by `chunk`).
-    avx, "avx", 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_stream_ps, _mm256_set1_ps, _mm256_add_ps,
-    _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps
-);
-
-vector_loop!(
-    /// Sixteen at a time where AVX-512 runs at full width: its square roots and divisions (the
-    /// loop's slowest instructions) take half the instructions per value.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F, and every slice has the same length (checked by `chunk`).
-    avx512, "avx512f", 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_stream_ps, _mm512_set1_ps, _mm512_add_ps,
-    _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
-);
-
-/// A block of a row-major variable for [`Block::update`]: `rows` rows of `cols` values, `rs`
-/// apart in the weights, the moments and the outputs, `gs` apart in the gradient.
+/// A block of a row-major variable for a [`BlockLoop`]: `rows` rows of `cols` values, `rs` apart
+/// in the weights, the moments and the outputs, `gs` apart in the gradient.
 pub(crate) struct Block {
     pub w: *const f32,
     pub g: *const f32,
@@ -190,7 +81,11 @@ pub(crate) struct Block {
     pub stream: bool,
 }
 
-/// The loop [`Block::update`] runs on, chosen once for this CPU (see [`block_loop`]).
+/// Adam's update of every element of a block; returns the gradient's check (0, or NaN).
+///
+/// # Safety
+/// The CPU runs the loop (see [`block_loop`]); every row of every pointer holds `cols` values;
+/// the outputs overlap nothing else.
 pub(crate) type BlockLoop = unsafe fn(&Block, &AdamStep) -> f32;
 
 /// The widest block loop this CPU has: the same bits whichever it is.
@@ -208,20 +103,18 @@ pub(crate) fn block_loop() -> BlockLoop {
 }
 
 impl Block {
-    /// Adam's update of every element of the block (the same bits as [`chunk`]), on `run` (from
-    /// [`block_loop`]); returns the gradient's check (0, or NaN).
-    ///
-    /// # Safety
-    /// Every row of every pointer holds `cols` values; the outputs overlap nothing else.
-    pub(crate) unsafe fn update(&self, run: BlockLoop, p: &AdamStep) -> f32 {
-        // SAFETY: the caller's contract; `run` is one this CPU has.
-        unsafe { run(self, p) }
+    /// One row: the slices of a chunk (all of one length).
+    fn row(ins: [&[f32]; 4], out: Outs<'_>, stream: bool) -> Block {
+        let n = ins[0].len();
+        let [w, g, m, v] = ins.map(|s| s.as_ptr());
+        let [wo, mo, vo] = [out.w, out.m, out.v].map(|s| s.as_mut_ptr().cast::<f32>());
+        Block { w, g, m, v, wo, mo, vo, rows: 1, cols: n, rs: n, gs: n, stream }
     }
 
     /// Element `i` of row `r`, one at a time; returns its check.
     ///
     /// # Safety
-    /// As [`Block::update`], with `r < rows` and `i < cols`.
+    /// As [`BlockLoop`], with `r < rows` and `i < cols`.
     #[inline(always)]
     unsafe fn one_at(&self, r: usize, i: usize, p: &AdamStep) -> f32 {
         let (o, go) = (r * self.rs + i, r * self.gs + i);
@@ -239,10 +132,10 @@ impl Block {
     }
 }
 
-/// [`Block::update`] one element at a time.
+/// A [`BlockLoop`] one element at a time.
 ///
 /// # Safety
-/// As [`Block::update`].
+/// As [`BlockLoop`].
 unsafe fn scalar_block(b: &Block, p: &AdamStep) -> f32 {
     let mut check = 0.0;
     for r in 0..b.rows {
@@ -254,8 +147,10 @@ unsafe fn scalar_block(b: &Block, p: &AdamStep) -> f32 {
     check
 }
 
-/// [`Block::update`] a vector at a time along each row, the row's first values (up to the
-/// moments' vector boundary, when streamed) and last ones one at a time.
+/// A [`BlockLoop`] a vector at a time along each row, the row's first values (up to the moments'
+/// vector boundary, when streamed) and last ones one at a time. The moments are streamed past
+/// the cache when the block asks for it and a row's two share their alignment; the new weights
+/// are stored as usual (see the module doc).
 macro_rules! block_loop {
     ($(#[$doc:meta])* $name:ident, $feature:literal, $lanes:literal, $load:ident, $store:ident, $stream:ident,
      $set1:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {
@@ -320,7 +215,7 @@ block_loop!(
     /// Eight at a time with AVX.
     ///
     /// # Safety
-    /// The CPU has AVX; as [`Block::update`].
+    /// The CPU has AVX; as [`BlockLoop`].
     avx_block, "avx", 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_stream_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps,
     _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps
 );
@@ -329,7 +224,7 @@ block_loop!(
     /// Sixteen at a time where AVX-512 runs at full width.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F; as [`Block::update`].
+    /// The CPU has AVX-512 F; as [`BlockLoop`].
     avx512_block, "avx512f", 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_stream_ps, _mm512_set1_ps, _mm512_add_ps,
     _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
 );
@@ -348,24 +243,17 @@ mod tests {
         assert!(has || std::env::var("CI").is_err(), "no AVX under CI=true: the AVX Adam loop went untested");
     }
 
-    /// The scalar loop over a whole chunk (its gradient check is tested too).
-    fn whole(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, _stream: bool) -> f32 {
-        scalar(ins, out, p, 0, ins[0].len())
-    }
-
     /// The loops this CPU runs, each to be checked against one element at a time: the scalar
     /// one and the vector ones.
-    #[allow(clippy::type_complexity)]
-    fn loops() -> Vec<(&'static str, unsafe fn([&[f32]; 4], Outs<'_>, &AdamStep, bool) -> f32)> {
-        let mut v: Vec<(&'static str, unsafe fn([&[f32]; 4], Outs<'_>, &AdamStep, bool) -> f32)> =
-            vec![("scalar", whole)];
+    fn loops() -> Vec<(&'static str, BlockLoop)> {
+        let mut v: Vec<(&'static str, BlockLoop)> = vec![("scalar", scalar_block)];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx") {
-                v.push(("avx", avx));
+                v.push(("avx", avx_block));
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
-                v.push(("avx512", avx512));
+                v.push(("avx512", avx512_block));
             }
         }
         v
@@ -406,7 +294,7 @@ mod tests {
                 let (s0, s1, s2) = (starts[0], starts[1] - span, starts[2] - 2 * span);
                 let outs = Outs { w: &mut a[s0..s0 + n], m: &mut b[s1..s1 + n], v: &mut c[s2..s2 + n] };
                 // SAFETY: `loops` lists only what the CPU has; the slices have one length.
-                let check = unsafe { run([&ins[0], &ins[1], &ins[2], &ins[3]], outs, &p, stream) };
+                let check = unsafe { run(&Block::row([&ins[0], &ins[1], &ins[2], &ins[3]], outs, stream), &p) };
                 if bad.is_some() {
                     prop_assert!(check.is_nan(), "{} missed {:?}: {}", name, bad, check);
                 } else {

@@ -230,8 +230,8 @@ unsafe fn blocked(
     // (A finisher takes blocks of rows: the packed loops make them.)
     let direct = reads_left_in_place(isa, a, n) && fin.is_none();
     let (apack, bpack) = (space, unsafe { space.add(a_room(MC.min(m), kc_len)) });
-    // A finisher's block of sums, after the packed right block.
-    let sums = unsafe { bpack.add(b_len(kc_len, NC.min(n))) };
+    // A finisher's block of sums, after the packed right block (no room is taken without one).
+    let sums = if fin.is_some() { unsafe { bpack.add(b_len(kc_len, NC.min(n))) } } else { std::ptr::null_mut() };
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(kc_len) {

@@ -64,7 +64,7 @@ impl Finish for Finisher {
                 gs,
                 stream: self.stream,
             };
-            block.update(self.run, &self.p)
+            (self.run)(&block, &self.p)
         };
         if check != 0.0 {
             self.bad.store(true, Ordering::Relaxed);

@@ -220,8 +220,6 @@ impl<'a> Read<'a> {
 struct GradientCheck<'a> {
     path: &'a str,
     var: &'a Var,
-    /// Whether the gradient is on a GPU.
-    gpu: bool,
     /// On the Cpu one `[1]` figure that is finite when the whole gradient is: the optimizer's
     /// own check where it made one (0 or NaN), else the gradient's sum (a NaN or an infinity
     /// anywhere makes it NaN or infinite: +inf and -inf meet as NaN). On a GPU, whose shader
@@ -234,7 +232,7 @@ struct GradientCheck<'a> {
 impl GradientCheck<'_> {
     /// Whether the figure is a sum (on the Cpu), which may only have overflowed.
     fn is_sum(&self) -> bool {
-        !self.gpu
+        !self.var.as_tensor().device().is_gpu()
     }
 }
 
@@ -261,7 +259,7 @@ fn gradient_figures<'a>(
                         if gpu { gradient_ends(&g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] }
                     }
                 };
-                Ok(GradientCheck { path: p, var: v, gpu, figures })
+                Ok(GradientCheck { path: p, var: v, figures })
             })
             .collect()
     })
