@@ -139,9 +139,23 @@ fn sum_unneeded(x: Labeled, needed: &[char]) -> Result<Labeled> {
 }
 
 /// One batched matmul: `[batch.., a_only.., shared..] @ [batch.., shared.., b_only..]`.
+///
+/// The result's axes are the batch letters in `keep`'s order, then the rows, then the columns:
+/// the operands are taken in the order that makes them `keep`'s order where they can be, so a
+/// result that is the output (`keep` is the output's letters in the last contraction) comes out
+/// contiguous, not as a permuted view that every later op reads element by element (attention's
+/// `bhqk` scores from `bqhd,bkhd`: the query's rows must come first).
 fn contract(a: Labeled, b: Labeled, keep: &[char]) -> Result<Labeled> {
+    let at = |c: &char| keep.iter().position(|x| x == c).unwrap_or(usize::MAX);
+    let first = |l: &Labeled, other: &Labeled| {
+        l.letters.iter().filter(|c| !other.letters.contains(c)).map(at).min().unwrap_or(usize::MAX)
+    };
+    // (Only when both have columns of their own: a lone vector stays on its side.)
+    let (fa, fb) = (first(&a, &b), first(&b, &a));
+    let (a, b) = if fb < fa && fa != usize::MAX { (b, a) } else { (a, b) };
     let in_b = |c: &char| b.letters.contains(c);
-    let batch: Vec<char> = a.letters.iter().copied().filter(|c| in_b(c) && keep.contains(c)).collect();
+    let mut batch: Vec<char> = a.letters.iter().copied().filter(|c| in_b(c) && keep.contains(c)).collect();
+    batch.sort_by_key(at);
     let shared: Vec<char> = a.letters.iter().copied().filter(|c| in_b(c) && !keep.contains(c)).collect();
     let a_only: Vec<char> = a.letters.iter().copied().filter(|c| !in_b(c)).collect();
     let b_only: Vec<char> = b.letters.iter().copied().filter(|c| !a.letters.contains(c)).collect();

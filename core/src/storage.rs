@@ -160,6 +160,26 @@ impl Storage {
         })
     }
 
+    /// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a compact bias of `n` values, the
+    /// bias and activation applied to the product's output blocks while in cache: Cpu storage
+    /// only (`None` otherwise, for the caller to run the ops one after another).
+    pub fn matmul_add_unary(
+        &self,
+        la: &Layout,
+        rhs: &Storage,
+        lb: &Layout,
+        bias: &Storage,
+        op: UnaryOp,
+    ) -> Result<Option<Storage>> {
+        let (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) = (self, rhs, bias) else { return Ok(None) };
+        // The bias is compact from 0, but its storage may be longer (a view of a larger tensor).
+        let n = lb.shape()[lb.rank() - 1];
+        let bias = bias.f32s("matmul_add_unary")?.get(..n).ok_or_else(|| {
+            crate::Error::invalid("matmul_add_unary", format!("a bias of fewer than the product's {n} columns"))
+        })?;
+        Ok(Some(Storage::Cpu(cpu::matmul_add_unary(a, la, b, lb, bias, op)?)))
+    }
+
     /// The forward convolution with `op(y + bias)` applied to each block of output rows while in
     /// cache: Cpu storage only (`None` otherwise, for the caller to run the two ops).
     pub fn conv2d_add_unary(

@@ -349,15 +349,18 @@ pub fn linear(
     activation: crate::Activation,
 ) -> Result<Tensor> {
     let product = |x: &Tensor, epilogue: Option<(&Tensor, UnaryOp)>| match epilogue {
+        Some((b, UnaryOp::Identity)) => product(x)?.add(b),
         Some((b, op)) => product(x)?.add_unary(b, op),
         None => product(x),
     };
     linear_fused(layer, ctx, x, axes, product, bias, activation)
 }
 
-/// [`linear`], with `product` given the bias and activation to apply itself (`op(y + bias)`)
-/// where the split allows (not after a row split's all-reduce): a convolution applies them to its
-/// output blocks while in cache. Given `None`, it returns the bare product.
+/// [`linear`], with `product` given the bias and activation to apply itself (`op(y + bias)`, the
+/// identity for a linear activation) where the split allows (not after a row split's
+/// all-reduce): a convolution applies them to its output blocks while in cache, a dense layer's
+/// product in inference too ([`Tensor::matmul_add_unary`]). Given `None`, it returns the bare
+/// product.
 pub fn linear_fused(
     layer: &dyn crate::Layer,
     ctx: &crate::Ctx,
@@ -390,7 +393,8 @@ pub fn linear_fused(
     };
     let row_split = matches!(shard, Some((LayerShard { style: Style::Row { .. }, .. }, _)));
     // Bias and activation in one pass over the output (in the product itself where it can).
-    let epilogue = match (bias, activation.as_unary()) {
+    let op = if activation == crate::Activation::Linear { Some(UnaryOp::Identity) } else { activation.as_unary() };
+    let epilogue = match (bias, op) {
         (Some(b), Some(op)) => Some((b, op)),
         _ => None,
     };
@@ -400,6 +404,7 @@ pub fn linear_fused(
     }
     let y = match (epilogue, bias) {
         (Some(_), _) if !row_split => y,
+        (Some((b, UnaryOp::Identity)), _) => y.add(b)?,
         (Some((b, op)), _) => y.add_unary(b, op)?,
         (None, Some(b)) => activation.apply(&y.add(b)?)?,
         (None, None) => activation.apply(&y)?,

@@ -315,3 +315,29 @@ fn normalization_over_an_inner_axis_and_a_refit() {
         assert!(e.contains("[2, 5, 4]") && e.contains("[3]"), "{e}");
     }
 }
+
+/// Dense and EinsumDense in inference apply the bias and activation inside the product (a
+/// dense-form equation as one matrix product): the bits of the same layer with gradients
+/// recorded, for every activation kind (none, relu, gelu), 2-D and 3-D inputs, and a form that
+/// is not a dense one (its einsum then the bias).
+#[test]
+fn dense_layers_in_inference_give_the_bits_of_training_mode() {
+    let dev = Device::Cpu;
+    let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for act in [Activation::Linear, Activation::Relu, Activation::Gelu] {
+        let layers: Vec<(Box<dyn Layer>, Vec<usize>)> = vec![
+            (Box::new(Dense::new(96).activation(act)), vec![80, 64]),
+            (Box::new(Dense::new(40).activation(act)), vec![2, 50, 64]),
+            (Box::new(EinsumDense::new("abc,cde->abde", &[0, 4, 24]).bias_axes("de").activation(act)), vec![3, 40, 64]),
+            (Box::new(EinsumDense::new("abcd,cde->abe", &[0, 48]).bias_axes("e").activation(act)), vec![3, 40, 4, 24]),
+            (Box::new(EinsumDense::new("abc,cd->adb", &[30, 40]).bias_axes("b").activation(act)), vec![2, 40, 64]),
+        ];
+        for (layer, shape) in layers {
+            let x = Tensor::rand(-1.0, 1.0, &shape, 5, &dev).unwrap();
+            let with_grads = layer.call(&x, &mut Ctx::inference()).unwrap();
+            let fused = weft_core::no_grad(|| layer.call(&x, &mut Ctx::inference())).unwrap();
+            assert_eq!(fused.dims(), with_grads.dims(), "{} {act:?}", layer.kind());
+            assert!(bits(&fused) == bits(&with_grads), "{} {act:?} on {shape:?}", layer.kind());
+        }
+    }
+}

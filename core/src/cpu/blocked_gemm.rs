@@ -69,6 +69,14 @@ pub(crate) unsafe fn run(p: &Product, packed: Option<&PackedRhs>, threads: usize
 /// What becomes of each block of output rows once its sums are complete, in place of storing it
 /// (Adam's update of the weight whose gradient the product is: `matmul_adam`).
 pub(crate) trait Finish: Sync {
+    /// Whether the sums are stored in the output and finished there, in place (a bias and an
+    /// activation), rather than handed over from a scratch block (Adam, whose product has no
+    /// output). Finishers in place also take the rows of a left matrix read in place, a group of
+    /// micro-kernel rows at a time, and work with a packed right matrix.
+    fn in_output(&self) -> bool {
+        false
+    }
+
     /// Finish rows `i..i + rows`, columns `j..j + cols` of the output, whose values are at `g`
     /// (row stride `gs`). Each element is finished exactly once, by one thread.
     ///
@@ -94,6 +102,23 @@ pub(crate) trait Finish: Sync {
 pub(crate) unsafe fn run_finishing(p: &Product, fin: &dyn Finish, threads: usize) -> Result<()> {
     // SAFETY: the caller's contract; `isa` is what this CPU runs.
     unsafe { run_on(isa(), p, None, Some(fin), threads) }
+}
+
+/// [`run`] with each block of output rows finished in place once its sums are complete, by `fin`
+/// (whose `in_output` is true): the output's bias and activation applied while the block is in
+/// cache.
+///
+/// # Safety
+/// As [`run`].
+pub(crate) unsafe fn run_finishing_in_place(
+    p: &Product,
+    packed: Option<&PackedRhs>,
+    fin: &dyn Finish,
+    threads: usize,
+) -> Result<()> {
+    debug_assert!(fin.in_output());
+    // SAFETY: the caller's contract; `isa` is what this CPU runs.
+    unsafe { run_on(isa(), p, packed, Some(fin), threads) }
 }
 
 /// The micro-kernel's width on this CPU: 512 bits where AVX-512 runs at full width (see
@@ -131,7 +156,9 @@ unsafe fn run_on(
     let (mcap, ncap) = if by_cols { (m, per) } else { (per, n) };
     let b_room = if packed.is_some() { 0 } else { b_len(k_chunk(k), NC.min(ncap)) };
     // A finisher's block of sums (one chunk of k: none is stored in the output).
-    let g_room = if fin.is_some() { MC.min(mcap) * NC.min(ncap) } else { 0 };
+    let scratch_sums = fin.is_some_and(|f| !f.in_output());
+    debug_assert!(!(scratch_sums && packed.is_some()));
+    let g_room = if scratch_sums { MC.min(mcap) * NC.min(ncap) } else { 0 };
     let room = LINE + a_room(MC.min(mcap), k_chunk(k)) + b_room + g_room;
     let mut scratch = (0..parts).map(|_| try_take(room).map(super::HostBuf::new)).collect::<Result<Vec<_>>>()?;
     let part = |(t, buf): (usize, &mut super::HostBuf)| {
@@ -213,9 +240,9 @@ impl Out {
 /// # Safety
 /// The CPU runs `isa`; `a` (m x k), `b` (k x n) and `c` (m x n) lie in live allocations; `space`
 /// has room for `a_room(MC.min(m), k_chunk(k))` values, and `b_len(k_chunk(k), NC.min(n))` more
-/// unless `b` is packed. With `fin` (a finisher and where this part starts in the whole output),
-/// `b` is not packed, `space` has room for `MC.min(m) * NC.min(n)` more values, and `c` need only
-/// be live when `k` takes several chunks.
+/// unless `b` is packed. With `fin` (a finisher and where this part starts in the whole output)
+/// that is not `in_output`, `b` is not packed, `space` has room for `MC.min(m) * NC.min(n)` more
+/// values, and `c` need only be live when `k` takes several chunks.
 unsafe fn blocked(
     isa: Isa,
     (m, n, k): (usize, usize, usize),
@@ -227,11 +254,13 @@ unsafe fn blocked(
 ) {
     use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
     let kc_len = k_chunk(k);
-    // (A finisher takes blocks of rows: the packed loops make them.)
-    let direct = reads_left_in_place(isa, a, n) && fin.is_none();
+    // Sums finished from a scratch block (not in the output) come in blocks of rows: the packed
+    // loops make them.
+    let scratch = fin.is_some_and(|(f, _)| !f.in_output());
+    let direct = reads_left_in_place(isa, a, n) && !scratch;
     let (apack, bpack) = (space, unsafe { space.add(a_room(MC.min(m), kc_len)) });
     // A finisher's block of sums, after the packed right block (no room is taken without one).
-    let sums = if fin.is_some() { unsafe { bpack.add(b_len(kc_len, NC.min(n))) } } else { std::ptr::null_mut() };
+    let sums = if scratch { unsafe { bpack.add(b_len(kc_len, NC.min(n))) } } else { std::ptr::null_mut() };
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(kc_len) {
@@ -269,6 +298,12 @@ unsafe fn blocked(
                             let t = Tile { kc, a, lda, b: bp, per, c: cp.0, ldc, nr, add: pc > 0 };
                             tile_rows::<true>(isa.wide(), rows, t);
                         }
+                        if let Some((f, (r0, c0))) = fin.filter(|_| pc + kc == k) {
+                            // SAFETY: the group's rows and the block's columns lie inside the
+                            // output, whose sums are complete there.
+                            let cp = c.at(i, jc);
+                            f.finish(r0 + i, c0 + jc, rows, nc, cp.0, cp.1);
+                        }
                     }
                 }
                 continue;
@@ -278,7 +313,7 @@ unsafe fn blocked(
                 unsafe { pack_a(a.at(ic, pc), mc, kc, apack) };
                 // Where this block's sums go: the output, or (a finisher's, k in one chunk) the
                 // scratch block, rows `nc` apart.
-                let to = if fin.is_some() && kc == k { Out(sums, nc) } else { unsafe { c.at(ic, jc) } };
+                let to = if scratch && kc == k { Out(sums, nc) } else { unsafe { c.at(ic, jc) } };
                 for jr in (0..nc).step_by(isa.cols()) {
                     let nr = isa.cols().min(nc - jr);
                     let bp = unsafe { bp0.add((jr / NR) * per) };

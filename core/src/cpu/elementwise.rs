@@ -323,8 +323,9 @@ pub fn add_unary(op: UnaryOp, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &
     Ok(f32_storage(out))
 }
 
-/// `v = op(v + bias)` for each row of `bias.len()` values of `v`, in place: a convolution's
-/// bias and activation applied to its output rows while they are in cache.
+/// `v = op(v + bias)` for each row of `bias.len()` values of `v`, in place: a convolution's or a
+/// dense layer's bias and activation applied to its output rows while they are in cache (the
+/// same bits as [`add_unary`]).
 pub(super) fn add_unary_rows_in_place(v: &mut [f32], bias: &[f32], op: UnaryOp) {
     macro_rules! each {
         ($($o:ident),*) => {
@@ -334,7 +335,7 @@ pub(super) fn add_unary_rows_in_place(v: &mut [f32], bias: &[f32], op: UnaryOp) 
             }
         };
     }
-    each!(Identity, Relu, Sigmoid, Tanh);
+    each!(Identity, Relu, GeluTanh, GeluErf, Silu, Sigmoid, Tanh);
 }
 
 /// `add_unary_rows_in_place` for one op, on the widest loop the CPU has.

@@ -5,11 +5,83 @@
 
 use super::gemm_engine::{Engine, Product, engine, on_weft};
 use super::{CpuStorage, f32_storage, try_take, try_zeros};
+use crate::ops::UnaryOp;
 use crate::{Layout, Result};
 use rayon::prelude::*;
 
 /// `a @ b` for layouts `[batch.., m, k]` and `[batch.., k, n]` with one batch shape (strides may be 0).
 pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<CpuStorage> {
+    Ok(f32_storage(product(a, la, b, lb, None)?.0))
+}
+
+/// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a bias of `n` values: a dense layer's
+/// output. Where weft's kernel runs the product with the right matrix kept packed (inference:
+/// `packed`), the bias and activation are applied to each block of output rows right after its
+/// sums, while it is in cache; otherwise in one pass over the output after the product. Either
+/// way the same bits as the product then `add_unary`.
+pub fn matmul_add_unary(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+    bias: &[f32],
+    op: UnaryOp,
+) -> Result<CpuStorage> {
+    let n = lb.shape()[lb.rank() - 1];
+    if la.rank() != 2 || lb.rank() != 2 || bias.len() != n {
+        return Err(crate::Error::invalid(
+            "matmul_add_unary",
+            format!(
+                "{:?} @ {:?} + bias of {}: takes two matrices and a bias per column",
+                la.shape(),
+                lb.shape(),
+                bias.len()
+            ),
+        ));
+    }
+    let (mut out, finished) = product(a, la, b, lb, Some((bias, op)))?;
+    if !finished && n > 0 {
+        // Tasks of whole rows, about 32 Ki values each.
+        let per = ((1 << 15) / n).max(1) * n;
+        super::share::par_chunks_mut(&mut out, per, |_, rows| {
+            super::elementwise::add_unary_rows_in_place(rows, bias, op)
+        });
+    }
+    Ok(f32_storage(out))
+}
+
+/// A dense layer's bias and activation, finished on each block of the product's output in place.
+#[cfg(target_arch = "x86_64")]
+struct BiasAct<'a> {
+    bias: &'a [f32],
+    op: UnaryOp,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl super::blocked_gemm::Finish for BiasAct<'_> {
+    fn in_output(&self) -> bool {
+        true
+    }
+
+    unsafe fn finish(&self, _i: usize, j: usize, rows: usize, cols: usize, g: *const f32, gs: usize) {
+        for r in 0..rows {
+            // SAFETY: `g` points into the output (in place), whose rows hold `cols` values from
+            // column `j`, and only this call touches them now.
+            let row = unsafe { std::slice::from_raw_parts_mut(g.add(r * gs).cast_mut(), cols) };
+            super::elementwise::add_unary_rows_in_place(row, &self.bias[j..j + cols], self.op);
+        }
+    }
+}
+
+/// [`matmul`], with `epilogue` (a bias per column and an op) applied to the output blocks where
+/// the product's kernel can; `true` when it was.
+fn product(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+    epilogue: Option<(&[f32], UnaryOp)>,
+) -> Result<(Vec<f32>, bool)> {
     let (x, y) = (a.f32s("matmul")?, b.f32s("matmul")?);
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
@@ -17,7 +89,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let nb = batch.numel();
     if [nb, m, n, k].contains(&0) {
         // No products to sum: every output is 0 (and nothing is read).
-        return Ok(f32_storage(try_zeros(nb * m * n)?));
+        return Ok((try_zeros(nb * m * n)?, false));
     }
     let (ars, acs) = (la.strides()[r - 2] as isize, la.strides()[r - 1] as isize);
     let (brs, bcs) = (lb.strides()[r - 2] as isize, lb.strides()[r - 1] as isize);
@@ -35,9 +107,11 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     let work = m * n * k;
     let threads = rayon::current_num_threads();
     #[cfg(target_arch = "x86_64")]
-    if let Some(out) = packed(x, b, (m, n, k), (ars, acs, aoffs[0]), (brs, bcs, boffs[0]), nb, threads)? {
+    if let Some(out) = packed(x, b, (m, n, k), (ars, acs, aoffs[0]), (brs, bcs, boffs[0]), nb, threads, epilogue)? {
         return Ok(out);
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = epilogue;
     // Every element is written by the engine (it replaces, not adds): no zero fill first.
     let mut out = try_take(nb * m * n)?;
     // A transposed left matrix (its columns adjacent in memory) slows the engine's packing by up
@@ -110,7 +184,7 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
     // (the column blocks cover 0..n), each block wrote every element of its rows and columns, and
     // the capacity is nb*m*n.
     unsafe { out.set_len(nb * m * n) };
-    Ok(f32_storage(out))
+    Ok((out, false))
 }
 
 /// The product on weft's own kernels in inference (no gradient recorded, outside a backward
@@ -118,8 +192,10 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
 /// (`packed_gemm::available`) and there is one matrix of at least 16 columns: the right matrix is packed per storage
 /// and layout, and kept from its second use (a model's weights), as onnxruntime pre-packs its
 /// constant weights. Up to `MAX_ROWS` rows whose values are adjacent (unit column stride) run on
-/// `packed_gemm`; more on `blocked_gemm` (where it suits the shape). `None`: the engine's turn.
+/// `packed_gemm`; more on `blocked_gemm` (where it suits the shape), which applies `epilogue` to
+/// its blocks (then `true`). `None`: the engine's turn.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 fn packed(
     x: &[f32],
     b: &CpuStorage,
@@ -128,7 +204,8 @@ fn packed(
     (brs, bcs, boff): (isize, isize, usize),
     nb: usize,
     threads: usize,
-) -> Result<Option<CpuStorage>> {
+    epilogue: Option<(&[f32], UnaryOp)>,
+) -> Result<Option<(Vec<f32>, bool)>> {
     use super::{blocked_gemm, packed_gemm};
     let CpuStorage::F32(buf) = b else { return Ok(None) };
     let inference = !crate::backprop::grad_enabled() && !crate::backprop::in_backward();
@@ -162,7 +239,13 @@ fn packed(
         let threads = if m * n * k >= 1 << 18 { threads } else { 1 };
         // SAFETY: the engine is Weft (AVX2 and FMA); a's rows and columns lie inside x (the
         // reach check), out has room for m*n, rhs is k x n.
-        unsafe { blocked_gemm::run(&p, Some(&rhs), threads) }?;
+        match epilogue {
+            Some((bias, op)) => {
+                let fin = BiasAct { bias, op };
+                unsafe { blocked_gemm::run_finishing_in_place(&p, Some(&rhs), &fin, threads) }?
+            }
+            None => unsafe { blocked_gemm::run(&p, Some(&rhs), threads) }?,
+        }
     } else {
         let lhs = packed_gemm::PackedLhs::pack(&x[aoff..], m, ars as usize, k)?;
         let panels = rhs.panels();
@@ -184,7 +267,7 @@ fn packed(
     }
     // SAFETY: every branch wrote every row and column of the m x n output.
     unsafe { out.set_len(m * n) };
-    Ok(Some(f32_storage(out)))
+    Ok(Some((out, big && epilogue.is_some())))
 }
 
 /// Columns per block are a multiple of this (gemm's microkernels are 16 by 6 and 8 by 6 on x86).

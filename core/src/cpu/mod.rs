@@ -23,7 +23,7 @@ mod sum_columns;
 pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad, pool2d, pool2d_grad};
 pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, where_cond};
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
-pub use matmul::matmul;
+pub use matmul::{matmul, matmul_add_unary};
 pub use norm::{layer_norm, softmax};
 pub use pool::HostBuf;
 pub use pool::take as take_host_vec;

@@ -3,7 +3,9 @@
 use super::Tensor;
 use crate::backprop::Op;
 use crate::layout::broadcast_shape;
-use crate::{Error, Result};
+use crate::ops::UnaryOp;
+use crate::{DType, Device, Error, Result};
+use std::sync::Arc;
 
 impl Tensor {
     /// `self @ rhs`. Shapes `[.., m, k] @ [.., k, n] -> [.., m, n]`; batch axes broadcast; a 1-D
@@ -49,5 +51,60 @@ impl Tensor {
         super::check_shape("matmul", &shape, self.device())?;
         let storage = a.storage().matmul(a.layout(), &b.storage(), b.layout())?;
         Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(Op::Matmul(a, b))))
+    }
+
+    /// `op(self @ rhs + bias)`: a dense layer's product, bias and activation, for `self`
+    /// `[.., k]`, `rhs` `[k, n]` and `bias` `[n]`.
+    ///
+    /// Where no gradient is recorded (inference: [`no_grad`](crate::no_grad)) on the Cpu, the
+    /// bias and activation are applied to the product's output blocks right after their sums,
+    /// while in cache (one pass over the output fewer, and one op); otherwise it is
+    /// [`matmul`](Tensor::matmul) then [`add_unary`](Tensor::add_unary) (`add` for the identity),
+    /// with their gradients. The same values either way, bit for bit.
+    ///
+    /// ```
+    /// use weft_core::{no_grad, ops::UnaryOp, Device, Tensor};
+    /// let x = Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0], &[2, 2], &Device::Cpu)?;
+    /// let w = Tensor::from_vec(vec![1f32, -1.0, 1.0, 1.0], &[2, 2], &Device::Cpu)?;
+    /// let b = Tensor::from_vec(vec![0.5f32, -10.0], &[2], &Device::Cpu)?;
+    /// let fused = no_grad(|| x.matmul_add_unary(&w, &b, UnaryOp::Relu))?;
+    /// assert_eq!(fused.to_vec::<f32>()?, vec![3.5, 0.0, 7.5, 0.0]);
+    /// assert_eq!(fused.to_vec::<f32>()?, x.matmul(&w)?.add_unary(&b, UnaryOp::Relu)?.to_vec::<f32>()?);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn matmul_add_unary(&self, rhs: &Tensor, bias: &Tensor, op: UnaryOp) -> Result<Tensor> {
+        let what = "matmul_add_unary";
+        let fused = !crate::backprop::grad_enabled() && matches!(self.device(), Device::Cpu);
+        let n = rhs.dims().last().copied().unwrap_or(0);
+        if !fused || self.rank() < 2 || rhs.rank() != 2 || bias.dims() != [n] {
+            // (The ops' own checks name any mismatch.)
+            let y = self.matmul(rhs)?;
+            return if op == UnaryOp::Identity { y.add(bias) } else { y.add_unary(bias, op) };
+        }
+        for (t, side) in [(rhs, "kernel"), (bias, "bias")] {
+            self.same_device(t, what)?;
+            t.expect_f32(side)?;
+        }
+        self.expect_f32(what)?;
+        let k = self.dims()[self.rank() - 1];
+        if rhs.dims()[0] != k {
+            return Err(Error::ShapeMismatch { op: "matmul", lhs: self.dims().to_vec(), rhs: rhs.dims().to_vec() });
+        }
+        let rows: usize = self.dims()[..self.rank() - 1].iter().product();
+        let x = self.reshape(&[rows, k])?;
+        let mut shape = self.dims().to_vec();
+        *shape.last_mut().expect("rank >= 2") = n;
+        super::check_shape(what, &shape, self.device())?;
+        let b = bias.contiguous_from_zero()?;
+        let storage = match x.storage().matmul_add_unary(x.layout(), &rhs.storage(), rhs.layout(), &b.storage(), op)? {
+            Some(s) => s,
+            None => return x.matmul(rhs)?.add_unary(&b, op)?.reshape(&shape),
+        };
+        // Made only where no gradient is recorded: the node names the op in a trace.
+        let backward = Arc::new(|_: &Tensor| -> Result<Vec<Option<Tensor>>> {
+            Err(Error::invalid("matmul_add_unary", "its fused form was made without a gradient"))
+        });
+        let node = Op::Custom { name: what, inputs: vec![x, rhs.clone(), b], backward };
+        Ok(Tensor::from_storage(storage, &shape, DType::F32, self.device().clone(), Some(node)))
     }
 }

@@ -113,12 +113,12 @@ impl Layer for Dense {
                 self.vars.get().expect("just set")
             }
         };
-        let y = tp::linear(
+        let y = tp::linear_fused(
             self,
             ctx,
             x,
             (x.rank() - 1, x.rank() - 1),
-            |x| {
+            |x, epilogue| {
                 if kernel.dims()[0] != *x.dims().last().unwrap_or(&0) {
                     return Err(Error::invalid(
                         "Dense",
@@ -129,7 +129,10 @@ impl Layer for Dense {
                         ),
                     ));
                 }
-                x.matmul(kernel)
+                match epilogue {
+                    Some((b, op)) => x.matmul_add_unary(kernel, b, op),
+                    None => x.matmul(kernel),
+                }
             },
             bias.as_ref().map(|b| b.as_tensor()),
             self.activation,

@@ -8,6 +8,7 @@ use crate::{Activation, Ctx, Initializer, Layer};
 use std::sync::Arc;
 use std::sync::OnceLock;
 use weft_core::collectives::Collectives;
+use weft_core::ops::UnaryOp;
 use weft_core::{Error, Result, Tensor, Var, trace};
 
 /// `activation(einsum(equation, x, kernel) + bias)`, as Keras' EinsumDense.
@@ -91,6 +92,37 @@ impl EinsumDense {
         let (lhs, out) = self.equation.split_once("->").ok_or_else(bad)?;
         let (inp, ker) = lhs.split_once(',').ok_or_else(bad)?;
         Ok((inp.chars().collect(), ker.chars().collect(), out.chars().collect()))
+    }
+
+    /// In inference (no gradient recorded), an equation that is a dense layer's product (the
+    /// input's last letters summed against the kernel's first, in order, the output the input's
+    /// other letters then the kernel's, the bias spanning the kernel's) as one matrix product
+    /// with its bias and activation applied in it ([`Tensor::matmul_add_unary`]); `None`
+    /// otherwise, for the einsum.
+    fn as_dense(&self, x: &Tensor, kernel: &Tensor, bias: &Tensor, op: UnaryOp) -> Result<Option<Tensor>> {
+        if weft_core::backprop::grad_enabled() {
+            return Ok(None);
+        }
+        let (inp, ker, out) = self.spec()?;
+        let summed = inp.iter().filter(|c| ker.contains(c)).count();
+        let (rows, cols) = (inp.len() - summed, ker.len() - summed);
+        let dense = summed > 0
+            && inp[rows..] == ker[..summed]
+            && out.len() == rows + cols
+            && out[..rows] == inp[..rows]
+            && out[rows..] == ker[summed..]
+            && x.rank() == inp.len()
+            && kernel.rank() == ker.len()
+            && x.dims()[rows..] == kernel.dims()[..summed]
+            && bias.dims() == &kernel.dims()[summed..];
+        if !dense {
+            return Ok(None);
+        }
+        let m: usize = x.dims()[..rows].iter().product();
+        let (k, n): (usize, usize) = (x.dims()[rows..].iter().product(), bias.numel());
+        let shape: Vec<usize> = x.dims()[..rows].iter().chain(&kernel.dims()[summed..]).copied().collect();
+        let y = x.reshape(&[m, k])?.matmul_add_unary(&kernel.reshape(&[k, n])?, &bias.reshape(&[n])?, op)?;
+        Ok(Some(y.reshape(&shape)?))
     }
 
     /// Under a split: the input axis and the output axis of the kernel's split letter (either may be absent).
@@ -220,14 +252,20 @@ impl Layer for EinsumDense {
             }
         };
         let (in_axis, out_axis) = self.split_axes(shard)?;
-        let y = tp::linear(
+        let y = tp::linear_fused(
             self,
             ctx,
             x,
             (in_axis.unwrap_or(0), out_axis.unwrap_or(0)),
-            |x| {
-                Tensor::einsum(&self.equation, &[x, kernel.as_tensor()])
-                    .map_err(|e| Error::invalid("EinsumDense", format!("{path}: {e}")))
+            |x, epilogue| {
+                let kernel = kernel.as_tensor();
+                let with = |e: Error| Error::invalid("EinsumDense", format!("{path}: {e}"));
+                let Some((b, op)) = epilogue else { return Tensor::einsum(&self.equation, &[x, kernel]).map_err(with) };
+                if let Some(y) = self.as_dense(x, kernel, b, op).map_err(with)? {
+                    return Ok(y);
+                }
+                let y = Tensor::einsum(&self.equation, &[x, kernel]).map_err(with)?;
+                if op == UnaryOp::Identity { y.add(b) } else { y.add_unary(b, op) }
             },
             bias.as_ref().map(|b| b.as_tensor()),
             self.activation,
