@@ -227,6 +227,36 @@ fn reference_rows(x: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (sm, lsm, ln)
 }
 
+/// Softmax rows with masked scores (-1e9, as attention's mask writes), scores far below the
+/// maximum, a row masked everywhere, -inf and NaN: masked and far-below weights are exactly 0
+/// (their exponentials are skipped, not computed through subnormals), a row masked everywhere
+/// attends evenly, -inf weighs 0, a NaN makes its row NaN; the rest as in f64.
+#[test]
+fn softmax_of_masked_and_extreme_rows() {
+    let m = -1e9f32;
+    let rows: [[f32; 9]; 5] = [
+        [0.5, m, 1.0, m, m, -2.0, 0.0, m, 3.0],
+        [0.0, -86.0, -88.0, -103.0, -150.0, 1.0, 2.0, -1e30, 0.25],
+        [m; 9],
+        [f32::NEG_INFINITY, 1.0, 0.0, -1.0, m, 2.0, 0.5, 0.5, 0.5],
+        [0.0, 1.0, f32::NAN, 2.0, m, 0.0, 0.0, 0.0, 0.0],
+    ];
+    let x = Tensor::from_slice(rows.as_flattened(), &[5, 9], &Device::Cpu).unwrap();
+    let got = vals(&x.softmax(-1).unwrap());
+    let (want, _, _) = reference_rows(&rows.as_flattened()[..36], 9);
+    assert_close(&got[..36], &want, 1e-6, "finite rows");
+    for (i, &g) in got[..36].iter().enumerate() {
+        let v = rows.as_flattened()[i];
+        // (Row 2 is masked everywhere: even weights, checked below.)
+        if v <= -88.0 && !(18..27).contains(&i) {
+            assert!(g == 0.0, "element {i} ({v}) weighs {g}, not 0");
+        }
+    }
+    assert!(got[18..27].iter().all(|&p| (p - 1.0 / 9.0).abs() < 1e-7), "masked everywhere: {:?}", &got[18..27]);
+    assert_eq!(got[27], 0.0, "-inf weighs 0");
+    assert!(got[36..].iter().all(|p| p.is_nan()), "a NaN makes its row NaN: {:?}", &got[36..]);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
