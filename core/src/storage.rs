@@ -172,11 +172,7 @@ impl Storage {
         op: UnaryOp,
     ) -> Result<Option<Storage>> {
         let (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) = (self, rhs, bias) else { return Ok(None) };
-        // The bias is compact from 0, but its storage may be longer (a view of a larger tensor).
-        let n = lb.shape()[lb.rank() - 1];
-        let bias = bias.f32s("matmul_add_unary")?.get(..n).ok_or_else(|| {
-            crate::Error::invalid("matmul_add_unary", format!("a bias of fewer than the product's {n} columns"))
-        })?;
+        let bias = cpu_bias(bias, lb.shape()[lb.rank() - 1], "matmul_add_unary")?;
         Ok(Some(Storage::Cpu(cpu::matmul_add_unary(a, la, b, lb, bias, op)?)))
     }
 
@@ -192,8 +188,7 @@ impl Storage {
         op: UnaryOp,
     ) -> Result<Option<Storage>> {
         let (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) = (self, rhs, bias) else { return Ok(None) };
-        // The bias is compact from 0, but its storage may be longer (a view of a larger tensor).
-        let bias = &bias.f32s("conv2d")?[..lb.shape()[3]];
+        let bias = cpu_bias(bias, lb.shape()[3], "conv2d")?;
         Ok(Some(Storage::Cpu(cpu::conv2d(a, la, b, lb, g, Some((bias, op)))?)))
     }
 
@@ -364,4 +359,12 @@ impl Storage {
             Storage::Meta => Err(Error::MetaData { op: "to_vec" }),
         }
     }
+}
+
+/// The first `n` values of a fused op's bias: compact from 0, its storage may be longer (a view
+/// of a larger tensor); shorter is an Err naming `op`.
+fn cpu_bias<'a>(bias: &'a cpu::CpuStorage, n: usize, op: &'static str) -> Result<&'a [f32]> {
+    bias.f32s(op)?
+        .get(..n)
+        .ok_or_else(|| crate::Error::invalid(op, format!("a bias of fewer than the output's {n} columns")))
 }

@@ -97,6 +97,7 @@ impl Activation {
     pub fn as_unary(self) -> Option<weft_core::ops::UnaryOp> {
         use weft_core::ops::UnaryOp as U;
         Some(match self {
+            Activation::Linear => U::Identity,
             Activation::Relu => U::Relu,
             Activation::Gelu | Activation::GeluErf => U::GeluErf,
             Activation::GeluTanh => U::GeluTanh,

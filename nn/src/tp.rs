@@ -393,8 +393,7 @@ pub fn linear_fused(
     };
     let row_split = matches!(shard, Some((LayerShard { style: Style::Row { .. }, .. }, _)));
     // Bias and activation in one pass over the output (in the product itself where it can).
-    let op = if activation == crate::Activation::Linear { Some(UnaryOp::Identity) } else { activation.as_unary() };
-    let epilogue = match (bias, op) {
+    let epilogue = match (bias, activation.as_unary()) {
         (Some(b), Some(op)) => Some((b, op)),
         _ => None,
     };

@@ -87,9 +87,11 @@ pub(crate) trait Finish: Sync {
 }
 
 /// [`run`] with each block of finished output rows (up to `MC` rows by the part's columns) handed
-/// to `fin` rather than stored: the sums of a `k` of one chunk go to a scratch block (in L2) and
-/// from there to `fin`, so the output is never written and `p.dst` may be null; with several
-/// chunks the earlier chunks' sums wait in `p.dst`. `fin` gets the bits [`run`] would store.
+/// to `fin`. A finisher `in_output` finishes the block in the output, where [`run`] stored it
+/// (a bias and activation; `packed` may be given). Otherwise the block is not stored: the sums of
+/// a `k` of one chunk go to a scratch block (in L2) and from there to `fin`, so the output is
+/// never written and `p.dst` may be null; with several chunks the earlier chunks' sums wait in
+/// `p.dst`; `packed` must be `None`. `fin` gets the bits [`run`] would store.
 ///
 /// Measured in the MLP's training step (2-core Zen 3, same process, alternating): Adam finishing
 /// blocks this way 1-3% more steps/s than a product then Adam's pass. Finishing each 6 x 16 tile
@@ -97,26 +99,15 @@ pub(crate) trait Finish: Sync {
 /// on a new page), and so did bands of 6 rows over a right block kept in L2.
 ///
 /// # Safety
-/// As [`run`], with `p.dst` an `m x n` output (row stride `p.dst_rs`) whenever
-/// `k_chunk(p.k) < p.k`.
-pub(crate) unsafe fn run_finishing(p: &Product, fin: &dyn Finish, threads: usize) -> Result<()> {
-    // SAFETY: the caller's contract; `isa` is what this CPU runs.
-    unsafe { run_on(isa(), p, None, Some(fin), threads) }
-}
-
-/// [`run`] with each block of output rows finished in place once its sums are complete, by `fin`
-/// (whose `in_output` is true): the output's bias and activation applied while the block is in
-/// cache.
-///
-/// # Safety
-/// As [`run`].
-pub(crate) unsafe fn run_finishing_in_place(
+/// As [`run`], with `p.dst` an `m x n` output (row stride `p.dst_rs`) whenever `fin` is
+/// `in_output` or `k_chunk(p.k) < p.k`.
+pub(crate) unsafe fn run_finishing(
     p: &Product,
     packed: Option<&PackedRhs>,
     fin: &dyn Finish,
     threads: usize,
 ) -> Result<()> {
-    debug_assert!(fin.in_output());
+    debug_assert!(fin.in_output() || packed.is_none());
     // SAFETY: the caller's contract; `isa` is what this CPU runs.
     unsafe { run_on(isa(), p, packed, Some(fin), threads) }
 }
@@ -157,7 +148,6 @@ unsafe fn run_on(
     let b_room = if packed.is_some() { 0 } else { b_len(k_chunk(k), NC.min(ncap)) };
     // A finisher's block of sums (one chunk of k: none is stored in the output).
     let scratch_sums = fin.is_some_and(|f| !f.in_output());
-    debug_assert!(!(scratch_sums && packed.is_some()));
     let g_room = if scratch_sums { MC.min(mcap) * NC.min(ncap) } else { 0 };
     let room = LINE + a_room(MC.min(mcap), k_chunk(k)) + b_room + g_room;
     let mut scratch = (0..parts).map(|_| try_take(room).map(super::HostBuf::new)).collect::<Result<Vec<_>>>()?;

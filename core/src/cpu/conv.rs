@@ -164,9 +164,9 @@ pub fn conv2d(
     };
     if identity_columns(g) {
         gemm(out, (g.batch * per, c_out, kk), (&xs, kk, 1), (kernel, c_out, 1), true)?;
-        if epilogue.is_some() {
-            use rayon::prelude::*;
-            out.par_chunks_mut((1 << 15) / c_out * c_out + c_out).for_each(finish);
+        if let Some((bias, op)) = epilogue {
+            // SAFETY: the product just wrote every value.
+            super::elementwise::add_unary_rows_par(unsafe { written_mut(out) }, bias, op);
         }
     } else {
         // Blocks of rows, each unrolled into a scratch buffer that stays in cache and multiplied

@@ -338,6 +338,17 @@ pub(super) fn add_unary_rows_in_place(v: &mut [f32], bias: &[f32], op: UnaryOp) 
     each!(Identity, Relu, GeluTanh, GeluErf, Silu, Sigmoid, Tanh);
 }
 
+/// [`add_unary_rows_in_place`] over many rows, in tasks of whole rows (about 32 Ki values each)
+/// on every thread: the pass after a product that could not apply them block by block.
+pub(super) fn add_unary_rows_par(v: &mut [f32], bias: &[f32], op: UnaryOp) {
+    let n = bias.len();
+    if n == 0 {
+        return;
+    }
+    let per = ((1 << 15) / n).max(1) * n;
+    super::share::par_chunks_mut(v, per, |_, rows| add_unary_rows_in_place(rows, bias, op));
+}
+
 /// `add_unary_rows_in_place` for one op, on the widest loop the CPU has.
 #[inline(always)]
 fn rows_in_place(v: &mut [f32], bias: &[f32], f: impl Fn(f32) -> f32) {

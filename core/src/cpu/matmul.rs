@@ -40,12 +40,8 @@ pub fn matmul_add_unary(
         ));
     }
     let (mut out, finished) = product(a, la, b, lb, Some((bias, op)))?;
-    if !finished && n > 0 {
-        // Tasks of whole rows, about 32 Ki values each.
-        let per = ((1 << 15) / n).max(1) * n;
-        super::share::par_chunks_mut(&mut out, per, |_, rows| {
-            super::elementwise::add_unary_rows_in_place(rows, bias, op)
-        });
+    if !finished {
+        super::elementwise::add_unary_rows_par(&mut out, bias, op);
     }
     Ok(f32_storage(out))
 }
@@ -242,7 +238,7 @@ fn packed(
         match epilogue {
             Some((bias, op)) => {
                 let fin = BiasAct { bias, op };
-                unsafe { blocked_gemm::run_finishing_in_place(&p, Some(&rhs), &fin, threads) }?
+                unsafe { blocked_gemm::run_finishing(&p, Some(&rhs), &fin, threads) }?
             }
             None => unsafe { blocked_gemm::run(&p, Some(&rhs), threads) }?,
         }

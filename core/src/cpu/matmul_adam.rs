@@ -131,7 +131,7 @@ pub(crate) fn matmul_adam(
     // SAFETY: on_weft: the CPU runs weft's kernel; every element the strides reach lies inside
     // x and y (the extent check); `sums` has room for the output when k takes several chunks;
     // the finisher's pointers hold `size` values each.
-    unsafe { run_finishing(&product, &fin, threads) }?;
+    unsafe { run_finishing(&product, None, &fin, threads) }?;
     // SAFETY: every output block was finished once, which wrote each of its elements in all three.
     unsafe {
         wo.set_len(size);

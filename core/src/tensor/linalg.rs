@@ -76,10 +76,13 @@ impl Tensor {
         let what = "matmul_add_unary";
         let fused = !crate::backprop::grad_enabled() && matches!(self.device(), Device::Cpu);
         let n = rhs.dims().last().copied().unwrap_or(0);
-        if !fused || self.rank() < 2 || rhs.rank() != 2 || bias.dims() != [n] {
-            // (The ops' own checks name any mismatch.)
+        // The ops one after another (their own checks name any mismatch).
+        let apart = || {
             let y = self.matmul(rhs)?;
-            return if op == UnaryOp::Identity { y.add(bias) } else { y.add_unary(bias, op) };
+            if op == UnaryOp::Identity { y.add(bias) } else { y.add_unary(bias, op) }
+        };
+        if !fused || self.rank() < 2 || rhs.rank() != 2 || bias.dims() != [n] {
+            return apart();
         }
         for (t, side) in [(rhs, "kernel"), (bias, "bias")] {
             self.same_device(t, what)?;
@@ -98,7 +101,7 @@ impl Tensor {
         let b = bias.contiguous_from_zero()?;
         let storage = match x.storage().matmul_add_unary(x.layout(), &rhs.storage(), rhs.layout(), &b.storage(), op)? {
             Some(s) => s,
-            None => return x.matmul(rhs)?.add_unary(&b, op)?.reshape(&shape),
+            None => return apart(),
         };
         // Made only where no gradient is recorded: the node names the op in a trace.
         let backward = Arc::new(|_: &Tensor| -> Result<Vec<Option<Tensor>>> {
