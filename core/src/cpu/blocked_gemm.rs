@@ -19,6 +19,7 @@
 use super::gemm_engine::Product;
 use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a, pack_b};
 use super::packed_gemm::PackedRhs;
+use super::shared_rhs::{SharedRhs, View, shares_packing};
 use super::try_take;
 use crate::Result;
 
@@ -52,18 +53,20 @@ pub(crate) fn k_chunk(k: usize) -> usize {
     k.div_ceil(k.div_ceil(KC))
 }
 
-/// Runs `p` (which must have `k >= 1`) on `threads` threads: the output cut by columns when the
-/// left matrix is the smaller (each part packs all of it and its own columns of the right), by
-/// rows otherwise. With `packed`, the right matrix already packed (a model's weights in
-/// inference, kept by their storage), `p.rhs` is not read and the output is cut by rows (nothing
-/// is packed twice), or by columns when there are too few rows for every thread. `Err` only when
-/// memory for the packed blocks runs out.
+/// Runs `p` (which must have `k >= 1`) on `threads` threads. With `packed`, the right matrix
+/// already packed (a model's weights in inference, kept by their storage), `p.rhs` is not read
+/// and the output is cut by rows (nothing is packed twice), or by columns when there are too few
+/// rows for every thread. Otherwise, where enough is at stake (`shared_rhs::shares_packing`),
+/// the parts pack the right matrix once between them and the output is cut by rows; else the
+/// output is cut by columns when the left matrix is the smaller (each part packs all of it and
+/// its own columns of the right), by rows otherwise. `Err` only when memory for the packed
+/// blocks runs out.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.
 pub(crate) unsafe fn run(p: &Product, packed: Option<&PackedRhs>, threads: usize) -> Result<()> {
     // SAFETY: the caller's contract; `isa` is what this CPU runs.
-    unsafe { run_on(isa(), p, packed, None, threads) }
+    unsafe { run_on(isa(), p, packed, None, threads, None) }
 }
 
 /// What becomes of each block of output rows once its sums are complete, in place of storing it
@@ -91,7 +94,7 @@ pub(crate) trait Finish: Sync {
 /// (a bias and activation; `packed` may be given). Otherwise the block is not stored: the sums of
 /// a `k` of one chunk go to a scratch block (in L2) and from there to `fin`, so the output is
 /// never written and `p.dst` may be null; with several chunks the earlier chunks' sums wait in
-/// `p.dst`; `packed` must be `None`. `fin` gets the bits [`run`] would store.
+/// `p.dst`. `fin` gets the bits [`run`] would store.
 ///
 /// Measured in the MLP's training step (2-core Zen 3, same process, alternating): Adam finishing
 /// blocks this way 1-3% more steps/s than a product then Adam's pass. Finishing each 6 x 16 tile
@@ -107,9 +110,8 @@ pub(crate) unsafe fn run_finishing(
     fin: &dyn Finish,
     threads: usize,
 ) -> Result<()> {
-    debug_assert!(fin.in_output() || packed.is_none());
     // SAFETY: the caller's contract; `isa` is what this CPU runs.
-    unsafe { run_on(isa(), p, packed, Some(fin), threads) }
+    unsafe { run_on(isa(), p, packed, Some(fin), threads, None) }
 }
 
 /// The micro-kernel's width on this CPU: 512 bits where AVX-512 runs at full width (see
@@ -128,24 +130,35 @@ unsafe fn run_on(
     packed: Option<&PackedRhs>,
     fin: Option<&dyn Finish>,
     threads: usize,
+    share: Option<bool>,
 ) -> Result<()> {
     let (m, n, k) = (p.m, p.n, p.k);
     debug_assert!(packed.is_none_or(|b| b.dims() == (k, n)));
-    let by_cols = if packed.is_some() { m < 2 * MR * threads } else { m <= n };
+    let strided = Strided { ptr: p.rhs, rs: p.rhs_rs, cs: p.rhs_cs };
+    // The right matrix packed once for every part (kept, or packed here by the parts together:
+    // `shared_rhs`), or block by block by each part.
+    let shared;
+    let b = match packed {
+        Some(b) => Rhs::Packed(b.panels_ptr(), k * NR),
+        None if threads > 1 && share.unwrap_or_else(|| shares_packing((m, n, k), isa.rows(), threads)) => {
+            // SAFETY: the caller's contract: the k x n matrix lies in a live allocation.
+            shared = unsafe { SharedRhs::new(strided, k, n, threads) }?;
+            Rhs::Shared(shared.view())
+        }
+        None => Rhs::Strided(strided),
+    };
+    let is_packed = !matches!(b, Rhs::Strided(_));
+    let by_cols = if is_packed { m < 2 * MR * threads } else { m <= n };
     // Parts of at least two panels (or two row tiles) each.
     let most = if by_cols { n.div_ceil(2 * NR) } else { m.div_ceil(2 * MR) };
     let parts = threads.min(most).max(1);
     let (unit, len) = if by_cols { (isa.cols(), n) } else { (isa.rows(), m) };
     let per = len.div_ceil(parts).div_ceil(unit) * unit;
     let a = Strided { ptr: p.lhs, rs: p.lhs_rs, cs: p.lhs_cs };
-    let b = match packed {
-        Some(b) => Rhs::Packed(b.panels_ptr(), k * NR),
-        None => Rhs::Strided(Strided { ptr: p.rhs, rs: p.rhs_rs, cs: p.rhs_cs }),
-    };
     let c = Out(p.dst, p.dst_rs as usize);
     // Packing room per part, taken here so that a refusal is an Err before any work starts.
     let (mcap, ncap) = if by_cols { (m, per) } else { (per, n) };
-    let b_room = if packed.is_some() { 0 } else { b_len(k_chunk(k), NC.min(ncap)) };
+    let b_room = if is_packed { 0 } else { b_len(k_chunk(k), NC.min(ncap)) };
     // A finisher's block of sums (one chunk of k: none is stored in the output).
     let scratch_sums = fin.is_some_and(|f| !f.in_output());
     let g_room = if scratch_sums { MC.min(mcap) * NC.min(ncap) } else { 0 };
@@ -183,12 +196,13 @@ unsafe fn run_on(
     Ok(())
 }
 
-/// The right matrix: to be packed block by block, or packed already (panel `t` at
-/// `ptr + t * per`, its `k` rows of `NR` values in order).
+/// The right matrix: to be packed block by block by each part, packed already (panel `t` at
+/// `ptr + t * per`, its `k` rows of `NR` values in order), or packed once by the parts together.
 #[derive(Clone, Copy)]
 enum Rhs {
     Strided(Strided),
     Packed(*const f32, usize),
+    Shared(View),
 }
 
 // SAFETY: only read, while the product's caller keeps it alive.
@@ -204,6 +218,7 @@ impl Rhs {
         match self {
             Rhs::Strided(b) => Rhs::Strided(unsafe { b.at(p, j) }),
             Rhs::Packed(ptr, per) => Rhs::Packed(unsafe { ptr.add((j / NR) * per + p * NR) }, per),
+            Rhs::Shared(v) => Rhs::Shared(v.at(p, j)),
         }
     }
 }
@@ -231,8 +246,8 @@ impl Out {
 /// The CPU runs `isa`; `a` (m x k), `b` (k x n) and `c` (m x n) lie in live allocations; `space`
 /// has room for `a_room(MC.min(m), k_chunk(k))` values, and `b_len(k_chunk(k), NC.min(n))` more
 /// unless `b` is packed. With `fin` (a finisher and where this part starts in the whole output)
-/// that is not `in_output`, `b` is not packed, `space` has room for `MC.min(m) * NC.min(n)` more
-/// values, and `c` need only be live when `k` takes several chunks.
+/// that is not `in_output`, `space` has room for `MC.min(m) * NC.min(n)` more values, and `c`
+/// need only be live when `k` takes several chunks.
 unsafe fn blocked(
     isa: Isa,
     (m, n, k): (usize, usize, usize),
@@ -249,19 +264,37 @@ unsafe fn blocked(
     let scratch = fin.is_some_and(|(f, _)| !f.in_output());
     let direct = reads_left_in_place(isa, a, n) && !scratch;
     let (apack, bpack) = (space, unsafe { space.add(a_room(MC.min(m), kc_len)) });
-    // A finisher's block of sums, after the packed right block (no room is taken without one).
-    let sums = if scratch { unsafe { bpack.add(b_len(kc_len, NC.min(n))) } } else { std::ptr::null_mut() };
+    // A finisher's block of sums, after the right block packed here (no room is taken without one).
+    let b_room = if matches!(b, Rhs::Strided(_)) { b_len(kc_len, NC.min(n)) } else { 0 };
+    let sums = if scratch { unsafe { bpack.add(b_room) } } else { std::ptr::null_mut() };
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(kc_len) {
             let kc = kc_len.min(k - pc);
-            // Panel t of this block at bp0 + t * per.
-            let (bp0, per) = match unsafe { b.at(pc, jc) } {
+            // Panel t of this block at bp0 + t * per; with a shared packing, the first column of
+            // the panels this part packed (taken first, while the others' are packed).
+            let at = unsafe { b.at(pc, jc) };
+            let (bp0, per, first) = match at {
                 Rhs::Strided(block) => {
                     unsafe { pack_b(block, kc, nc, bpack) };
-                    (bpack.cast_const(), kc * NR)
+                    (bpack.cast_const(), kc * NR, 0)
                 }
-                Rhs::Packed(ptr, per) => (ptr, per),
+                Rhs::Packed(ptr, per) => (ptr, per, 0),
+                Rhs::Shared(v) => {
+                    // SAFETY: pc starts a chunk; the block's columns lie inside the matrix.
+                    let first = unsafe { v.claim(nc) };
+                    let (ptr, per) = v.panels();
+                    (ptr, per, first)
+                }
+            };
+            let shared = if let Rhs::Shared(v) = at { Some(v) } else { None };
+            // The block's tiles' first columns, in the order this part takes them.
+            let tiles = || (first..nc).step_by(isa.cols()).chain((0..first).step_by(isa.cols()));
+            // Before a tile's panels are read: a shared one's may still be packing elsewhere.
+            let ready = |jr: usize| {
+                if let Some(v) = shared {
+                    v.wait(jr, isa.cols().min(nc - jr));
+                }
             };
             if direct {
                 // Left rows read in place: each group of MR rows against every right panel while
@@ -280,7 +313,8 @@ unsafe fn blocked(
                                 }
                             }
                         }
-                        for jr in (0..nc).step_by(isa.cols()) {
+                        for jr in tiles() {
+                            ready(jr);
                             let bp = bp0.add((jr / NR) * per);
                             let cp = c.at(i, jc + jr);
                             let nr = isa.cols().min(nc - jr);
@@ -304,7 +338,8 @@ unsafe fn blocked(
                 // Where this block's sums go: the output, or (a finisher's, k in one chunk) the
                 // scratch block, rows `nc` apart.
                 let to = if scratch && kc == k { Out(sums, nc) } else { unsafe { c.at(ic, jc) } };
-                for jr in (0..nc).step_by(isa.cols()) {
+                for jr in tiles() {
+                    ready(jr);
                     let nr = isa.cols().min(nc - jr);
                     let bp = unsafe { bp0.add((jr / NR) * per) };
                     for ir in (0..mc).step_by(isa.rows()) {
@@ -597,18 +632,31 @@ mod tests {
     /// `a @ b` on `threads` threads for a row-major (`kind` 0), transposed (1) or broadcast (2)
     /// left matrix and a row-major or transposed right one.
     fn product(m: usize, n: usize, k: usize, (ka, kb): (u8, u8), seed: u64, threads: usize) -> (Vec<f32>, Vec<f64>) {
-        product_with(isa(), (m, n, k), (ka, kb), seed, threads, false)
+        product_with(isa(), (m, n, k), (ka, kb), seed, threads, Right::Auto)
     }
 
-    /// As [`product`], with the micro-kernel at `isa`'s width; `prepacked`: the right matrix
-    /// packed beforehand (as inference keeps it).
+    /// How a test's right matrix is packed.
+    #[derive(Clone, Copy, Debug)]
+    enum Right {
+        /// As `run` decides.
+        Auto,
+        /// Beforehand, as inference keeps it.
+        Kept,
+        /// Whole, shared by the parts (more than one thread).
+        Shared,
+        /// By each part, block by block.
+        Own,
+    }
+
+    /// As [`product`], with the micro-kernel at `isa`'s width and the right matrix packed as
+    /// `right` says.
     fn product_with(
         isa: Isa,
         (m, n, k): (usize, usize, usize),
         (ka, kb): (u8, u8),
         seed: u64,
         threads: usize,
-        prepacked: bool,
+        right: Right,
     ) -> (Vec<f32>, Vec<f64>) {
         let (ars, acs, alen) = match ka {
             0 => (k as isize, 1, m * k),
@@ -632,10 +680,16 @@ mod tests {
             rhs_rs: brs,
             rhs_cs: bcs,
         };
-        let packed = prepacked.then(|| PackedRhs::pack(&b, 0, brs as usize, bcs as usize, k, n).unwrap());
+        let kept = matches!(right, Right::Kept);
+        let packed = kept.then(|| PackedRhs::pack(&b, 0, brs as usize, bcs as usize, k, n).unwrap());
+        let share = match right {
+            Right::Shared => Some(true),
+            Right::Own => Some(false),
+            _ => None,
+        };
         // SAFETY: the kernel exists (has_kernel, and the caller's check for 512 bits), the
         // strides reach only inside a, b and out.
-        unsafe { run_on(isa, &p, packed.as_ref(), None, threads) }.unwrap();
+        unsafe { run_on(isa, &p, packed.as_ref(), None, threads, share) }.unwrap();
         let at = |i: usize, q: usize| a[(i as isize * ars + q as isize * acs) as usize] as f64;
         let bt = |q: usize, j: usize| b[(q as isize * brs + j as isize * bcs) as usize] as f64;
         let want = (0..m * n).map(|e| (0..k).map(|q| at(e / n, q) * bt(q, e % n)).sum()).collect();
@@ -657,14 +711,16 @@ mod tests {
                 prop_assert!((got as f64 - w).abs() <= 1e-5 * (k as f64).sqrt() * 4.0,
                     "m{m} n{n} k{k} layouts {ka}{kb} at ({}, {}): {got} vs {w}", e / n, e % n);
             }
-            for threads in [2, 3] {
-                let (more, _) = product(m, n, k, (ka, kb), seed, threads);
+            // Each part packing its own blocks, or sharing one packing of the right matrix (cut
+            // by rows, or by columns when rows are few).
+            for (threads, right) in [(2, Right::Own), (3, Right::Own), (2, Right::Shared), (3, Right::Shared)] {
+                let (more, _) = product_with(isa(), (m, n, k), (ka, kb), seed, threads, right);
                 prop_assert!(one.iter().zip(&more).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "m{m} n{n} k{k}: {threads} threads changed bits");
+                    "m{m} n{n} k{k}: {threads} threads ({right:?}) changed bits");
             }
             // A right matrix packed beforehand (cut by rows, or by columns when rows are few).
             for threads in [1, 2, 3] {
-                let (pre, _) = product_with(isa(), (m, n, k), (ka, kb), seed, threads, true);
+                let (pre, _) = product_with(isa(), (m, n, k), (ka, kb), seed, threads, Right::Kept);
                 prop_assert!(one.iter().zip(&pre).all(|(x, y)| x.to_bits() == y.to_bits()),
                     "m{m} n{n} k{k}: the packed right matrix on {threads} threads changed bits");
             }
@@ -680,16 +736,17 @@ mod tests {
         /// the one and packed by the other.)
         #[test]
         fn the_512_bit_tiles_give_the_256_bit_bits(m in 1usize..200, n in 1usize..200, k in 1usize..600,
-                ka in 0u8..3, kb in 0u8..2, threads in 1usize..4, prepacked in any::<bool>(), seed in 0u64..1000) {
+                ka in 0u8..3, kb in 0u8..2, threads in 1usize..4, right in 0usize..3, seed in 0u64..1000) {
             if !has_kernel() || !std::arch::is_x86_feature_detected!("avx512f") {
                 eprintln!("blocked_gemm: this CPU has no AVX-512 F; the 512-bit tiles are not tested");
                 return Ok(());
             }
-            let run = |isa| product_with(isa, (m, n, k), (ka, kb), seed, threads, prepacked).0;
+            let right = [Right::Own, Right::Kept, Right::Shared][right];
+            let run = |isa| product_with(isa, (m, n, k), (ka, kb), seed, threads, right).0;
             let (wide, narrow) = (run(Isa::Avx512), run(Isa::Avx2));
             for (e, (x, y)) in wide.iter().zip(&narrow).enumerate() {
-                prop_assert_eq!(x.to_bits(), y.to_bits(), "m{} n{} k{} layouts {}{} threads {} at ({}, {}): {} vs {}",
-                    m, n, k, ka, kb, threads, e / n, e % n, x, y);
+                prop_assert_eq!(x.to_bits(), y.to_bits(), "m{} n{} k{} layouts {}{} threads {} {:?} at ({}, {}): {} vs {}",
+                    m, n, k, ka, kb, threads, right, e / n, e % n, x, y);
             }
         }
     }
@@ -702,12 +759,98 @@ mod tests {
             return;
         }
         // 7 rows: cut by columns, packed here or beforehand; 150 rows (more than one row block):
-        // cut by columns when packed here, by rows when packed beforehand.
-        for (m, prepacked) in [(7, false), (7, true), (150, false), (150, true)] {
+        // cut by columns when each part packs its own, by rows when packed beforehand or shared.
+        for (m, right) in
+            [(7, Right::Own), (7, Right::Kept), (150, Right::Own), (150, Right::Kept), (150, Right::Shared)]
+        {
             let (n, k) = (NC + 37, 40);
-            let (got, want) = product_with(isa(), (m, n, k), (0, 0), 5, 2, prepacked);
+            let (got, want) = product_with(isa(), (m, n, k), (0, 0), 5, 2, right);
             for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                assert!((g as f64 - w).abs() <= 1e-4, "m{m} packed {prepacked} at ({}, {}): {g} vs {w}", e / n, e % n);
+                assert!((g as f64 - w).abs() <= 1e-4, "m{m} {right:?} at ({}, {}): {g} vs {w}", e / n, e % n);
+            }
+        }
+    }
+
+    /// The `m x k` row-major `a` times the `k x n` matrix `b` (row and column strides given), into
+    /// the `m x n` row-major `dst`.
+    fn rows_times(
+        a: &[f32],
+        (b, brs, bcs): (&[f32], isize, isize),
+        (m, n, k): (usize, usize, usize),
+        dst: *mut f32,
+    ) -> Product {
+        Product {
+            m,
+            n,
+            k,
+            dst,
+            dst_rs: n as isize,
+            lhs: a.as_ptr(),
+            lhs_rs: k as isize,
+            lhs_cs: 1,
+            rhs: b.as_ptr(),
+            rhs_rs: brs,
+            rhs_cs: bcs,
+        }
+    }
+
+    /// A finisher that copies each finished block into `out` (`m x n`, row-major): from a scratch
+    /// block as Adam's takes its sums, or (`in_output`) from the output as a bias's does.
+    struct CopyOut {
+        out: *mut f32,
+        n: usize,
+        in_output: bool,
+    }
+
+    // SAFETY: each block is copied by the one thread that finishes it, into its own elements.
+    unsafe impl Sync for CopyOut {}
+
+    impl Finish for CopyOut {
+        fn in_output(&self) -> bool {
+            self.in_output
+        }
+
+        unsafe fn finish(&self, i: usize, j: usize, rows: usize, cols: usize, g: *const f32, gs: usize) {
+            for r in 0..rows {
+                for q in 0..cols {
+                    // SAFETY: the block lies inside the output (the caller's contract), and so
+                    // inside `out`, of the same shape.
+                    unsafe { *self.out.add((i + r) * self.n + j + q) = *g.add(r * gs + q) };
+                }
+            }
+        }
+    }
+
+    /// Blocks handed to a finisher hold the bits the product stores, whether each part packs its
+    /// own right blocks or the parts share one packing (cut by rows, or by columns when rows are
+    /// few; the right matrix row-major or transposed; the left one packed or read in place), for a
+    /// `k` of one chunk or several.
+    #[test]
+    fn finishers_get_the_stored_bits_with_a_shared_packing() {
+        if !has_kernel() {
+            return;
+        }
+        for (m, n, k) in [(150, 70, 40), (150, 300, 600), (20, 40, 300), (97, 130, 256)] {
+            for kb in [0u8, 1] {
+                let (want, _) = product(m, n, k, (0, kb), 4, 1);
+                let a: Vec<f32> = (0..m * k).map(|i| val(i, 4)).collect();
+                let b: Vec<f32> = (0..k * n).map(|i| val(i, 7)).collect();
+                let (brs, bcs) = if kb == 0 { (n as isize, 1) } else { (1, k as isize) };
+                for (threads, share, in_output) in
+                    [(2, false, false), (2, true, false), (3, true, false), (2, true, true), (3, true, true)]
+                {
+                    let mut sums = vec![f32::NAN; m * n];
+                    let mut out = vec![f32::NAN; m * n];
+                    let p = rows_times(&a, (&b, brs, bcs), (m, n, k), sums.as_mut_ptr());
+                    let fin = CopyOut { out: out.as_mut_ptr(), n, in_output };
+                    // SAFETY: the kernel exists; the strides stay inside a, b and sums.
+                    unsafe { run_on(isa(), &p, None, Some(&fin), threads, Some(share)) }.unwrap();
+                    let bad = want.iter().zip(&out).position(|(x, y)| x.to_bits() != y.to_bits());
+                    assert!(
+                        bad.is_none(),
+                        "{m}x{n}x{k} right {kb} on {threads} threads, shared {share}, in output {in_output}: first difference at {bad:?}"
+                    );
+                }
             }
         }
     }
@@ -724,23 +867,11 @@ mod tests {
         let b: Vec<f32> = (0..k * wide).map(|i| val(i, 8)).collect();
         let run = |n: usize| {
             let mut out = vec![f32::NAN; m * n];
-            let p = Product {
-                m,
-                n,
-                k,
-                dst: out.as_mut_ptr(),
-                dst_rs: n as isize,
-                lhs: a.as_ptr(),
-                lhs_rs: k as isize,
-                lhs_cs: 1,
-                rhs: b.as_ptr(),
-                rhs_rs: wide as isize,
-                rhs_cs: 1,
-            };
+            let p = rows_times(&a, (&b, wide as isize, 1), (m, n, k), out.as_mut_ptr());
             // SAFETY: the kernel exists; the strides stay inside a, b and out. (256-bit tiles:
             // the 512-bit ones read a row-major left matrix in place at any width; their bits
             // against these are the proptest's above.)
-            unsafe { run_on(Isa::Avx2, &p, None, None, 2) }.unwrap();
+            unsafe { run_on(Isa::Avx2, &p, None, None, 2, None) }.unwrap();
             out
         };
         let strided = |ptr| Strided { ptr, rs: k as isize, cs: 1 };

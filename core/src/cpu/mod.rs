@@ -17,6 +17,8 @@ mod packed_gemm;
 mod pool;
 mod reduce;
 mod share;
+#[cfg(target_arch = "x86_64")]
+mod shared_rhs;
 mod strided_copy;
 mod sum_columns;
 
