@@ -399,21 +399,17 @@ proptest! {
     }
 }
 
+/// A 3x3 "same" convolution of unit strides over `batch` inputs of `hw` pixels.
+fn same_3x3(batch: usize, hw: [usize; 2], c_in: usize, c_out: usize, seed: u64) -> Case {
+    let (kernel, strides, dilation, padding) = ([3, 3], [1, 1], [1, 1], Padding::Same);
+    Case { batch, hw, c_in, c_out, kernel, strides, dilation, padding, seed }
+}
+
 /// The fused form over several blocks of output rows, over the 1x1 kernel whose columns are the
 /// input itself, and in one dimension: the convolution then `add_unary`, bit for bit.
 #[test]
 fn conv_with_bias_and_activation_over_blocks_pointwise_and_1d() {
-    let big = Case {
-        batch: 8,
-        hw: [16, 16],
-        c_in: 8,
-        c_out: 5,
-        kernel: [3, 3],
-        strides: [1, 1],
-        dilation: [1, 1],
-        padding: Padding::Same,
-        seed: 3,
-    };
+    let big = same_3x3(8, [16, 16], 8, 5, 3);
     let pointwise = Case { kernel: [1, 1], padding: Padding::Valid, ..big };
     for c in [big, pointwise] {
         for op in EPILOGUES {
@@ -441,4 +437,32 @@ fn conv_with_bias_and_activation_over_blocks_pointwise_and_1d() {
     let bad = Tensor::zeros(&[5], &d).unwrap();
     let e = x.conv1d_add_unary(&k, &bad, UnaryOp::Relu, 1, 1, Padding::Valid).unwrap_err().to_string();
     assert!(e.contains("[6]") && e.contains("[5]"), "{e}");
+}
+
+/// In inference (no gradient recorded) the kernel is packed once per call and kept by its storage
+/// from the second call on: the first, second and third calls give the bits of a recorded
+/// convolution, over several blocks of rows, a 1x1 kernel, a stride, with and without a bias and
+/// activation, and a kernel too narrow to keep.
+#[test]
+fn inference_keeps_the_kernel_packed_with_the_same_bits() {
+    let d = Device::Cpu;
+    let big = same_3x3(6, [19, 17], 12, 40, 8);
+    let pointwise = Case { kernel: [1, 1], padding: Padding::Valid, c_out: 24, ..big };
+    let strided = Case { strides: [2, 2], c_out: 16, ..big };
+    let narrow = Case { c_out: 5, ..big };
+    for c in [big, pointwise, strided, narrow] {
+        let (xv, kv) = (Var::new(c.x(&d)).unwrap(), Var::new(c.kernel(&d)).unwrap());
+        let b = Tensor::rand(-0.5, 0.5, &[c.c_out], c.seed + 5, &d).unwrap();
+        let (x, k) = (xv.as_tensor(), kv.as_tensor());
+        let plain = || x.conv2d(k, c.strides, c.dilation, c.padding);
+        let fused = || x.conv2d_add_unary(k, &b, UnaryOp::Relu, c.strides, c.dilation, c.padding);
+        for (name, f) in [("conv2d", &plain as &dyn Fn() -> Result<Tensor>), ("conv2d_add_unary", &fused)] {
+            let want = vals(&f().unwrap());
+            for call in 1..=3 {
+                let got = weft_core::no_grad(f).unwrap();
+                let same = vals(&got).iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "{name} call {call} in inference differs from training on {c:?}");
+            }
+        }
+    }
 }
