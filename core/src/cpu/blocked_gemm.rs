@@ -1,6 +1,7 @@
 //! weft's own f32 product for AVX2+FMA CPUs, blocked for the caches as BLIS does: the right
 //! matrix is packed `KC` rows by up to `NC` columns at a time (its 16-column panels, 16 KiB each,
-//! stay in L1 while a block of the left matrix passes over them), the left matrix `MC` rows by
+//! stay in L1 while a block of the left matrix passes over them; when the parts of a product on
+//! several threads share one packing, `shared_rhs`, it is packed whole, chunk by chunk), the left matrix `MC` rows by
 //! `KC` columns at a time (about 150 KiB, in L2), and a 6 x 16 micro-kernel with 12
 //! accumulators runs over the panels; where AVX-512 runs at full width, a 12 x 32 one with 24
 //! (two left panels by two right ones: [`Isa`]).
@@ -75,7 +76,7 @@ pub(crate) trait Finish: Sync {
     /// Whether the sums are stored in the output and finished there, in place (a bias and an
     /// activation), rather than handed over from a scratch block (Adam, whose product has no
     /// output). Finishers in place also take the rows of a left matrix read in place, a group of
-    /// micro-kernel rows at a time, and work with a packed right matrix.
+    /// micro-kernel rows at a time.
     fn in_output(&self) -> bool {
         false
     }
@@ -134,13 +135,18 @@ unsafe fn run_on(
 ) -> Result<()> {
     let (m, n, k) = (p.m, p.n, p.k);
     debug_assert!(packed.is_none_or(|b| b.dims() == (k, n)));
+    let a = Strided { ptr: p.lhs, rs: p.lhs_rs, cs: p.lhs_cs };
     let strided = Strided { ptr: p.rhs, rs: p.rhs_rs, cs: p.rhs_cs };
+    // A finisher's block of sums (one chunk of k: none is stored in the output).
+    let scratch_sums = fin.is_some_and(|f| !f.in_output());
     // The right matrix packed once for every part (kept, or packed here by the parts together:
     // `shared_rhs`), or block by block by each part.
+    let left_packed = scratch_sums || !reads_left_in_place(isa, a, n);
+    let share = share.unwrap_or_else(|| shares_packing((m, n, k), isa.rows(), threads, left_packed));
     let shared;
     let b = match packed {
         Some(b) => Rhs::Packed(b.panels_ptr(), k * NR),
-        None if threads > 1 && share.unwrap_or_else(|| shares_packing((m, n, k), isa.rows(), threads)) => {
+        None if threads > 1 && share => {
             // SAFETY: the caller's contract: the k x n matrix lies in a live allocation.
             shared = unsafe { SharedRhs::new(strided, k, n, threads) }?;
             Rhs::Shared(shared.view())
@@ -154,13 +160,10 @@ unsafe fn run_on(
     let parts = threads.min(most).max(1);
     let (unit, len) = if by_cols { (isa.cols(), n) } else { (isa.rows(), m) };
     let per = len.div_ceil(parts).div_ceil(unit) * unit;
-    let a = Strided { ptr: p.lhs, rs: p.lhs_rs, cs: p.lhs_cs };
     let c = Out(p.dst, p.dst_rs as usize);
     // Packing room per part, taken here so that a refusal is an Err before any work starts.
     let (mcap, ncap) = if by_cols { (m, per) } else { (per, n) };
     let b_room = if is_packed { 0 } else { b_len(k_chunk(k), NC.min(ncap)) };
-    // A finisher's block of sums (one chunk of k: none is stored in the output).
-    let scratch_sums = fin.is_some_and(|f| !f.in_output());
     let g_room = if scratch_sums { MC.min(mcap) * NC.min(ncap) } else { 0 };
     let room = LINE + a_room(MC.min(mcap), k_chunk(k)) + b_room + g_room;
     let mut scratch = (0..parts).map(|_| try_take(room).map(super::HostBuf::new)).collect::<Result<Vec<_>>>()?;
@@ -205,12 +208,14 @@ enum Rhs {
     Shared(View),
 }
 
-// SAFETY: only read, while the product's caller keeps it alive.
+// SAFETY: only read, while the product's caller keeps it alive (a shared packing is written by
+// the one part that claimed each group: see `shared_rhs::View`).
 unsafe impl Send for Rhs {}
 unsafe impl Sync for Rhs {}
 
 impl Rhs {
-    /// The matrix from row `p`, column `j` (for a packed one, `j` a multiple of `NR`).
+    /// The matrix from row `p`, column `j` (for a packed one, `j` a multiple of `NR`; for a
+    /// shared one, `p` also the first row of a chunk of `k`).
     ///
     /// # Safety
     /// `(p, j)` lies inside the matrix.
@@ -247,7 +252,8 @@ impl Out {
 /// has room for `a_room(MC.min(m), k_chunk(k))` values, and `b_len(k_chunk(k), NC.min(n))` more
 /// unless `b` is packed. With `fin` (a finisher and where this part starts in the whole output)
 /// that is not `in_output`, `space` has room for `MC.min(m) * NC.min(n)` more values, and `c`
-/// need only be live when `k` takes several chunks.
+/// need only be live when `k` takes several chunks. A shared `b` starts at the first row of the
+/// product's `k` (the part's view of the whole matrix, whose `k` is this one).
 unsafe fn blocked(
     isa: Isa,
     (m, n, k): (usize, usize, usize),
@@ -284,7 +290,9 @@ unsafe fn blocked(
                     // SAFETY: pc starts a chunk; the block's columns lie inside the matrix.
                     let first = unsafe { v.claim(nc) };
                     let (ptr, per) = v.panels();
-                    (ptr, per, first)
+                    // On a tile's edge: a block may start on an odd panel (4080 columns), and a
+                    // 512-bit tile covers two.
+                    (ptr, per, first - first % isa.cols())
                 }
             };
             let shared = if let Rhs::Shared(v) = at { Some(v) } else { None };
@@ -293,7 +301,8 @@ unsafe fn blocked(
             // Before a tile's panels are read: a shared one's may still be packing elsewhere.
             let ready = |jr: usize| {
                 if let Some(v) = shared {
-                    v.wait(jr, isa.cols().min(nc - jr));
+                    // SAFETY: the tile's columns lie inside the block, inside the matrix.
+                    unsafe { v.wait(jr, isa.cols().min(nc - jr)) };
                 }
             };
             if direct {
@@ -742,6 +751,8 @@ mod tests {
                 return Ok(());
             }
             let right = [Right::Own, Right::Kept, Right::Shared][right];
+            // (A shared packing needs two parts at least.)
+            let threads = if matches!(right, Right::Shared) { threads.max(2) } else { threads };
             let run = |isa| product_with(isa, (m, n, k), (ka, kb), seed, threads, right).0;
             let (wide, narrow) = (run(Isa::Avx512), run(Isa::Avx2));
             for (e, (x, y)) in wide.iter().zip(&narrow).enumerate() {
@@ -751,8 +762,9 @@ mod tests {
         }
     }
 
-    /// Wider than one packed block of the right matrix (4080 columns): the second block's
-    /// columns are right too, however the threads cut the output.
+    /// Wider than one packed block of the right matrix (4080 columns, so the second block starts
+    /// on an odd panel), over two chunks of `k`: the second block's columns are right too,
+    /// however the threads cut the output and pack the right matrix.
     #[test]
     fn crosses_the_column_blocks() {
         if !has_kernel() {
@@ -763,10 +775,10 @@ mod tests {
         for (m, right) in
             [(7, Right::Own), (7, Right::Kept), (150, Right::Own), (150, Right::Kept), (150, Right::Shared)]
         {
-            let (n, k) = (NC + 37, 40);
+            let (n, k) = (NC + 37, 300);
             let (got, want) = product_with(isa(), (m, n, k), (0, 0), 5, 2, right);
             for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                assert!((g as f64 - w).abs() <= 1e-4, "m{m} {right:?} at ({}, {}): {g} vs {w}", e / n, e % n);
+                assert!((g as f64 - w).abs() <= 1e-3, "m{m} {right:?} at ({}, {}): {g} vs {w}", e / n, e % n);
             }
         }
     }

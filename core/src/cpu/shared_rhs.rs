@@ -35,11 +35,29 @@ const PACKED: u8 = 2;
 /// Whether the parts of an `m x k` by `k x n` product on `threads` threads share one packing of
 /// the right matrix: where every thread gets at least two tiles of `tile_rows` rows, the values
 /// packed more than once are at least [`SHARED_MIN`], and the matrix at most [`SHARED_MAX`].
-pub(super) fn shares_packing((m, n, k): (usize, usize, usize), tile_rows: usize, threads: usize) -> bool {
-    threads > 1
-        && m >= 2 * tile_rows * threads
-        && b_len(k, n) <= SHARED_MAX
-        && (threads - 1) * k * m.min(n) >= SHARED_MIN
+/// `left_packed`: whether the left matrix is packed (not read in place); read in place, a product
+/// cut by columns packs nothing twice.
+pub(super) fn shares_packing(
+    (m, n, k): (usize, usize, usize),
+    tile_rows: usize,
+    threads: usize,
+    left_packed: bool,
+) -> bool {
+    let twice = match (left_packed, m <= n) {
+        (true, _) => m.min(n),
+        (false, true) => 0,
+        (false, false) => n,
+    };
+    threads > 1 && m >= 2 * tile_rows * threads && b_len(k, n) <= SHARED_MAX && (threads - 1) * k * twice >= SHARED_MIN
+}
+
+/// Marks a group packed when dropped (release: its values are written before).
+struct Publish<'a>(&'a AtomicU8);
+
+impl Drop for Publish<'_> {
+    fn drop(&mut self) {
+        self.0.store(PACKED, Ordering::Release);
+    }
 }
 
 /// The buffer of the packed matrix and its groups' states, for the length of one product.
@@ -60,7 +78,8 @@ impl SharedRhs {
         let mut buf = try_take(k * row + 16)?;
         // Panels start on a cache line (see `blocked_gemm`).
         let start = buf.as_ptr().align_offset(64).min(16);
-        // (Even: a 512-bit tile's two panels lie in one group.)
+        // (Even, so that a 512-bit tile's two panels lie in one group when the part's columns
+        // start on an even panel, as they do but in a column block that starts at 4080.)
         let group = panels.div_ceil(threads).next_multiple_of(2).min(GROUP);
         let groups = panels.div_ceil(group);
         let states: Vec<AtomicU8> = (0..k.div_ceil(kc) * groups).map(|_| AtomicU8::new(FREE)).collect();
@@ -122,7 +141,12 @@ impl View {
         let kc = self.kc.min(self.k - self.p);
         let mut first = None;
         for g in self.groups_of(0, cols) {
-            if self.state(g).compare_exchange(FREE, PACKING, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+            // SAFETY (both): g is one of the groups the columns cover (the caller's bounds).
+            let state = unsafe { self.state(g) };
+            if state.compare_exchange(FREE, PACKING, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                // Packed on every way out, so that no part waits forever (were the packing to
+                // panic, the panic reaches the product's caller once every part has ended).
+                let _publish = Publish(state);
                 let j = g * self.group * NR;
                 // SAFETY: rows p..p + kc, columns j.. of the group lie inside the matrix; its
                 // panels lie inside the chunk's `kc * row` values in the buffer, and only this
@@ -131,7 +155,6 @@ impl View {
                     let to = self.ptr.add(self.p * self.row + g * self.group * kc * NR);
                     pack_b(self.src.at(self.p, j), kc, (self.n - j).min(self.group * NR), to);
                 }
-                self.state(g).store(PACKED, Ordering::Release);
                 first.get_or_insert((g * self.group).max(self.t) - self.t);
             }
         }
@@ -140,10 +163,15 @@ impl View {
 
     /// Waits until the panels covering columns `j..j + cols` (from here) of the chunk that starts
     /// here are packed. A group still packing was claimed by a part that is running: it ends soon.
-    pub(super) fn wait(self, j: usize, cols: usize) {
+    ///
+    /// # Safety
+    /// The view's row starts a chunk of the matrix, and the columns lie inside it.
+    pub(super) unsafe fn wait(self, j: usize, cols: usize) {
         for g in self.groups_of(j, cols) {
+            // SAFETY: g is one of the groups the columns cover (the caller's bounds).
+            let state = unsafe { self.state(g) };
             let mut spins = 0u32;
-            while self.state(g).load(Ordering::Acquire) != PACKED {
+            while state.load(Ordering::Acquire) != PACKED {
                 spins += 1;
                 if spins < 1 << 12 {
                     std::hint::spin_loop();
@@ -168,7 +196,10 @@ impl View {
     }
 
     /// Group `g`'s state in the chunk that starts here.
-    fn state(&self, g: usize) -> &AtomicU8 {
+    ///
+    /// # Safety
+    /// `g` is one of the chunk's groups, and the view's row starts a chunk of the matrix.
+    unsafe fn state(&self, g: usize) -> &AtomicU8 {
         debug_assert!(g < self.groups && self.p < self.k);
         // SAFETY: the chunk's states start at (p / kc) * groups and g < groups: inside the
         // states, which `SharedRhs` keeps alive while a view is used.
