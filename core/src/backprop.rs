@@ -152,6 +152,12 @@ pub fn grad_enabled() -> bool {
     GRAD_ENABLED.with(|g| g.get())
 }
 
+/// Inference: no gradient recorded and outside a backward pass, where the Cpu keeps packed
+/// copies of a product's right matrix (a model's weights) in their storage.
+pub(crate) fn inference() -> bool {
+    !grad_enabled() && !in_backward()
+}
+
 /// Run `f` without recording gradients (inference, optimizer updates).
 ///
 /// ```

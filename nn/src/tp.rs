@@ -349,7 +349,6 @@ pub fn linear(
     activation: crate::Activation,
 ) -> Result<Tensor> {
     let product = |x: &Tensor, epilogue: Option<(&Tensor, UnaryOp)>| match epilogue {
-        Some((b, UnaryOp::Identity)) => product(x)?.add(b),
         Some((b, op)) => product(x)?.add_unary(b, op),
         None => product(x),
     };
@@ -403,7 +402,6 @@ pub fn linear_fused(
     }
     let y = match (epilogue, bias) {
         (Some(_), _) if !row_split => y,
-        (Some((b, UnaryOp::Identity)), _) => y.add(b)?,
         (Some((b, op)), _) => y.add_unary(b, op)?,
         (None, Some(b)) => activation.apply(&y.add(b)?)?,
         (None, None) => activation.apply(&y)?,

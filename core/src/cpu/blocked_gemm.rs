@@ -279,23 +279,21 @@ unsafe fn blocked(
             let kc = kc_len.min(k - pc);
             // Panel t of this block at bp0 + t * per; with a shared packing, the first column of
             // the panels this part packed (taken first, while the others' are packed).
-            let at = unsafe { b.at(pc, jc) };
-            let (bp0, per, first) = match at {
+            let (bp0, per, first, shared) = match unsafe { b.at(pc, jc) } {
                 Rhs::Strided(block) => {
                     unsafe { pack_b(block, kc, nc, bpack) };
-                    (bpack.cast_const(), kc * NR, 0)
+                    (bpack.cast_const(), kc * NR, 0, None)
                 }
-                Rhs::Packed(ptr, per) => (ptr, per, 0),
+                Rhs::Packed(ptr, per) => (ptr, per, 0, None),
                 Rhs::Shared(v) => {
                     // SAFETY: pc starts a chunk; the block's columns lie inside the matrix.
                     let first = unsafe { v.claim(nc) };
                     let (ptr, per) = v.panels();
                     // On a tile's edge: a block may start on an odd panel (4080 columns), and a
                     // 512-bit tile covers two.
-                    (ptr, per, first - first % isa.cols())
+                    (ptr, per, first - first % isa.cols(), Some(v))
                 }
             };
-            let shared = if let Rhs::Shared(v) = at { Some(v) } else { None };
             // The block's tiles' first columns, in the order this part takes them.
             let tiles = || (first..nc).step_by(isa.cols()).chain((0..first).step_by(isa.cols()));
             // Before a tile's panels are read: a shared one's may still be packing elsewhere.

@@ -154,7 +154,7 @@ fn gemm(
 /// a CIFAR-sized CNN's inference on a 2-core Zen 3. `None` elsewhere (in training a kernel is new
 /// storage every step).
 fn kept_kernel(kernel: &CpuStorage, kk: usize, c_out: usize) -> Result<Option<Arc<PackedRhs>>> {
-    let inference = !crate::backprop::grad_enabled() && !crate::backprop::in_backward();
+    let inference = crate::backprop::inference();
     match kernel {
         CpuStorage::F32(buf) if inference && c_out >= NR && kk > 0 && super::packed_gemm::available() => {
             Ok(Some(buf.packed_rhs((0, c_out, 1, kk, c_out))?))

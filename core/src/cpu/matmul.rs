@@ -204,7 +204,7 @@ fn packed(
 ) -> Result<Option<(Vec<f32>, bool)>> {
     use super::{blocked_gemm, packed_gemm};
     let CpuStorage::F32(buf) = b else { return Ok(None) };
-    let inference = !crate::backprop::grad_enabled() && !crate::backprop::in_backward();
+    let inference = crate::backprop::inference();
     let small = m <= packed_gemm::MAX_ROWS && acs == 1;
     let big = !small && on_weft(engine(), m, n, k);
     if !inference || nb != 1 || !(small || big) || n < packed_gemm::NR || !packed_gemm::available() {

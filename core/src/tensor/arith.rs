@@ -144,7 +144,8 @@ impl Tensor {
 
     /// `op(self + rhs)` in one pass over the data, `rhs` broadcast to `self`'s shape: a layer's
     /// bias and activation without the sum in between going through memory. The same values as
-    /// `self.add(rhs)?.unary(op)`.
+    /// `self.add(rhs)?.unary(op)`. For the identity it is `add` itself (the same node: a linear
+    /// layer's bias is an `add` whichever way it is given).
     ///
     /// ```
     /// # use weft_core::{Device, Tensor, ops::UnaryOp};
@@ -163,6 +164,9 @@ impl Tensor {
             return Err(Error::ShapeMismatch { op: what, lhs: self.dims().to_vec(), rhs: rhs.dims().to_vec() });
         }
         let b = rhs.broadcast_to(&shape)?;
+        if op == UnaryOp::Identity {
+            return self.add(&b);
+        }
         let storage = self.storage().add_unary(op, self.layout(), &b.storage(), b.layout())?;
         let node = Op::AddUnary(self.clone(), b, op);
         Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(node)))

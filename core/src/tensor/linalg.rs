@@ -59,8 +59,7 @@ impl Tensor {
     /// Where no gradient is recorded (inference: [`no_grad`](crate::no_grad)) on the Cpu, the
     /// bias and activation are applied to the product's output blocks right after their sums,
     /// while in cache (one pass over the output fewer, and one op); otherwise it is
-    /// [`matmul`](Tensor::matmul) then [`add_unary`](Tensor::add_unary) (`add` for the identity),
-    /// with their gradients. The same values either way, bit for bit.
+    /// [`matmul`](Tensor::matmul) then [`add_unary`](Tensor::add_unary), with their gradients. The same values either way, bit for bit.
     ///
     /// ```
     /// use weft_core::{no_grad, ops::UnaryOp, Device, Tensor};
@@ -77,10 +76,7 @@ impl Tensor {
         let fused = !crate::backprop::grad_enabled() && matches!(self.device(), Device::Cpu);
         let n = rhs.dims().last().copied().unwrap_or(0);
         // The ops one after another (their own checks name any mismatch).
-        let apart = || {
-            let y = self.matmul(rhs)?;
-            if op == UnaryOp::Identity { y.add(bias) } else { y.add_unary(bias, op) }
-        };
+        let apart = || self.matmul(rhs)?.add_unary(bias, op);
         if !fused || self.rank() < 2 || rhs.rank() != 2 || bias.dims() != [n] {
             return apart();
         }

@@ -264,8 +264,7 @@ impl Layer for EinsumDense {
                 if let Some(y) = self.as_dense(x, kernel, b, op).map_err(with)? {
                     return Ok(y);
                 }
-                let y = Tensor::einsum(&self.equation, &[x, kernel]).map_err(with)?;
-                if op == UnaryOp::Identity { y.add(b) } else { y.add_unary(b, op) }
+                Tensor::einsum(&self.equation, &[x, kernel]).map_err(with)?.add_unary(b, op)
             },
             bias.as_ref().map(|b| b.as_tensor()),
             self.activation,
