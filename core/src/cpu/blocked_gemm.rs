@@ -385,7 +385,7 @@ fn reads_left_in_place(isa: Isa, a: Strided, n: usize) -> bool {
 }
 
 /// The widest output whose left matrix is read in place.
-const IN_PLACE_MAX_N: usize = 128;
+pub(crate) const IN_PLACE_MAX_N: usize = 128;
 
 /// One call of the micro-kernel: `kc` values of `k` from the left panel `a` (rows `lda` apart
 /// when read in place) and the right panel `b` (and, for more than `NR` columns, the next panel
@@ -506,13 +506,7 @@ unsafe fn tile<const R: usize, const IN_PLACE: bool>(t: Tile) {
     let mut hi = [_mm256_setzero_ps(); R];
     // SAFETY (this function): every pointer stays inside the bounds above.
     unsafe {
-        // The output tile is read (or written) after the loop: start fetching it now.
-        for r in 0..R {
-            // (wrapping: with fewer than NR columns the row's last value may lie past the
-            // output; a prefetch never faults, but an out-of-bounds `add` is undefined.)
-            _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc).cast());
-            _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(r * ldc + NR - 1).cast());
-        }
+        fetch_tile(c, ldc, R, NR);
         let (mut ap, mut bp) = (a, b);
         // One value of k: two loads of the right panel, R broadcasts of the left, 2R FMAs.
         macro_rules! step {
@@ -528,27 +522,56 @@ unsafe fn tile<const R: usize, const IN_PLACE: bool>(t: Tile) {
             }};
         }
         over_k!(step, kc, ap, bp, IN_PLACE);
-        for r in 0..R {
-            let cp = c.add(r * ldc);
-            if nr == NR {
-                let (l, h) = if add {
-                    (_mm256_add_ps(_mm256_loadu_ps(cp), lo[r]), _mm256_add_ps(_mm256_loadu_ps(cp.add(8)), hi[r]))
+        store_rows!(lo, hi, R, c, ldc, nr, add);
+    }
+}
+
+/// Starts fetching an output tile of `rows` rows and `cols` columns (row stride `ldc`), which a
+/// micro-kernel reads or writes after its loop. Pointers wrap: at the edge a row's last value may
+/// lie past the output (a prefetch never faults, but an out-of-bounds `add` is undefined).
+#[inline(always)]
+pub(crate) fn fetch_tile(c: *mut f32, ldc: usize, rows: usize, cols: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    for r in 0..rows {
+        let row = c.wrapping_add(r * ldc);
+        // SAFETY: SSE is part of x86-64; a prefetch reads nothing the program sees.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(row.cast());
+            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(cols - 1).cast());
+        }
+    }
+}
+
+/// A 256-bit tile's sums (`$lo`: columns 0-7, `$hi`: 8-15, one pair per row, `$r` rows) into
+/// `$c` (row stride `$ldc`, first `$nr` columns), stored or added to what it holds (`$add`).
+/// A macro, so that the accumulators stay in registers (a function taking them by reference was
+/// not always inlined). Used in an `unsafe` block of a function with AVX2 enabled, where rows
+/// `0..$r`, columns `0..$nr` of `$c` lie in a live allocation no other thread touches.
+macro_rules! store_rows {
+    ($lo:expr, $hi:expr, $r:expr, $c:expr, $ldc:expr, $nr:expr, $add:expr) => {{
+        use std::arch::x86_64::{_mm256_add_ps, _mm256_loadu_ps, _mm256_storeu_ps};
+        for r in 0..$r {
+            let cp = $c.add(r * $ldc);
+            if $nr == NR {
+                let (l, h) = if $add {
+                    (_mm256_add_ps(_mm256_loadu_ps(cp), $lo[r]), _mm256_add_ps(_mm256_loadu_ps(cp.add(8)), $hi[r]))
                 } else {
-                    (lo[r], hi[r])
+                    ($lo[r], $hi[r])
                 };
                 _mm256_storeu_ps(cp, l);
                 _mm256_storeu_ps(cp.add(8), h);
             } else {
                 let mut t = [0f32; NR];
-                _mm256_storeu_ps(t.as_mut_ptr(), lo[r]);
-                _mm256_storeu_ps(t.as_mut_ptr().add(8), hi[r]);
-                for (q, v) in t[..nr].iter().enumerate() {
-                    *cp.add(q) = if add { *cp.add(q) + v } else { *v };
+                _mm256_storeu_ps(t.as_mut_ptr(), $lo[r]);
+                _mm256_storeu_ps(t.as_mut_ptr().add(8), $hi[r]);
+                for (q, v) in t[..$nr].iter().enumerate() {
+                    *cp.add(q) = if $add { *cp.add(q) + v } else { *v };
                 }
             }
         }
-    }
+    }};
 }
+pub(crate) use store_rows;
 
 /// [`tile`] at 512 bits: `R` rows (up to `2 * MR`: two packed left panels) by `W` right panels
 /// (16 columns each, `per` values apart), one vector per row and panel. The same sums in the same
@@ -580,10 +603,7 @@ unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile)
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     // SAFETY (this function): every pointer stays inside the bounds above.
     unsafe {
-        each_row!(r => {
-            _mm_prefetch::<_MM_HINT_T0>(c.add(r * ldc).cast());
-            _mm_prefetch::<_MM_HINT_T0>(c.wrapping_add(r * ldc + W * NR - 1).cast());
-        });
+        fetch_tile(c, ldc, R, W * NR);
         // Where row r's value of step s lies: its row (in place), or panel r / MR, slot r % MR.
         let second = MR * kc;
         let (mut ap, mut bp) = (a, b);
@@ -620,11 +640,12 @@ unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn has_kernel() -> bool {
+    /// Whether this CPU runs the 256-bit kernel (else the tests say so and check nothing).
+    pub(crate) fn has_kernel() -> bool {
         let yes = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
         if !yes {
             eprintln!("blocked_gemm: this CPU has no AVX2 and FMA; nothing to test");

@@ -3,8 +3,11 @@
 //! `[kh * kw * c_in, c_out]` matrix, so the gemm engine does the work. The columns are built a
 //! block of rows at a time (about 256 KiB) and multiplied while they are still in the core's
 //! cache, the blocks spread over the threads: they never travel through memory, and their
-//! memory stays bounded. Each product writes straight into its rows of the result. Pooling walks each window's taps once per position, all channels at a
-//! time (channels are adjacent in NHWC).
+//! memory stays bounded. Each product writes straight into its rows of the result. Where weft's
+//! kernel runs 256-bit tiles, the forward product reads the windows where they lie instead
+//! (`conv_windows`: the same sums in the same order, nothing unrolled); the gradients still unroll.
+//! Pooling walks each window's taps once per position, all channels at a time (channels are
+//! adjacent in NHWC).
 
 use super::gemm_engine::{Product, engine};
 use super::packed_gemm::{NR, PackedRhs};
@@ -25,14 +28,14 @@ fn identity_columns(g: &Window2d) -> bool {
     g.kernel == [1, 1] && g.strides == [1, 1] && g.pad == [0, 0]
 }
 
-fn write(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+pub(super) fn write(dst: &mut [MaybeUninit<f32>], src: &[f32]) {
     debug_assert_eq!(dst.len(), src.len());
     dst.iter_mut().zip(src).for_each(|(d, &s)| {
         d.write(s);
     });
 }
 
-fn fill_zero(dst: &mut [MaybeUninit<f32>]) {
+pub(super) fn fill_zero(dst: &mut [MaybeUninit<f32>]) {
     dst.iter_mut().for_each(|d| {
         d.write(0.0);
     });
@@ -41,7 +44,7 @@ fn fill_zero(dst: &mut [MaybeUninit<f32>]) {
 /// Row `row` of the unrolled windows (output position `row % per` of sample `row / per`): the
 /// `(ky, kx, ci)` values of its window, zeros where a tap falls in the padding, every value
 /// written once; a row of taps that lies inside the input is one copy.
-fn unroll_row(x: &[f32], g: &Window2d, row: usize, dst: &mut [MaybeUninit<f32>]) {
+pub(super) fn unroll_row(x: &[f32], g: &Window2d, row: usize, dst: &mut [MaybeUninit<f32>]) {
     let per = g.output[0] * g.output[1];
     let [h, w] = g.input;
     let (c, kw) = (g.channels, g.kernel[1]);
@@ -72,7 +75,7 @@ fn unroll_row(x: &[f32], g: &Window2d, row: usize, dst: &mut [MaybeUninit<f32>])
 /// Rows of unrolled windows per block when a block is unrolled and multiplied at once: about
 /// 256 KiB of them, so they are still in the core's L2 cache when the product reads them (a
 /// multiple of the micro-kernel's 6 rows).
-fn block_rows(k: usize) -> usize {
+pub(super) fn block_rows(k: usize) -> usize {
     ((1 << 16) / k.max(1)).clamp(6, 1536) / 6 * 6
 }
 
@@ -87,7 +90,7 @@ fn packed(s: &CpuStorage, l: &Layout, op: &'static str) -> Result<CpuStorage> {
 
 /// A scratch buffer that goes back to the buffer cache when dropped.
 #[derive(Default)]
-struct Scratch(Vec<f32>);
+pub(super) struct Scratch(pub(super) Vec<f32>);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
@@ -195,6 +198,18 @@ pub fn conv2d(
             // SAFETY: the product just wrote every value.
             super::elementwise::add_unary_rows_par(unsafe { written_mut(out) }, bias, op);
         }
+    } else if super::conv_windows::suits() {
+        // The windows read where they lie, never unrolled: the kernel packed once for the call
+        // (or kept, in inference).
+        let fresh;
+        let packed = match kept.as_deref() {
+            Some(p) => p,
+            None => {
+                fresh = PackedRhs::pack(kernel, 0, c_out, 1, kk, c_out)?;
+                &fresh
+            }
+        };
+        super::conv_windows::conv2d(&xs, g, packed, out, &finish)?;
     } else {
         // Blocks of rows, each unrolled into a scratch buffer that stays in cache and multiplied
         // at once into its rows of y, the blocks spread over the threads (the unrolled windows

@@ -5,6 +5,7 @@ pub(crate) mod adam;
 #[cfg(target_arch = "x86_64")]
 mod blocked_gemm;
 mod conv;
+mod conv_windows;
 mod elementwise;
 mod gemm_engine;
 mod gemm_pack;

@@ -1,0 +1,425 @@
+//! A convolution's product with its windows read where they lie ("implicit GEMM"), on CPUs whose
+//! blocked kernel runs 256-bit tiles. The unrolled windows (im2col, see `conv`) are never
+//! written: each micro-kernel call takes its six output positions' windows from the input (or,
+//! with padding, from a padded copy of the few input rows a band of output rows reads, in cache),
+//! as runs of adjacent values (a window row of `kw` taps over every channel, adjacent in NHWC),
+//! against the kernel packed once per call (or kept, in inference).
+//!
+//! The sums are those of the unrolled product on weft's kernel, in the same order: `k` is cut
+//! into the same chunks (`blocked_gemm::k_chunk`), each chunk one multiply-add chain whose left
+//! values come run after run, added to the last chunk's. So a convolution gives the same bits
+//! either way, however its output is cut into bands or over threads.
+//!
+//! Measured on a 2-core Zen 3 (AVX2): building the unrolled rows was 14% of a CIFAR-sized CNN's
+//! inference (`unroll_row` and its copies), and its first layer (k = 27) ran on faer's kernels
+//! at a third of this speed (see [`suits`]).
+
+use super::blocked_gemm::{self, k_chunk};
+use super::gemm_pack::{MR, NR};
+use super::packed_gemm::PackedRhs;
+use crate::conv::Window2d;
+use crate::{Error, Result};
+use std::mem::MaybeUninit;
+
+/// Whether convolutions run here: where weft's kernel takes products (`gemm_engine`: AVX2 and
+/// FMA, not set aside by `WEFT_CPU_MATMUL`) with 256-bit tiles (512-bit ones keep the unrolled
+/// windows). Any window, channel count and size: measured on a 2-core Zen 3 against unrolling
+/// them (3x3 "same" over 64 x 32 x 32 inputs, GFLOP/s), 1 -> 32 channels 16-28 -> 85-89 (the
+/// unrolled product, with k = 9, went to faer's kernels), 3 -> 32 40-60 -> 133-136, 16 -> 8
+/// 51 -> 61-78, 32 -> 32 139 -> 185; 256 -> 256 over 16 x 16 130-138 -> 171-178.
+pub(crate) fn suits() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::gemm_engine::engine() == super::gemm_engine::Engine::Weft && !blocked_gemm::isa().wide()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Where a window's values lie relative to its first one, in a source `width` pixels wide: its
+/// runs of adjacent values in the order of its unrolled row (`ky`, `kx`, channel).
+#[derive(Debug)]
+pub(crate) struct Runs {
+    /// `(offset, length)` of each run, adjacent runs merged.
+    runs: Vec<(usize, usize)>,
+}
+
+impl Runs {
+    pub(crate) fn new(g: &Window2d, width: usize) -> Runs {
+        let c = g.channels;
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for ky in 0..g.kernel[0] {
+            for kx in 0..g.kernel[1] {
+                let at = (ky * g.dilation[0] * width + kx * g.dilation[1]) * c;
+                match runs.last_mut() {
+                    Some((off, len)) if *off + *len == at => *len += c,
+                    _ => runs.push((at, c)),
+                }
+            }
+        }
+        Runs { runs }
+    }
+
+    /// The pieces of values `from..from + len` of the unrolled row, as `(offset, length)`, into
+    /// `out`.
+    fn pieces(&self, from: usize, len: usize, out: &mut Vec<(usize, usize)>) {
+        out.clear();
+        let (mut at, end) = (0, from + len);
+        for &(off, n) in &self.runs {
+            let (lo, hi) = (from.max(at), end.min(at + n));
+            if lo < hi {
+                out.push((off + lo - at, hi - lo));
+            }
+            at += n;
+        }
+    }
+}
+
+/// The input rows one band of output rows reads: the input itself, or a padded copy.
+struct Source {
+    /// The value at padded row 0 (the band's first window's first row), column 0, channel 0.
+    ptr: *const f32,
+    /// Pixels per source row.
+    width: usize,
+}
+
+/// `y = conv(x, kernel)` for `x` `[batch, h, w, c_in]` (contiguous, `xs`) and the kernel packed
+/// as a `kk x c_out` right matrix, into `out` (`[batch, oh, ow, c_out]`, every value written),
+/// in bands of whole output rows of one sample spread over the threads; `finish` is given each
+/// band's rows right after their product, while they are in cache.
+///
+/// The caller checks `suits` (or, in tests, that the CPU has AVX2 and FMA).
+pub(crate) fn conv2d(
+    xs: &[f32],
+    g: &Window2d,
+    kernel: &PackedRhs,
+    out: &mut [MaybeUninit<f32>],
+    finish: &(dyn Fn(&mut [MaybeUninit<f32>]) + Sync),
+) -> Result<()> {
+    let [h, w] = g.input;
+    let [oh, ow] = g.output;
+    let c = g.channels;
+    let (kk, c_out) = kernel.dims();
+    if kk != g.kernel[0] * g.kernel[1] * c || xs.len() != g.batch * h * w * c || out.len() != g.batch * oh * ow * c_out
+    {
+        return Err(Error::invalid(
+            "conv2d",
+            format!("windows of {g:?} times a {kk}x{c_out} kernel into {} values from {}", out.len(), xs.len()),
+        ));
+    }
+    if out.is_empty() {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+        return Err(Error::invalid("conv2d", "windows read in place need AVX2 and FMA".to_string()));
+    }
+    // Padded columns a row of windows reaches, and padded rows a band of `rows` output rows
+    // reaches (from the padding before the input).
+    let width = (ow - 1) * g.strides[1] + (g.kernel[1] - 1) * g.dilation[1] + 1;
+    let source_rows = |rows: usize| (rows - 1) * g.strides[0] + (g.kernel[0] - 1) * g.dilation[0] + 1;
+    // Padding before the input, or after it (an even window's "same" pads after only).
+    let padded = g.pad != [0, 0] || source_rows(oh) > h || width > w;
+    let runs = Runs::new(g, if padded { width } else { w });
+    // About as many output rows per band as `conv` unrolls at a time (the band's output and
+    // source stay in L2), whole image rows of one sample.
+    let band = (super::conv::block_rows(kk) / ow).clamp(1, oh);
+    let bands_per = oh.div_ceil(band);
+    let band_rows = |b: usize| band.min(oh - b * band);
+    let strip = if padded { source_rows(band) * width * c } else { 0 };
+    let mut tasks: Vec<(usize, &mut [MaybeUninit<f32>])> = Vec::with_capacity(g.batch * bands_per);
+    for (n, sample) in out.chunks_mut(oh * ow * c_out).enumerate() {
+        tasks.extend(sample.chunks_mut(band * ow * c_out).enumerate().map(|(b, y)| (n * bands_per + b, y)));
+    }
+    let work = |scratch: &mut super::conv::Scratch, (t, y): (usize, &mut [MaybeUninit<f32>])| -> Result<()> {
+        let (n, b) = (t / bands_per, t % bands_per);
+        let (rows, oy0) = (band_rows(b), b * band);
+        let src = if padded {
+            if scratch.0.capacity() < strip {
+                scratch.0 = super::try_take(strip)?;
+            }
+            let buf = &mut scratch.0.spare_capacity_mut()[..source_rows(rows) * width * c];
+            fill_strip(xs, g, n, oy0 * g.strides[0], width, buf);
+            Source { ptr: buf.as_ptr().cast(), width }
+        } else {
+            Source { ptr: xs[((n * h + oy0 * g.strides[0]) * w) * c..].as_ptr(), width: w }
+        };
+        // SAFETY: the source holds every value the band's windows read (the input's rows
+        // oy0 * sy.., or the strip just filled); y holds the band's rows * ow rows of c_out;
+        // the CPU has AVX2 and FMA (checked above).
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            band_product(&src, g, &runs, (rows * ow, ow), kernel, y.as_mut_ptr().cast());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (&src, &runs);
+        finish(y);
+        Ok(())
+    };
+    if super::one_thread() {
+        let mut scratch = super::conv::Scratch::default();
+        tasks.into_iter().try_for_each(|task| work(&mut scratch, task))
+    } else {
+        use rayon::prelude::*;
+        tasks.into_par_iter().try_for_each_init(super::conv::Scratch::default, work)
+    }
+}
+
+/// Padded source rows `py0..` of sample `n` (padded row `py` is input row `py - pad[0]`, padded
+/// column `px` input column `px - pad[1]`), `width` pixels each, zeros in the padding, into `dst`
+/// (a whole number of rows).
+fn fill_strip(xs: &[f32], g: &Window2d, n: usize, py0: usize, width: usize, dst: &mut [MaybeUninit<f32>]) {
+    let [h, w] = g.input;
+    let c = g.channels;
+    // Input columns the padded row holds, and where they start in it.
+    let (first, last) = (g.pad[1], (g.pad[1] + w).min(width));
+    for (r, row) in dst.chunks_mut(width * c).enumerate() {
+        let iy = (py0 + r).checked_sub(g.pad[0]).filter(|&iy| iy < h);
+        let Some(iy) = iy.filter(|_| first < last) else {
+            super::conv::fill_zero(row);
+            continue;
+        };
+        super::conv::fill_zero(&mut row[..first * c]);
+        let at = (n * h + iy) * w * c;
+        super::conv::write(&mut row[first * c..last * c], &xs[at..at + (last - first) * c]);
+        super::conv::fill_zero(&mut row[last * c..]);
+    }
+}
+
+/// The band's `m` output rows (output position `q` at band row `q / ow`, column `q % ow`) into
+/// `y` (rows of `c_out`), chunk of `k` by chunk, each group of six rows against every panel of
+/// the packed kernel.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `src` holds every value the band's windows read; `y` has room for
+/// `m * c_out` values.
+#[cfg(target_arch = "x86_64")]
+unsafe fn band_product(
+    src: &Source,
+    g: &Window2d,
+    runs: &Runs,
+    (m, ow): (usize, usize),
+    kernel: &PackedRhs,
+    y: *mut f32,
+) {
+    let (k, n) = kernel.dims();
+    let kc_len = k_chunk(k);
+    let (panels, per) = (kernel.panels_ptr(), k * NR);
+    let c = g.channels;
+    let mut pieces = Vec::with_capacity(runs.runs.len() + 1);
+    for pc in (0..k).step_by(kc_len) {
+        let kc = kc_len.min(k - pc);
+        runs.pieces(pc, kc, &mut pieces);
+        for i in (0..m).step_by(MR) {
+            let rows = MR.min(m - i);
+            let mut at = [src.ptr; MR];
+            for (r, a) in at.iter_mut().enumerate().take(rows) {
+                let (oy, ox) = ((i + r) / ow, (i + r) % ow);
+                // SAFETY: the window of output (oy, ox) starts inside the source.
+                *a = unsafe { src.ptr.add((oy * g.strides[0] * src.width + ox * g.strides[1]) * c) };
+            }
+            for jr in (0..n).step_by(NR) {
+                // SAFETY: panel jr / NR's rows pc.. lie in the packed kernel; the tile's rows i..
+                // and columns jr.. lie in y; the caller's contract for the rest.
+                unsafe {
+                    let b = panels.add((jr / NR) * per + pc * NR);
+                    let t = Windows {
+                        at: &at,
+                        pieces: &pieces,
+                        b,
+                        c: y.add(i * n + jr),
+                        ldc: n,
+                        nr: NR.min(n - jr),
+                        add: pc > 0,
+                    };
+                    windows_tile(rows, t);
+                }
+            }
+        }
+    }
+}
+
+/// One micro-kernel call over windows: rows `r < R` read their values at `at[r] + offset` for
+/// each piece, the right panel `b` read on in order over every piece; into `c` as
+/// `blocked_gemm::Tile`.
+#[cfg(target_arch = "x86_64")]
+struct Windows<'a> {
+    at: &'a [*const f32; MR],
+    pieces: &'a [(usize, usize)],
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    nr: usize,
+    add: bool,
+}
+
+/// [`windows_tile_r`] for `rows` rows (1 to `MR`).
+///
+/// # Safety
+/// As [`windows_tile_r`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn windows_tile(rows: usize, t: Windows) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match rows {
+            6 => windows_tile_r::<6>(t),
+            5 => windows_tile_r::<5>(t),
+            4 => windows_tile_r::<4>(t),
+            3 => windows_tile_r::<3>(t),
+            2 => windows_tile_r::<2>(t),
+            _ => windows_tile_r::<1>(t),
+        }
+    }
+}
+
+/// `R` rows by 16 columns: `blocked_gemm::tile` with its left rows read piece by piece (one
+/// multiply-add chain per element over all the pieces, then stored or added to `c`).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `at[r] + offset .. + length` lies in a live allocation for each
+/// piece and row `r < R`; `b` holds the pieces' total length times `NR` values; rows `0..R`,
+/// columns `0..nr` of `c` (row stride `ldc`) lie in a live allocation no other thread touches.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn windows_tile_r<const R: usize>(t: Windows) {
+    use std::arch::x86_64::*;
+    let Windows { at, pieces, b, c, ldc, nr, add } = t;
+    let mut lo = [_mm256_setzero_ps(); R];
+    let mut hi = [_mm256_setzero_ps(); R];
+    // SAFETY (this function): every pointer stays inside the bounds above.
+    unsafe {
+        blocked_gemm::fetch_tile(c, ldc, R, NR);
+        let mut bp = b;
+        for &(off, len) in pieces {
+            let a: [*const f32; R] = std::array::from_fn(|r| at[r].add(off));
+            let mut p = 0;
+            macro_rules! step {
+                ($s:expr) => {{
+                    let (b0, b1) = (_mm256_loadu_ps(bp.add($s * NR)), _mm256_loadu_ps(bp.add($s * NR + 8)));
+                    for r in 0..R {
+                        let av = _mm256_broadcast_ss(&*a[r].add(p + $s));
+                        lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
+                        hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
+                    }
+                }};
+            }
+            for _ in 0..len / 4 {
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+                p += 4;
+                bp = bp.add(4 * NR);
+            }
+            for _ in 0..len % 4 {
+                step!(0);
+                p += 1;
+                bp = bp.add(NR);
+            }
+        }
+        blocked_gemm::store_rows!(lo, hi, R, c, ldc, nr, add);
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::conv::Padding;
+    use crate::cpu::blocked_gemm::tests::has_kernel;
+    use proptest::prelude::*;
+
+    fn val(i: usize, s: u64) -> f32 {
+        (((i as u64 * 2654435761 + s * 97) % 2001) as f32 - 1000.0) / 997.0
+    }
+
+    /// The convolution through the unrolled windows on weft's kernel (`conv::unroll_row`, then
+    /// `blocked_gemm::run` with the packed kernel), and through windows read in place on
+    /// `threads` threads, as bits.
+    fn both(g: &Window2d, c_out: usize, seed: u64, threads: usize) -> (Vec<u32>, Vec<u32>) {
+        let [h, w] = g.input;
+        let kk = g.kernel[0] * g.kernel[1] * g.channels;
+        let rows = g.batch * g.output[0] * g.output[1];
+        let x: Vec<f32> = (0..g.batch * h * w * g.channels).map(|i| val(i, seed)).collect();
+        let kernel: Vec<f32> = (0..kk * c_out).map(|i| val(i, seed + 1)).collect();
+        let packed = PackedRhs::pack(&kernel, 0, c_out, 1, kk, c_out).unwrap();
+        let mut cols = vec![MaybeUninit::new(0f32); rows * kk];
+        for (r, dst) in cols.chunks_mut(kk).enumerate() {
+            super::super::conv::unroll_row(&x, g, r, dst);
+        }
+        let cols: Vec<f32> = cols.iter().map(|v| unsafe { v.assume_init() }).collect();
+        let mut want = vec![0f32; rows * c_out];
+        let p = super::super::gemm_engine::Product {
+            m: rows,
+            n: c_out,
+            k: kk,
+            dst: want.as_mut_ptr(),
+            dst_rs: c_out as isize,
+            lhs: cols.as_ptr(),
+            lhs_rs: kk as isize,
+            lhs_cs: 1,
+            rhs: kernel.as_ptr(),
+            rhs_rs: c_out as isize,
+            rhs_cs: 1,
+        };
+        unsafe { blocked_gemm::run(&p, Some(&packed), 1) }.unwrap();
+        let mut got = vec![MaybeUninit::new(f32::NAN); rows * c_out];
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| conv2d(&x, g, &packed, &mut got, &|_| {})).unwrap();
+        let got = got.iter().map(|v| unsafe { v.assume_init() }.to_bits()).collect();
+        (want.iter().map(|v| v.to_bits()).collect(), got)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+        /// Every geometry (padding, strides, dilation, windows wider than the input, k in one
+        /// chunk or several, outputs off the panels) gives the unrolled product's bits on one
+        /// thread or several.
+        #[test]
+        fn windows_read_in_place_give_the_unrolled_products_bits(
+            batch in 1usize..3, h in 1usize..11, w in 1usize..11, c in 1usize..40, kh in 1usize..4,
+            kw in 1usize..4, sy in 1usize..3, sx in 1usize..3, dy in 1usize..3, dx in 1usize..3,
+            pad in 0usize..3, c_out in 1usize..70, threads in 1usize..4, seed in 0u64..1000) {
+            if !has_kernel() {
+                return Ok(());
+            }
+            let padding = [Padding::Valid, Padding::Same, Padding::Causal][pad];
+            let Ok(g) = Window2d::new("t", &[batch, h, w, c], [kh, kw], [sy, sx], [dy, dx], padding) else {
+                return Ok(());
+            };
+            let (want, got) = both(&g, c_out, seed, threads);
+            let bad = want.iter().zip(&got).position(|(a, b)| a != b);
+            prop_assert!(bad.is_none(), "{g:?} -> {c_out} on {threads} threads: first difference at {bad:?}");
+        }
+    }
+
+    /// A band of several image rows, k in several chunks (3x3 over 64 channels: 576 values in
+    /// chunks of 192) whose pieces cross the window's rows, and an edge panel.
+    #[test]
+    fn chunks_cross_the_windows_rows() {
+        if !has_kernel() {
+            return;
+        }
+        for (padding, c_out) in [(Padding::Same, 40), (Padding::Valid, 64)] {
+            let g = Window2d::new("t", &[2, 9, 13, 64], [3, 3], [1, 1], [1, 1], padding).unwrap();
+            let (want, got) = both(&g, c_out, 5, 2);
+            assert_eq!(want, got, "{padding:?}");
+        }
+    }
+
+    #[test]
+    fn pieces_cut_the_runs_at_the_chunks_edges() {
+        let g = Window2d::new("t", &[1, 5, 5, 2], [2, 3], [1, 1], [1, 2], Padding::Valid).unwrap();
+        let runs = Runs::new(&g, 5);
+        // Taps 2 apart: a run of 2 channels each, but for the first row's last tap and the
+        // second row's first (rows 5 pixels apart), adjacent.
+        assert_eq!(runs.runs, vec![(0, 2), (4, 2), (8, 4), (14, 2), (18, 2)]);
+        let mut out = Vec::new();
+        runs.pieces(3, 6, &mut out);
+        assert_eq!(out, vec![(5, 1), (8, 4), (14, 1)]);
+        let dense = Runs::new(&Window2d::new("t", &[1, 4, 3, 2], [2, 3], [1, 1], [1, 1], Padding::Valid).unwrap(), 3);
+        // A window as wide as its source: its rows' runs join.
+        assert_eq!(dense.runs, vec![(0, 12)]);
+    }
+}
