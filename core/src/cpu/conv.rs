@@ -198,7 +198,7 @@ pub fn conv2d(
             // SAFETY: the product just wrote every value.
             super::elementwise::add_unary_rows_par(unsafe { written_mut(out) }, bias, op);
         }
-    } else if super::conv_windows::suits() {
+    } else if super::conv_windows::suits(g) {
         // The windows read where they lie, never unrolled: the kernel packed once for the call
         // (or kept, in inference).
         let fresh;

@@ -13,7 +13,9 @@
 //! Measured on a 2-core Zen 3 (AVX2): building the unrolled rows was 14% of a CIFAR-sized CNN's
 //! inference (`unroll_row` and its copies), and its first layer (k = 27) ran on faer's kernels
 //! at a third of this speed (see [`suits`]).
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
+#[cfg(target_arch = "x86_64")]
 use super::blocked_gemm::{self, k_chunk};
 use super::gemm_pack::{MR, NR};
 use super::packed_gemm::PackedRhs;
@@ -21,16 +23,35 @@ use crate::conv::Window2d;
 use crate::{Error, Result};
 use std::mem::MaybeUninit;
 
-/// Whether convolutions run here: where weft's kernel takes products (`gemm_engine`: AVX2 and
-/// FMA, not set aside by `WEFT_CPU_MATMUL`) with 256-bit tiles (512-bit ones keep the unrolled
-/// windows). Any window, channel count and size: measured on a 2-core Zen 3 against unrolling
-/// them (3x3 "same" over 64 x 32 x 32 inputs, GFLOP/s), 1 -> 32 channels 16-28 -> 85-89 (the
-/// unrolled product, with k = 9, went to faer's kernels), 3 -> 32 40-60 -> 133-136, 16 -> 8
-/// 51 -> 61-78, 32 -> 32 139 -> 185; 256 -> 256 over 16 x 16 130-138 -> 171-178.
-pub(crate) fn suits() -> bool {
+/// Whether convolution `g` runs here: where weft's kernel takes products (`gemm_engine`: AVX2
+/// and FMA, not set aside by `WEFT_CPU_MATMUL`) with 256-bit tiles (512-bit ones keep the
+/// unrolled windows), and a band's padded copy is no larger than its unrolled windows would be
+/// (not so for a window dilated far past a small input). Any window, channel count and size
+/// otherwise: measured on a 2-core Zen 3 against unrolling (3x3 "same" over 64 x 32 x 32
+/// inputs, GFLOP/s), 1 -> 32 channels 16-28 -> 85-89 (the unrolled product, k = 9, went to
+/// faer's kernels), 3 -> 32 40-60 -> 133-136, 16 -> 8 51 -> 61-78, 32 -> 32 139 -> 185; 256 ->
+/// 256 over 16 x 16 130-138 -> 171-178.
+pub(crate) fn suits(g: &Window2d) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::gemm_engine::engine() == super::gemm_engine::Engine::Weft && !blocked_gemm::isa().wide()
+        let on_weft = super::gemm_engine::engine() == super::gemm_engine::Engine::Weft && !blocked_gemm::isa().wide();
+        on_weft && {
+            let plan = Plan::new(g);
+            plan.strip_len(g) <= plan.rows * plan.cols * plan.k
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = g;
+        false
+    }
+}
+
+/// Whether this CPU runs the tiles here (AVX2 and FMA).
+fn has_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -77,9 +98,51 @@ impl Runs {
     }
 }
 
-/// The input rows one band of output rows reads: the input itself, or a padded copy.
+/// How the output is cut into bands (the work of one task, in one sample), and where their
+/// windows are read.
+#[derive(Debug)]
+struct Plan {
+    /// Output rows and columns of a band: whole rows (`cols` = the output's width), or, for rows
+    /// longer than a band, one row's piece.
+    rows: usize,
+    cols: usize,
+    /// The window's length.
+    k: usize,
+    /// Whether the windows reach padding (before the input, or after it: "same" may pad after
+    /// only), so that each band reads a padded copy of its source rows and columns.
+    padded: bool,
+    /// Pixels per source row: the padded copy's, or the input's.
+    width: usize,
+}
+
+impl Plan {
+    fn new(g: &Window2d) -> Plan {
+        let k = g.kernel[0] * g.kernel[1] * g.channels;
+        let [oh, ow] = g.output;
+        // About as many output positions as `conv` unrolls at a time: a band's output and
+        // source stay in L2.
+        let most = super::conv::block_rows(k);
+        let (rows, cols) = if ow <= most { ((most / ow).clamp(1, oh), ow) } else { (1, most) };
+        let reach = |axis: usize, n: usize| (n - 1) * g.strides[axis] + (g.kernel[axis] - 1) * g.dilation[axis] + 1;
+        let padded = g.pad != [0, 0] || reach(0, oh) > g.input[0] || reach(1, ow) > g.input[1];
+        let width = if padded { reach(1, cols) } else { g.input[1] };
+        Plan { rows, cols, k, padded, width }
+    }
+
+    /// Source rows a band of `rows` output rows reads.
+    fn source_rows(&self, g: &Window2d, rows: usize) -> usize {
+        (rows - 1) * g.strides[0] + (g.kernel[0] - 1) * g.dilation[0] + 1
+    }
+
+    /// Values of the largest band's padded copy (none when the windows are read in the input).
+    fn strip_len(&self, g: &Window2d) -> usize {
+        if self.padded { self.source_rows(g, self.rows) * self.width * g.channels } else { 0 }
+    }
+}
+
+/// The values one band's windows read: the input itself, or a padded copy.
 struct Source {
-    /// The value at padded row 0 (the band's first window's first row), column 0, channel 0.
+    /// The band's first window's first value.
     ptr: *const f32,
     /// Pixels per source row.
     width: usize,
@@ -87,8 +150,8 @@ struct Source {
 
 /// `y = conv(x, kernel)` for `x` `[batch, h, w, c_in]` (contiguous, `xs`) and the kernel packed
 /// as a `kk x c_out` right matrix, into `out` (`[batch, oh, ow, c_out]`, every value written),
-/// in bands of whole output rows of one sample spread over the threads; `finish` is given each
-/// band's rows right after their product, while they are in cache.
+/// in bands of output positions of one sample spread over the threads; `finish` is given each
+/// band's rows of `out` right after their product, while they are in cache.
 ///
 /// The caller checks `suits` (or, in tests, that the CPU has AVX2 and FMA).
 pub(crate) fn conv2d(
@@ -109,52 +172,46 @@ pub(crate) fn conv2d(
             format!("windows of {g:?} times a {kk}x{c_out} kernel into {} values from {}", out.len(), xs.len()),
         ));
     }
+    if !has_tiles() {
+        return Err(Error::invalid("conv2d", "windows read in place need AVX2 and FMA".to_string()));
+    }
     if out.is_empty() {
         return Ok(());
     }
-    #[cfg(target_arch = "x86_64")]
-    if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
-        return Err(Error::invalid("conv2d", "windows read in place need AVX2 and FMA".to_string()));
-    }
-    // Padded columns a row of windows reaches, and padded rows a band of `rows` output rows
-    // reaches (from the padding before the input).
-    let width = (ow - 1) * g.strides[1] + (g.kernel[1] - 1) * g.dilation[1] + 1;
-    let source_rows = |rows: usize| (rows - 1) * g.strides[0] + (g.kernel[0] - 1) * g.dilation[0] + 1;
-    // Padding before the input, or after it (an even window's "same" pads after only).
-    let padded = g.pad != [0, 0] || source_rows(oh) > h || width > w;
-    let runs = Runs::new(g, if padded { width } else { w });
-    // About as many output rows per band as `conv` unrolls at a time (the band's output and
-    // source stay in L2), whole image rows of one sample.
-    let band = (super::conv::block_rows(kk) / ow).clamp(1, oh);
-    let bands_per = oh.div_ceil(band);
-    let band_rows = |b: usize| band.min(oh - b * band);
-    let strip = if padded { source_rows(band) * width * c } else { 0 };
-    let mut tasks: Vec<(usize, &mut [MaybeUninit<f32>])> = Vec::with_capacity(g.batch * bands_per);
+    let plan = Plan::new(g);
+    let runs = Runs::new(g, plan.width);
+    let strip = plan.strip_len(g);
+    // Bands of whole rows, or pieces of one row: (sample, first row, first column, output).
+    let mut tasks: Vec<(usize, usize, usize, &mut [MaybeUninit<f32>])> = Vec::new();
     for (n, sample) in out.chunks_mut(oh * ow * c_out).enumerate() {
-        tasks.extend(sample.chunks_mut(band * ow * c_out).enumerate().map(|(b, y)| (n * bands_per + b, y)));
+        for (by, rows) in sample.chunks_mut(plan.rows * ow * c_out).enumerate() {
+            let size = if plan.cols == ow { rows.len() } else { plan.cols * c_out };
+            tasks.extend(rows.chunks_mut(size).enumerate().map(|(bx, y)| (n, by * plan.rows, bx * plan.cols, y)));
+        }
     }
-    let work = |scratch: &mut super::conv::Scratch, (t, y): (usize, &mut [MaybeUninit<f32>])| -> Result<()> {
-        let (n, b) = (t / bands_per, t % bands_per);
-        let (rows, oy0) = (band_rows(b), b * band);
-        let src = if padded {
+    let work = |scratch: &mut super::conv::Scratch,
+                (n, oy0, ox0, y): (usize, usize, usize, &mut [MaybeUninit<f32>])| {
+        let positions = y.len() / c_out;
+        let (rows, cols) = if plan.cols == ow { (positions / ow, ow) } else { (1, positions) };
+        let (py0, px0) = (oy0 * g.strides[0], ox0 * g.strides[1]);
+        let src = if plan.padded {
             if scratch.0.capacity() < strip {
                 scratch.0 = super::try_take(strip)?;
             }
-            let buf = &mut scratch.0.spare_capacity_mut()[..source_rows(rows) * width * c];
-            fill_strip(xs, g, n, oy0 * g.strides[0], width, buf);
-            Source { ptr: buf.as_ptr().cast(), width }
+            let buf = &mut scratch.0.spare_capacity_mut()[..plan.source_rows(g, rows) * plan.width * c];
+            fill_strip(xs, g, n, (py0, px0), plan.width, buf);
+            Source { ptr: buf.as_ptr().cast(), width: plan.width }
         } else {
-            Source { ptr: xs[((n * h + oy0 * g.strides[0]) * w) * c..].as_ptr(), width: w }
+            Source { ptr: xs[((n * h + py0) * w + px0) * c..].as_ptr(), width: w }
         };
-        // SAFETY: the source holds every value the band's windows read (the input's rows
-        // oy0 * sy.., or the strip just filled); y holds the band's rows * ow rows of c_out;
-        // the CPU has AVX2 and FMA (checked above).
+        // SAFETY: the source holds every value the band's windows read (the input from row
+        // py0, column px0 of sample n, whose windows all lie inside it, or the copy just
+        // filled); y holds the band's rows * cols positions of c_out; the CPU has AVX2 and FMA
+        // (checked above).
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            band_product(&src, g, &runs, (rows * ow, ow), kernel, y.as_mut_ptr().cast());
+            band_product(&src, g, &runs, (rows * cols, cols), kernel, y.as_mut_ptr().cast());
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (&src, &runs);
         finish(y);
         Ok(())
     };
@@ -167,14 +224,22 @@ pub(crate) fn conv2d(
     }
 }
 
-/// Padded source rows `py0..` of sample `n` (padded row `py` is input row `py - pad[0]`, padded
-/// column `px` input column `px - pad[1]`), `width` pixels each, zeros in the padding, into `dst`
-/// (a whole number of rows).
-fn fill_strip(xs: &[f32], g: &Window2d, n: usize, py0: usize, width: usize, dst: &mut [MaybeUninit<f32>]) {
+/// Source rows and columns from padded row `py0`, column `px0` of sample `n` (padded row `py`
+/// is input row `py - pad[0]`, padded column `px` input column `px - pad[1]`), `width` pixels
+/// per row, zeros outside the input, into `dst` (a whole number of rows).
+fn fill_strip(
+    xs: &[f32],
+    g: &Window2d,
+    n: usize,
+    (py0, px0): (usize, usize),
+    width: usize,
+    dst: &mut [MaybeUninit<f32>],
+) {
     let [h, w] = g.input;
     let c = g.channels;
-    // Input columns the padded row holds, and where they start in it.
-    let (first, last) = (g.pad[1], (g.pad[1] + w).min(width));
+    // The input's columns in a row of the copy: from `first` to `last` (none when equal).
+    let first = g.pad[1].saturating_sub(px0).min(width);
+    let last = (g.pad[1] + w).saturating_sub(px0).min(width).max(first);
     for (r, row) in dst.chunks_mut(width * c).enumerate() {
         let iy = (py0 + r).checked_sub(g.pad[0]).filter(|&iy| iy < h);
         let Some(iy) = iy.filter(|_| first < last) else {
@@ -182,15 +247,15 @@ fn fill_strip(xs: &[f32], g: &Window2d, n: usize, py0: usize, width: usize, dst:
             continue;
         };
         super::conv::fill_zero(&mut row[..first * c]);
-        let at = (n * h + iy) * w * c;
+        let at = ((n * h + iy) * w + px0 + first - g.pad[1]) * c;
         super::conv::write(&mut row[first * c..last * c], &xs[at..at + (last - first) * c]);
         super::conv::fill_zero(&mut row[last * c..]);
     }
 }
 
-/// The band's `m` output rows (output position `q` at band row `q / ow`, column `q % ow`) into
-/// `y` (rows of `c_out`), chunk of `k` by chunk, each group of six rows against every panel of
-/// the packed kernel.
+/// The band's `m` output positions (position `q` at band row `q / cols`, column `q % cols`) into
+/// `y` (rows of `c_out`), chunk of `k` by chunk, each group of six positions against every panel
+/// of the packed kernel.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `src` holds every value the band's windows read; `y` has room for
@@ -200,7 +265,7 @@ unsafe fn band_product(
     src: &Source,
     g: &Window2d,
     runs: &Runs,
-    (m, ow): (usize, usize),
+    (m, cols): (usize, usize),
     kernel: &PackedRhs,
     y: *mut f32,
 ) {
@@ -216,7 +281,7 @@ unsafe fn band_product(
             let rows = MR.min(m - i);
             let mut at = [src.ptr; MR];
             for (r, a) in at.iter_mut().enumerate().take(rows) {
-                let (oy, ox) = ((i + r) / ow, (i + r) % ow);
+                let (oy, ox) = ((i + r) / cols, (i + r) % cols);
                 // SAFETY: the window of output (oy, ox) starts inside the source.
                 *a = unsafe { src.ptr.add((oy * g.strides[0] * src.width + ox * g.strides[1]) * c) };
             }
@@ -406,6 +471,29 @@ mod tests {
             let (want, got) = both(&g, c_out, 5, 2);
             assert_eq!(want, got, "{padding:?}");
         }
+    }
+
+    /// Rows longer than a band are cut into pieces (a long sequence, 1 x 5 windows over 64
+    /// channels: bands of 204 positions), each with its own padded copy or read in place.
+    #[test]
+    fn long_rows_are_cut_into_pieces() {
+        if !has_kernel() {
+            return;
+        }
+        for (padding, strides, c_out) in
+            [(Padding::Same, [1, 1], 40), (Padding::Causal, [1, 2], 17), (Padding::Valid, [1, 3], 33)]
+        {
+            let g = Window2d::new("t", &[2, 1, 700, 64], [1, 5], strides, [1, 2], padding).unwrap();
+            let plan = Plan::new(&g);
+            assert!(plan.rows == 1 && plan.cols < g.output[1], "{plan:?}");
+            let (want, got) = both(&g, c_out, 7, 2);
+            assert_eq!(want, got, "{padding:?} {strides:?}");
+        }
+        // A window dilated far past a small input: its padded copy would outgrow the unrolled
+        // windows, so the convolution keeps unrolling them.
+        let g = Window2d::new("t", &[1, 10, 10, 4], [3, 3], [1, 1], [100, 100], Padding::Same).unwrap();
+        let plan = Plan::new(&g);
+        assert!(plan.strip_len(&g) > plan.rows * plan.cols * plan.k && !suits(&g));
     }
 
     #[test]
