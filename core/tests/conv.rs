@@ -210,7 +210,7 @@ proptest! {
     }
 
     #[test]
-    fn cpu_pooling_matches_its_definition(c in case(), max in any::<bool>()) {
+    fn cpu_pooling_matches_its_definition(c in prop_oneof![case(), wide_case()], max in any::<bool>()) {
         let Some(g) = pool_case(&c) else { return Ok(()) };
         let got = run_pool(&c, max, &Device::Cpu).unwrap();
         let x = vals(&c.x(&Device::Cpu));

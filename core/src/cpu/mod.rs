@@ -16,6 +16,7 @@ pub(crate) mod matmul_adam;
 mod norm;
 mod packed_gemm;
 mod pool;
+mod pooling;
 mod reduce;
 mod share;
 #[cfg(target_arch = "x86_64")]
@@ -23,13 +24,14 @@ mod shared_rhs;
 mod strided_copy;
 mod sum_columns;
 
-pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad, pool2d, pool2d_grad};
+pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad};
 pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, where_cond};
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use matmul::{matmul, matmul_add_unary};
 pub use norm::{layer_norm, softmax};
 pub use pool::HostBuf;
 pub use pool::take as take_host_vec;
+pub use pooling::{pool2d, pool2d_grad};
 pub use reduce::reduce;
 
 use crate::{DType, Error, Layout, Result};
