@@ -465,6 +465,27 @@ fn conv_with_bias_and_activation_over_blocks_pointwise_and_1d() {
     assert!(e.contains("[6]") && e.contains("[5]"), "{e}");
 }
 
+/// A convolution's output concatenated with another tensor: its gradient arrives as the front of
+/// the concatenation's (compact, on a longer storage), and gives the gradients of the
+/// convolution alone, on the windows read in place and the unrolled paths.
+#[test]
+fn gradients_through_a_concatenation_are_those_of_the_convolution_alone() {
+    let d = Device::Cpu;
+    for c in [same_3x3(2, [9, 7], 12, 40, 4), same_3x3(2, [9, 7], 3, 5, 4)] {
+        let (xv, kv) = (Var::new(c.x(&d)).unwrap(), Var::new(c.kernel(&d)).unwrap());
+        let y = xv.as_tensor().conv2d(kv.as_tensor(), c.strides, c.dilation, c.padding).unwrap();
+        let other = Tensor::rand(-1.0, 1.0, y.dims(), 10, &d).unwrap();
+        let both = Tensor::concat(&[y.clone(), other], 0).unwrap();
+        let w = Tensor::rand(0.5, 1.5, both.dims(), 9, &d).unwrap();
+        let grads = both.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        let front = w.narrow(0, 0, c.batch).unwrap().contiguous().unwrap();
+        let alone = y.mul(&front).unwrap().sum_all().unwrap().backward().unwrap();
+        for v in [&xv, &kv] {
+            assert_eq!(vals(grads.get(v).unwrap()), vals(alone.get(v).unwrap()), "{c:?}");
+        }
+    }
+}
+
 /// In inference (no gradient recorded) the kernel is packed once per call and kept by its storage
 /// from the second call on: the first, second and third calls give the bits of a recorded
 /// convolution, over several blocks of rows, a 1x1 kernel, a stride, with and without a bias and

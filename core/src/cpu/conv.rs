@@ -5,7 +5,8 @@
 //! cache, the blocks spread over the threads: they never travel through memory, and their
 //! memory stays bounded. Each product writes straight into its rows of the result. Where weft's
 //! kernel runs 256-bit tiles, the forward product reads the windows where they lie instead
-//! (`conv_windows`: the same sums in the same order, nothing unrolled); the gradients still unroll.
+//! (`conv_windows`: the same sums in the same order, nothing unrolled), and so does the input's
+//! gradient with unit strides (a convolution of dy); the kernel's gradient still unrolls.
 
 use super::gemm_engine::{Product, engine};
 use super::packed_gemm::{NR, PackedRhs};
@@ -261,7 +262,8 @@ fn transposed(g: &Window2d, c_out: usize) -> Option<Window2d> {
 }
 
 /// The gradient of `conv2d` with respect to its input, from the output's `dy`. With unit
-/// strides where windows are read in place, a convolution of dy (`transposed`); otherwise per
+/// strides and 8 input channels or more where windows are read in place, a convolution of dy
+/// (`transposed`); otherwise per
 /// sample (in parallel), blocks of its rows' column gradients (dy's rows times the kernel
 /// transposed), each added into the sample's input gradient (col2im) while still in cache.
 pub fn conv2d_input_grad(
@@ -295,9 +297,15 @@ pub fn conv2d_input_grad(
         }
         let packed = PackedRhs::pack(&turned, 0, c, 1, kh * kw * c_out, c);
         drop(HostBuf::new(turned));
+        // dy's own values: a compact dy may be the front of a longer storage (a concatenation's
+        // gradient, narrowed).
+        let dy_len = g.batch * per * c_out;
+        let dy = d.get(..dy_len).ok_or_else(|| {
+            Error::invalid("conv2d backward", format!("dy of {dy_len} values in a storage of {}", d.len()))
+        })?;
         let len = g.batch * per_sample;
         let mut dx = try_take(len)?;
-        super::conv_windows::conv2d(d, &t, &packed?, &mut dx.spare_capacity_mut()[..len], &|_| {})?;
+        super::conv_windows::conv2d(dy, &t, &packed?, &mut dx.spare_capacity_mut()[..len], &|_| {})?;
         // SAFETY: the convolution wrote all len values.
         unsafe { dx.set_len(len) };
         return Ok(f32_storage(dx));
