@@ -62,13 +62,13 @@ fn has_tiles() -> bool {
 /// Where a window's values lie relative to its first one, in a source `width` pixels wide: its
 /// runs of adjacent values in the order of its unrolled row (`ky`, `kx`, channel).
 #[derive(Debug)]
-pub(crate) struct Runs {
+struct Runs {
     /// `(offset, length)` of each run, adjacent runs merged.
     runs: Vec<(usize, usize)>,
 }
 
 impl Runs {
-    pub(crate) fn new(g: &Window2d, width: usize) -> Runs {
+    fn new(g: &Window2d, width: usize) -> Runs {
         let c = g.channels;
         let mut runs: Vec<(usize, usize)> = Vec::new();
         for ky in 0..g.kernel[0] {

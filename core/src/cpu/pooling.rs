@@ -49,10 +49,16 @@ fn take_larger(best: &mut [f32], src: &[f32], (c, stride): (usize, usize)) {
         return;
     }
     for (p, b) in best.chunks_mut(c).enumerate() {
-        for (b, &v) in b.iter_mut().zip(&src[p * stride..][..c]) {
-            if replaces(*b, v) {
-                *b = v;
-            }
+        take_each(b, &src[p * stride..][..c]);
+    }
+}
+
+/// Each `b[i]` replaced by `s[i]` where it takes its place (`replaces`): one window, one by one.
+#[inline(always)]
+fn take_each(b: &mut [f32], s: &[f32]) {
+    for (b, &v) in b.iter_mut().zip(s) {
+        if replaces(*b, v) {
+            *b = v;
         }
     }
 }
@@ -97,18 +103,13 @@ unsafe fn take_larger_avx2(best: &mut [f32], src: &[f32], (c, stride): (usize, u
                 _mm256_storeu_ps(b.as_mut_ptr().add(i), new);
             }
         }
-        for (b, &v) in b[body..].iter_mut().zip(&s[body..]) {
-            if replaces(*b, v) {
-                *b = v;
-            }
-        }
+        take_each(&mut b[body..], &s[body..]);
     }
 }
 
 /// Each channel's winning tap (`replaces`, taps in window order) over a window whose taps'
 /// channel-0 values are at `taps` in `xs`, into `won` (`c` values).
 fn window_max(xs: &[f32], taps: &[usize], won: &mut [u32]) {
-    let c = won.len();
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if super::elementwise::avx2() {
@@ -124,7 +125,6 @@ fn window_max(xs: &[f32], taps: &[usize], won: &mut [u32]) {
         }
         *w = best.1;
     }
-    debug_assert!(c >= done);
 }
 
 /// `window_max` eight channels at a time, the running maximum and its tap kept in registers
