@@ -283,6 +283,31 @@ proptest! {
         assert_close(&vals(&x.layer_norm(&g, &b, 1e-5).unwrap()), &ln, 2e-4, &format!("layer_norm {what}"));
     }
 
+    /// Short rows are taken several at a time, pass by pass (every row's maximum, then every
+    /// row's exponentials, ...): each row still gets its own maximum, sum, mean and variance,
+    /// so its softmax, log-softmax and layer norm have the bits of that row alone. Rows of
+    /// unlike scales (a row given its neighbour's maximum or mean comes out different).
+    #[test]
+    fn rows_side_by_side_give_each_rows_own_bits(rows in 1usize..40,
+                         n in prop::sample::select(vec![1usize, 5, 32, 100, 384, 1023, 1030]), seed in 0u64..1000) {
+        let d = Device::Cpu;
+        let x = Tensor::rand(-4.0, 4.0, &[rows, n], seed, &d).unwrap();
+        let scale: Vec<f32> = (0..rows).map(|r| 10f32.powi(r as i32 % 5 - 2)).collect();
+        let x = x.mul(&Tensor::from_slice(&scale, &[rows, 1], &d).unwrap()).unwrap();
+        let g = Tensor::rand(0.5, 1.5, &[n], seed + 1, &d).unwrap();
+        let b = Tensor::rand(-0.5, 0.5, &[n], seed + 2, &d).unwrap();
+        let ops = |t: &Tensor| [t.softmax(-1).unwrap(), t.log_softmax(-1).unwrap(), t.layer_norm(&g, &b, 1e-5).unwrap()];
+        let all = ops(&x).map(|t| vals(&t));
+        for r in 0..rows {
+            let alone = ops(&x.narrow(0, r, 1).unwrap()).map(|t| vals(&t));
+            for (name, (all, alone)) in ["softmax", "log_softmax", "layer_norm"].iter().zip(all.iter().zip(&alone)) {
+                let got = &all[r * n..(r + 1) * n];
+                prop_assert!(got.iter().zip(alone).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    "{name}, row {r} of {rows} (n {n}): not the bits of the row alone");
+            }
+        }
+    }
+
     /// `[b, t, k] @ [k, n]` runs as one product over all b*t rows when the rows merge without a
     /// copy, and as a batch otherwise (a permuted left operand with b and t above 1): both equal
     /// each entry's own product, and their gradients equal those of the batch written out entry

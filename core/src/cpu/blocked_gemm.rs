@@ -11,7 +11,9 @@
 //! thread, level on two; the MLP's backward products with a transposed operand 1.06–1.5x (faer
 //! packs a transposed left matrix slowly). faer keeps the products this one does badly: narrow
 //! ones (fewer than 32 columns or a `k` under 32, where most of a 16-wide panel would be zeros or
-//! the output's load and store outweigh the sums) and small ones (see [`suits`]).
+//! the output's load and store outweigh the sums) and small ones (see [`suits`]); small ones
+//! with a whole tile's rows and columns run on this kernel's tiles without its blocking
+//! (`small_gemm`).
 //!
 //! Each output element is the sum over `k` in chunks of at most `KC` (sizes a function of `k`
 //! alone), each chunk summed in order by one FMA chain and added to the last: so the bits do not

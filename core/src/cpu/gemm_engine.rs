@@ -1,7 +1,8 @@
 //! The engines one strided f32 matrix product can run on: weft's own blocked kernel
 //! (`blocked_gemm`, AVX2+FMA), faer's x86-64 kernels (`private-gemm-x86`: AVX2+FMA or AVX-512; on
 //! the CPUs where weft's kernel runs, faer takes the products it does badly) and the portable
-//! `gemm` crate (every other CPU, and a reference the others are tested against).
+//! `gemm` crate (every other CPU, and a reference the others are tested against). Small products
+//! on weft's engine (an attention's, per head) run on its tiles alone (`small_gemm`).
 //!
 //! Measured side by side on a 2-core AVX2 EPYC (2 threads, GFLOP/s): faer 2048³ 128–139 against
 //! gemm's 85–106, 1024³ 118–122 against 94–100; on the MLP's 256x784x1024 they are level. weft's
@@ -155,6 +156,11 @@ impl Product {
         if on_weft(engine, self.m, self.n, self.k) {
             // SAFETY: detect() saw AVX2 and FMA; the caller's contract.
             return unsafe { super::blocked_gemm::run(self, None, threads) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if engine == Engine::Weft && super::small_gemm::suits(self.m, self.n, self.k) {
+            // SAFETY: as above (one thread: a small product).
+            return unsafe { super::small_gemm::run(self) };
         }
         match engine {
             Engine::Portable => unsafe {

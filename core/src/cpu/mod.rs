@@ -21,6 +21,8 @@ mod reduce;
 mod share;
 #[cfg(target_arch = "x86_64")]
 mod shared_rhs;
+#[cfg(target_arch = "x86_64")]
+mod small_gemm;
 mod strided_copy;
 mod sum_columns;
 

@@ -4,44 +4,76 @@
 //! Each row is a few plain loops over slices (maximum, exponentials, sum, scale) that vectorise;
 //! where the CPU has AVX2 the same loops run compiled for it (no fused multiply-adds: the same
 //! bits). Rows go to the cores in groups, so short rows (attention's 32 keys) do not cost a task
-//! each.
+//! each, and short rows are taken a few at a time, pass by pass (every row's maximum, then every
+//! row's exponentials, ...): one short row's passes are each a short chain of dependent vector
+//! ops waiting on the one before, while the rows of a group are independent and overlap.
 
 use super::reduce::pairwise_sum;
-use super::{CpuStorage, f32_storage, strided, try_zeros};
+use super::{CpuStorage, f32_storage, strided, try_take};
 use crate::fast_exp::exp;
 use crate::{Layout, Result};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Rows per task are grouped to about this many elements.
 const TASK: usize = 1 << 14;
 
-/// `f(out_row, in_row)` for every row of `n` elements, in parallel over groups of rows.
-fn for_rows(out: &mut [f32], x: &[f32], n: usize, f: impl Fn(&mut [f32], &[f32]) + Sync) {
+/// Most rows taken side by side, pass by pass.
+const SIDE: usize = 16;
+
+/// How many rows of `n` values are taken side by side: about 1,024 values (4 KiB, in L1) at a
+/// time, at most [`SIDE`]; rows of 1,024 values or more one at a time. Measured on one core of a
+/// 2-core Zen 3, in cache, best of 6 alternated runs, row by row -> side by side (with no zero
+/// fill of the output first): softmax over 12 x 32 x 32 scores 23.0 -> 20.7 us, layer norm over
+/// 32 x 384 values 9.0 -> 7.6 us.
+fn side_by_side(n: usize) -> usize {
+    (1024 / n.max(1)).clamp(1, SIDE)
+}
+
+/// `f(out_rows, in_rows)` for groups of whole rows of `n` elements (at most
+/// [`side_by_side`]`(n)` rows each), in parallel over tasks of rows; `f` writes every element of
+/// its output rows. Returns the output, `x.len()` values written straight into a buffer's spare
+/// room (no zero fill first).
+fn for_rows(x: &[f32], n: usize, f: impl Fn(&mut [MaybeUninit<f32>], &[f32]) + Sync) -> Result<Vec<f32>> {
+    let mut buf = try_take(x.len())?;
+    let out = &mut buf.spare_capacity_mut()[..x.len()];
     let per = (TASK / n).max(1) * n;
-    let group = |o: &mut [f32], r: &[f32]| o.chunks_mut(n).zip(r.chunks(n)).for_each(|(o, r)| f(o, r));
+    let side = side_by_side(n) * n;
+    let group =
+        |o: &mut [MaybeUninit<f32>], r: &[f32]| o.chunks_mut(side).zip(r.chunks(side)).for_each(|(o, r)| f(o, r));
     if out.len() <= per || super::one_thread() {
         group(out, x);
     } else {
         out.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(o, r)| group(o, r));
     }
+    // SAFETY: `f` wrote every element of every group, and the groups cover `x.len()` values.
+    unsafe { buf.set_len(x.len()) };
+    Ok(buf)
+}
+
+/// A group's output rows once its first pass has written every element.
+///
+/// # Safety
+/// Every element of `o` is initialised.
+#[inline(always)]
+unsafe fn written(o: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: the caller's; MaybeUninit<f32> has f32's layout.
+    unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
 /// Softmax (or log-softmax) over the last axis, numerically stable (the row max is subtracted first).
 pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
     let x = strided(s.f32s("softmax")?, l)?;
     let n = *l.shape().last().unwrap_or(&1);
-    let mut out = try_zeros(x.len())?;
-    if n == 0 {
-        return Ok(f32_storage(out));
+    if n == 0 || x.is_empty() {
+        return Ok(f32_storage(Vec::new()));
     }
     #[cfg(target_arch = "x86_64")]
     if super::elementwise::avx2() {
         // SAFETY: the CPU has AVX2 (checked at run time).
-        for_rows(&mut out, &x, n, |o, r| unsafe { softmax_row_avx2(o, r, log) });
-        return Ok(f32_storage(out));
+        return Ok(f32_storage(for_rows(&x, n, |o, r| unsafe { softmax_rows_avx2(o, r, n, log) })?));
     }
-    for_rows(&mut out, &x, n, |o, r| softmax_row(o, r, log));
-    Ok(f32_storage(out))
+    Ok(f32_storage(for_rows(&x, n, |o, r| softmax_rows(o, r, n, log))?))
 }
 
 /// The smallest difference from a row's maximum whose exponential a softmax computes: `exp(-87)`
@@ -50,27 +82,40 @@ pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
 /// masked took about 1.4x as long as unmasked while its exponentials went through subnormals.
 const FLOOR: f32 = -87.0;
 
+/// Softmax over each row of `n` values of a group of at most [`SIDE`] rows, pass by pass.
 #[inline(always)]
-fn softmax_row(o: &mut [f32], r: &[f32], log: bool) {
-    let max = row_max(r);
+fn softmax_rows(o: &mut [MaybeUninit<f32>], r: &[f32], n: usize, log: bool) {
+    let mut maxes = [0f32; SIDE];
+    for (m, r) in maxes.iter_mut().zip(r.chunks(n)) {
+        *m = row_max(r);
+    }
     // The exponentials go to the output first: one vectorised pass, then a pairwise sum of them.
     // A NaN in the row makes its exponential NaN, so the sum and then every output NaN.
-    for (o, &v) in o.iter_mut().zip(r) {
-        let x = v - max;
-        // Below FLOOR the weight is 0 (under 2e-38 of the largest): computed, it would pass
-        // through subnormal floats, a slow path of the CPU, once for every masked score.
-        let e = exp(if x < FLOOR { FLOOR } else { x });
-        *o = if x < FLOOR { 0.0 } else { e };
-    }
-    let sum = pairwise_sum(o);
-    if log {
-        let ls = sum.ln();
+    for ((o, r), &max) in o.chunks_mut(n).zip(r.chunks(n)).zip(&maxes) {
         for (o, &v) in o.iter_mut().zip(r) {
-            *o = v - max - ls;
+            let x = v - max;
+            // Below FLOOR the weight is 0 (under 2e-38 of the largest): computed, it would pass
+            // through subnormal floats, a slow path of the CPU, once for every masked score.
+            let e = exp(if x < FLOOR { FLOOR } else { x });
+            o.write(if x < FLOOR { 0.0 } else { e });
         }
-    } else {
-        for o in o.iter_mut() {
-            *o /= sum;
+    }
+    // SAFETY: the pass above wrote every element (`o` and `r` have one length).
+    let o = unsafe { written(o) };
+    let mut sums = [0f32; SIDE];
+    for (s, o) in sums.iter_mut().zip(o.chunks(n)) {
+        *s = pairwise_sum(o);
+    }
+    for (((o, r), &max), &sum) in o.chunks_mut(n).zip(r.chunks(n)).zip(&maxes).zip(&sums) {
+        if log {
+            let ls = sum.ln();
+            for (o, &v) in o.iter_mut().zip(r) {
+                *o = v - max - ls;
+            }
+        } else {
+            for o in o.iter_mut() {
+                *o /= sum;
+            }
         }
     }
 }
@@ -79,8 +124,8 @@ fn softmax_row(o: &mut [f32], r: &[f32], log: bool) {
 /// The CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn softmax_row_avx2(o: &mut [f32], r: &[f32], log: bool) {
-    softmax_row(o, r, log)
+unsafe fn softmax_rows_avx2(o: &mut [MaybeUninit<f32>], r: &[f32], n: usize, log: bool) {
+    softmax_rows(o, r, n, log)
 }
 
 /// The largest value of a row, NaNs passed over (the caller's sum brings them back), in eight
@@ -112,35 +157,45 @@ pub fn layer_norm(
     let g = strided(gamma.f32s("layer_norm")?, lg)?;
     let b = strided(beta.f32s("layer_norm")?, lb)?;
     let n = *l.shape().last().unwrap_or(&1);
-    let mut out = try_zeros(x.len())?;
-    if n == 0 {
-        return Ok(f32_storage(out));
+    if n == 0 || x.is_empty() {
+        return Ok(f32_storage(Vec::new()));
     }
     let (g, b) = (&g[..n], &b[..n]);
     #[cfg(target_arch = "x86_64")]
     if super::elementwise::avx2() {
         // SAFETY: the CPU has AVX2 (checked at run time).
-        for_rows(&mut out, &x, n, |o, r| unsafe { layer_norm_row_avx2(o, r, g, b, eps) });
-        return Ok(f32_storage(out));
+        return Ok(f32_storage(for_rows(&x, n, |o, r| unsafe { layer_norm_rows_avx2(o, r, g, b, eps) })?));
     }
-    for_rows(&mut out, &x, n, |o, r| layer_norm_row(o, r, g, b, eps));
-    Ok(f32_storage(out))
+    Ok(f32_storage(for_rows(&x, n, |o, r| layer_norm_rows(o, r, g, b, eps))?))
 }
 
-/// One row; a NaN (or an infinity, whose deviation is NaN) makes the mean or variance NaN, and so
-/// the row.
+/// Layer norm over each row (as long as `g`) of a group of at most [`SIDE`] rows, pass by pass. A
+/// NaN (or an infinity, whose deviation is NaN) makes the mean or variance NaN, and so the row.
 #[inline(always)]
-fn layer_norm_row(o: &mut [f32], r: &[f32], g: &[f32], b: &[f32], eps: f32) {
-    let n = r.len() as f32;
-    let mean = pairwise_sum(r) / n;
-    // The squared deviations go to the output first, to be summed as a slice.
-    for (o, &v) in o.iter_mut().zip(r) {
-        *o = (v - mean) * (v - mean);
+fn layer_norm_rows(o: &mut [MaybeUninit<f32>], r: &[f32], g: &[f32], b: &[f32], eps: f32) {
+    let n = g.len();
+    let len = n as f32;
+    let mut means = [0f32; SIDE];
+    for (m, r) in means.iter_mut().zip(r.chunks(n)) {
+        *m = pairwise_sum(r) / len;
     }
-    let var = pairwise_sum(o) / n;
-    let rstd = 1.0 / (var + eps).sqrt();
-    for (((o, &v), &g), &b) in o.iter_mut().zip(r).zip(g).zip(b) {
-        *o = (v - mean) * rstd * g + b;
+    // The squared deviations go to the output first, to be summed as a slice.
+    for ((o, r), &mean) in o.chunks_mut(n).zip(r.chunks(n)).zip(&means) {
+        for (o, &v) in o.iter_mut().zip(r) {
+            o.write((v - mean) * (v - mean));
+        }
+    }
+    // SAFETY: the pass above wrote every element (`o` and `r` have one length).
+    let o = unsafe { written(o) };
+    let mut rstds = [0f32; SIDE];
+    for (s, o) in rstds.iter_mut().zip(o.chunks(n)) {
+        let var = pairwise_sum(o) / len;
+        *s = 1.0 / (var + eps).sqrt();
+    }
+    for (((o, r), &mean), &rstd) in o.chunks_mut(n).zip(r.chunks(n)).zip(&means).zip(&rstds) {
+        for (((o, &v), &g), &b) in o.iter_mut().zip(r).zip(g).zip(b) {
+            *o = (v - mean) * rstd * g + b;
+        }
     }
 }
 
@@ -148,6 +203,6 @@ fn layer_norm_row(o: &mut [f32], r: &[f32], g: &[f32], b: &[f32], eps: f32) {
 /// The CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn layer_norm_row_avx2(o: &mut [f32], r: &[f32], g: &[f32], b: &[f32], eps: f32) {
-    layer_norm_row(o, r, g, b, eps)
+unsafe fn layer_norm_rows_avx2(o: &mut [MaybeUninit<f32>], r: &[f32], g: &[f32], b: &[f32], eps: f32) {
+    layer_norm_rows(o, r, g, b, eps)
 }
