@@ -396,6 +396,42 @@ fn conv_add_unary(c: &Case, op: UnaryOp, fused: bool, dev: &Device) -> [Vec<u32>
     [bits(&y), bits(grads.get(&xv).unwrap()), bits(grads.get(&kv).unwrap()), bits(grads.get(&bv).unwrap())]
 }
 
+/// [`conv_add_unary`]'s values and gradients with the input (`x_var` false) or the kernel as a
+/// plain tensor, which takes no part in the gradient (data fed to a first layer; a frozen
+/// kernel): the other's gradient, the output and the bias's, as bits; `None` where the store
+/// holds no gradient.
+fn conv_add_unary_with(c: &Case, op: UnaryOp, x_var: bool, dev: &Device) -> [Option<Vec<u32>>; 4] {
+    let (x, k) = (c.x(dev), c.kernel(dev));
+    let (xv, kv) = (Var::new(x.clone()).unwrap(), Var::new(k.clone()).unwrap());
+    let bv = Var::new(Tensor::rand(-0.5, 0.5, &[c.c_out], c.seed + 5, dev).unwrap()).unwrap();
+    let (x, k) = if x_var { (xv.as_tensor().clone(), k) } else { (x, kv.as_tensor().clone()) };
+    let y = x.conv2d_add_unary(&k, bv.as_tensor(), op, c.strides, c.dilation, c.padding).unwrap();
+    let w = Tensor::from_slice(&weights(c), y.dims(), dev).unwrap();
+    let grads = y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let bits = |t: &Tensor| vals(t).iter().map(|v| v.to_bits()).collect();
+    [Some(bits(&y)), grads.get(&xv).map(bits), grads.get(&kv).map(bits), grads.get(&bv).map(bits)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+
+    /// A convolution whose input or kernel takes no part in the gradient (its backward skips
+    /// that one's gradient): the other gradients are the bits of the case where both are
+    /// variables, on narrow and wide geometries.
+    #[test]
+    fn a_convolution_of_data_or_by_a_frozen_kernel_keeps_the_other_gradients(
+            c in prop_oneof![case(), wide_case()], x_var: bool) {
+        let d = Device::Cpu;
+        let both = conv_add_unary(&c, UnaryOp::Relu, true, &d);
+        let one = conv_add_unary_with(&c, UnaryOp::Relu, x_var, &d);
+        let (kept, dropped) = if x_var { (1, 2) } else { (2, 1) };
+        prop_assert!(one[dropped].is_none(), "{c:?}: a gradient for the plain tensor");
+        for i in [0, kept, 3] {
+            prop_assert!(one[i].as_ref() == Some(&both[i]), "{c:?}: value {i} differs (x a var: {x_var})");
+        }
+    }
+}
+
 const EPILOGUES: [UnaryOp; 5] = [UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Identity, UnaryOp::GeluTanh];
 
 proptest! {

@@ -103,10 +103,12 @@ impl Tensor {
                 None => dy.clone(),
             };
             let dy = dy.contiguous_from_zero()?;
-            let dx = conv_pass(ConvPass::InputGrad, &dy, &ks, &g, xs.dims())?;
-            let dk = conv_pass(ConvPass::KernelGrad, &xs, &dy, &g, ks.dims())?;
+            // Only for inputs that take part in the gradient (backprop drops the others' anyway):
+            // the images fed to a model's first layer do not, and a frozen kernel does not.
+            let dx = xs.tracks_grad().then(|| conv_pass(ConvPass::InputGrad, &dy, &ks, &g, xs.dims())).transpose()?;
+            let dk = ks.tracks_grad().then(|| conv_pass(ConvPass::KernelGrad, &xs, &dy, &g, ks.dims())).transpose()?;
             let db = out.as_ref().map(|_| dy.sum(&[0, 1, 2], false)).transpose()?;
-            Ok([Some(dx), Some(dk)].into_iter().chain(db.map(Some)).collect())
+            Ok([dx, dk].into_iter().chain(db.map(Some)).collect())
         });
         let (name, mut inputs) = (if epilogue.is_some() { "conv2d_add_unary" } else { "conv2d" }, vec![x, k]);
         inputs.extend(epilogue.map(|(b, _)| b));
@@ -168,6 +170,10 @@ impl Tensor {
         let storage = x.storage().pool2d(kind, x.layout(), None, &g)?;
         let xs = x.clone();
         let backward = Arc::new(move |dy: &Tensor| -> Result<Vec<Option<Tensor>>> {
+            // (Images pooled before any layer take no part in the gradient.)
+            if !xs.tracks_grad() {
+                return Ok(vec![None]);
+            }
             let dy = dy.contiguous_from_zero()?;
             let s = xs.storage().pool2d(kind, xs.layout(), Some((&dy.storage(), dy.layout())), &g)?;
             Ok(vec![Some(Tensor::from_storage(s, xs.dims(), DType::F32, xs.device().clone(), None))])
