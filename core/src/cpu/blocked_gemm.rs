@@ -697,19 +697,7 @@ pub(crate) mod tests {
         let a: Vec<f32> = (0..alen).map(|i| val(i, seed)).collect();
         let b: Vec<f32> = (0..k * n).map(|i| val(i, seed + 3)).collect();
         let mut out = vec![f32::NAN; m * n];
-        let p = Product {
-            m,
-            n,
-            k,
-            dst: out.as_mut_ptr(),
-            dst_rs: n as isize,
-            lhs: a.as_ptr(),
-            lhs_rs: ars,
-            lhs_cs: acs,
-            rhs: b.as_ptr(),
-            rhs_rs: brs,
-            rhs_cs: bcs,
-        };
+        let p = strided_product((m, n, k), (&a, ars, acs), (&b, brs, bcs), (out.as_mut_ptr(), n));
         let kept = matches!(right, Right::Kept);
         let packed = kept.then(|| PackedRhs::pack(&b, 0, brs as usize, bcs as usize, k, n).unwrap());
         let share = match right {
@@ -812,15 +800,26 @@ pub(crate) mod tests {
         (m, n, k): (usize, usize, usize),
         dst: *mut f32,
     ) -> Product {
+        strided_product((m, n, k), (a, k as isize, 1), (b, brs, bcs), (dst, n))
+    }
+
+    /// The `m x k` matrix `a` times the `k x n` matrix `b` (each with its row and column
+    /// strides) into `dst` (rows `ldc` apart).
+    pub(crate) fn strided_product(
+        (m, n, k): (usize, usize, usize),
+        (a, ars, acs): (&[f32], isize, isize),
+        (b, brs, bcs): (&[f32], isize, isize),
+        (dst, ldc): (*mut f32, usize),
+    ) -> Product {
         Product {
             m,
             n,
             k,
             dst,
-            dst_rs: n as isize,
+            dst_rs: ldc as isize,
             lhs: a.as_ptr(),
-            lhs_rs: k as isize,
-            lhs_cs: 1,
+            lhs_rs: ars,
+            lhs_cs: acs,
             rhs: b.as_ptr(),
             rhs_rs: brs,
             rhs_cs: bcs,

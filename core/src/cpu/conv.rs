@@ -263,9 +263,9 @@ fn transposed(g: &Window2d, c_out: usize) -> Option<Window2d> {
 
 /// The gradient of `conv2d` with respect to its input, from the output's `dy`. With unit
 /// strides and 8 input channels or more where windows are read in place, a convolution of dy
-/// (`transposed`); otherwise per
-/// sample (in parallel), blocks of its rows' column gradients (dy's rows times the kernel
-/// transposed), each added into the sample's input gradient (col2im) while still in cache.
+/// (`transposed`); otherwise per sample (in parallel), blocks of its rows' column gradients (dy's
+/// rows times the kernel transposed), each added into the sample's input gradient (col2im) while
+/// still in cache.
 pub fn conv2d_input_grad(
     dy: &CpuStorage,
     ldy: &Layout,

@@ -86,7 +86,7 @@ pub(crate) unsafe fn run(p: &Product) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::blocked_gemm::tests::has_kernel;
+    use super::super::blocked_gemm::tests::{has_kernel, strided_product};
     use super::*;
     use proptest::prelude::*;
 
@@ -113,19 +113,7 @@ mod tests {
         let ldc = n + pad;
         let go = |small: bool| {
             let mut out = vec![f32::NAN; m * ldc];
-            let p = Product {
-                m,
-                n,
-                k,
-                dst: out.as_mut_ptr(),
-                dst_rs: ldc as isize,
-                lhs: a.as_ptr(),
-                lhs_rs: ars,
-                lhs_cs: acs,
-                rhs: b.as_ptr(),
-                rhs_rs: brs,
-                rhs_cs: bcs,
-            };
+            let p = strided_product((m, n, k), (&a, ars, acs), (&b, brs, bcs), (out.as_mut_ptr(), ldc));
             // SAFETY: the kernel exists (has_kernel); every stride stays inside a, b and out.
             unsafe {
                 if small {
