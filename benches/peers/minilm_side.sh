@@ -4,6 +4,7 @@
 # median of the per-round ratios (weft speed / onnxruntime speed: above 1, weft is faster).
 #
 #     bash benches/peers/minilm_side.sh [THREADS]     # from the project root
+#     WEFT_MINILM_SHAPE=1x128 bash benches/peers/minilm_side.sh 1   # another batch x tokens (both sides)
 set -euo pipefail
 threads="${1:-2}"
 rounds="${ROUNDS:-3}"

@@ -20,7 +20,7 @@
 //! depend on `m`, `n`, the block sizes or how the work is cut over threads.
 
 use super::gemm_engine::Product;
-use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a, pack_b};
+use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a, pack_a_tiles, pack_b, row_tile};
 use super::packed_gemm::PackedRhs;
 use super::shared_rhs::{SharedRhs, View, shares_packing};
 use super::try_take;
@@ -306,17 +306,20 @@ unsafe fn blocked(
                 }
             };
             if direct {
-                // Left rows read in place: each group of MR rows against every right panel while
-                // it is in L1, the next group fetched meanwhile (it comes from L3 or memory).
-                let mr = isa.rows();
-                for i in (0..m).step_by(mr) {
-                    let rows = mr.min(m - i);
-                    // SAFETY: rows i.. and i + mr.. lie inside the left matrix, columns pc..pc + kc.
+                // Left rows read in place: each group of rows (a row tile) against every right
+                // panel while it is in L1, the next group fetched meanwhile (it comes from L3 or
+                // memory).
+                let groups = m.div_ceil(isa.rows());
+                for g in 0..groups {
+                    let (i, rows) = isa.row_tile(m, g);
+                    // SAFETY: the group's rows and the next one's lie inside the left matrix,
+                    // columns pc..pc + kc.
                     unsafe {
                         let ap = a.at(i, pc);
-                        if i + mr < m {
-                            let next = a.at(i + mr, pc);
-                            for r in 0..mr.min(m - i - mr) {
+                        if g + 1 < groups {
+                            let (ni, next_rows) = isa.row_tile(m, g + 1);
+                            let next = a.at(ni, pc);
+                            for r in 0..next_rows {
                                 for q in (0..kc).step_by(16) {
                                     _mm_prefetch::<_MM_HINT_T0>(next.ptr.add(r * next.rs as usize + q).cast());
                                 }
@@ -343,7 +346,7 @@ unsafe fn blocked(
             }
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
-                unsafe { pack_a(a.at(ic, pc), mc, kc, apack) };
+                unsafe { isa.pack_a(a.at(ic, pc), mc, kc, apack) };
                 // Where this block's sums go: the output, or (a finisher's, k in one chunk) the
                 // scratch block, rows `nc` apart.
                 let to = if scratch && kc == k { Out(sums, nc) } else { unsafe { c.at(ic, jc) } };
@@ -351,14 +354,16 @@ unsafe fn blocked(
                     ready(jr);
                     let nr = isa.cols().min(nc - jr);
                     let bp = unsafe { bp0.add((jr / NR) * per) };
-                    for ir in (0..mc).step_by(isa.rows()) {
-                        // SAFETY: panels ir / MR and jr / NR of this block; the output tile
-                        // rows ic + ir.., columns jc + jr.. lie inside c (or the scratch block).
+                    for it in 0..mc.div_ceil(isa.rows()) {
+                        let (ir, rows) = isa.row_tile(mc, it);
+                        // SAFETY: tile it's panels (at it * rows() * kc) and panel jr / NR of this
+                        // block; the output tile rows ic + ir.., columns jc + jr.. lie inside c
+                        // (or the scratch block).
                         unsafe {
-                            let ap = apack.add(ir * kc);
+                            let ap = apack.add(it * isa.rows() * kc);
                             let cp = to.at(ir, jr);
                             let t = Tile { kc, a: ap, lda: 0, b: bp, per, c: cp.0, ldc: cp.1, nr, add: pc > 0 };
-                            tile_rows::<false>(isa.wide(), isa.rows().min(mc - ir), t);
+                            tile_rows::<false>(isa.wide(), rows, t);
                         }
                     }
                 }
@@ -465,6 +470,22 @@ impl Isa {
     /// Rows one call covers (two packed left panels with 512 bits).
     pub(crate) fn rows(self) -> usize {
         if self.wide() { 2 * MR } else { MR }
+    }
+
+    /// Row tile `t` of a block of `mc` rows: its first row and its rows (`mc.div_ceil(rows())`
+    /// tiles; 256-bit tiles share a short last one with the one before: `gemm_pack::row_tile`).
+    pub(crate) fn row_tile(self, mc: usize, t: usize) -> (usize, usize) {
+        let rows = self.rows();
+        if self.wide() { (t * rows, rows.min(mc - t * rows)) } else { row_tile(mc, t) }
+    }
+
+    /// Packs the `mc x kc` left block as the tiles read it ([`Isa::row_tile`]).
+    ///
+    /// # Safety
+    /// As `gemm_pack::pack_a`.
+    unsafe fn pack_a(self, a: Strided, mc: usize, kc: usize, dst: *mut f32) {
+        // SAFETY: the caller's.
+        unsafe { if self.wide() { pack_a(a, mc, kc, dst) } else { pack_a_tiles(a, mc, kc, dst) } }
     }
 }
 

@@ -62,6 +62,42 @@ pub(crate) fn b_len(kc: usize, nc: usize) -> usize {
     nc.div_ceil(NR) * NR * kc
 }
 
+/// Row tile `t` of a block of `mc` rows on 6-row tiles: its first row and its rows. Tiles of
+/// `MR` rows, except that where the last would hold 1 to 3 rows, the last two share the last
+/// `MR + r` rows evenly (4 + 3, 4 + 4, 5 + 4). Why: a tile's accumulators are its independent
+/// multiply-add chains, two per row, and the FMA unit takes two a cycle, each four cycles
+/// long: 4 rows (8 chains) keep it full, 2 rows half. A product of 32 rows ran its sixth tile of
+/// 2 rows as slowly as one of 4; as 4 + 4 the last eight rows take the time of eight. There are
+/// `mc.div_ceil(MR)` tiles either way, tile `t` in packed panel `t` ([`pack_a_tiles`]); each
+/// element is summed the same way whatever tile holds its row (the same bits).
+pub(crate) fn row_tile(mc: usize, t: usize) -> (usize, usize) {
+    let (full, r) = (mc / MR, mc % MR);
+    if mc > MR && (1..=3).contains(&r) && t + 1 >= full {
+        let (start, first) = ((full - 1) * MR, (MR + r).div_ceil(2));
+        return if t + 1 == full { (start, first) } else { (start + first, MR + r - first) };
+    }
+    (t * MR, MR.min(mc - t * MR))
+}
+
+/// [`pack_a`] with row tile `t` ([`row_tile`]) in panel `t`, zero past its rows: the layout the
+/// 6-row tiles read. Same room ([`a_len`]).
+///
+/// # Safety
+/// As [`pack_a`].
+pub(crate) unsafe fn pack_a_tiles(a: Strided, mc: usize, kc: usize, dst: *mut f32) {
+    let tiles = mc.div_ceil(MR);
+    // The tiles of MR rows from the first row, in one pass; the shared tail, a panel each.
+    let even = (0..tiles).take_while(|&t| row_tile(mc, t) == (t * MR, MR)).count();
+    // SAFETY (all three): the caller's bounds; each panel is one of a_len(mc, kc)'s.
+    unsafe {
+        pack_a(a, even * MR, kc, dst);
+        for t in even..tiles {
+            let (start, rows) = row_tile(mc, t);
+            pack_a(a.at(start, 0), rows, kc, dst.add(t * MR * kc));
+        }
+    }
+}
+
 /// Rows `0..mc`, columns `0..kc` of `a` as panels of `MR` rows: panel `t`, value `p * MR + r` is
 /// `a[t * MR + r, p]` (zero past row `mc`).
 ///
@@ -241,6 +277,19 @@ mod tests {
                     prop_assert_eq!(got, w, "a[{}, {}] of {}x{} kind {}", i, p, rows, cols, kind);
                 }
             }
+            // As the 6-row tiles read it: tile t's rows in panel t, zeros past them.
+            let mut a = vec![f32::NAN; a_len(rows, cols)];
+            unsafe { pack_a_tiles(m, rows, cols, a.as_mut_ptr()) };
+            for t in 0..rows.div_ceil(MR) {
+                let (start, n) = row_tile(rows, t);
+                for r in 0..MR {
+                    for p in 0..cols {
+                        let got = a[t * MR * cols + p * MR + r];
+                        let w = if r < n { want(start + r, p) } else { 0.0 };
+                        prop_assert_eq!(got, w, "tile {} row {} col {} of {}x{} kind {}", t, r, p, rows, cols, kind);
+                    }
+                }
+            }
             // As a right matrix: rows x cols.
             let mut b = vec![f32::NAN; b_len(rows, cols)];
             unsafe { pack_b(m, rows, cols, b.as_mut_ptr()) };
@@ -252,6 +301,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The row tiles cover a block's rows once, in order, as many as panels of `MR`; a tile of
+    /// 1 or 2 rows comes only where the block has no more rows.
+    #[test]
+    fn row_tiles_cover_the_rows_without_short_tiles() {
+        for mc in 1usize..200 {
+            let tiles: Vec<(usize, usize)> = (0..mc.div_ceil(MR)).map(|t| row_tile(mc, t)).collect();
+            let mut next = 0;
+            for &(start, rows) in &tiles {
+                assert!(start == next && (1..=MR).contains(&rows), "mc {mc}: {tiles:?}");
+                assert!(rows >= 3 || mc < 3, "mc {mc}: a tile of {rows} rows in {tiles:?}");
+                next += rows;
+            }
+            assert_eq!(next, mc, "mc {mc}: {tiles:?}");
+        }
+        assert_eq!(
+            (0..6).map(|t| row_tile(32, t)).collect::<Vec<_>>(),
+            [(0, 6), (6, 6), (12, 6), (18, 6), (24, 4), (28, 4)]
+        );
     }
 
     /// A whole left matrix packed chunk by chunk, in one pass or as separate ranges of panels

@@ -9,7 +9,7 @@
 
 use super::blocked_gemm::{Tile, isa, k_chunk, tile_rows};
 use super::gemm_engine::Product;
-use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a, pack_b};
+use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a_tiles, pack_b, row_tile};
 use crate::{Error, Result};
 use std::cell::RefCell;
 
@@ -57,12 +57,12 @@ pub(crate) unsafe fn run(p: &Product) -> Result<()> {
             pack_b(Strided { ptr: p.rhs, rs: p.rhs_rs, cs: p.rhs_cs }, k, n, bp);
             let a = Strided { ptr: p.lhs, rs: p.lhs_rs, cs: p.lhs_cs };
             if !in_place {
-                pack_a(a, m, k, ap);
+                pack_a_tiles(a, m, k, ap);
             }
-            for i in (0..m).step_by(MR) {
-                let rows = MR.min(m - i);
+            for t in 0..m.div_ceil(MR) {
+                let (i, rows) = row_tile(m, t);
                 let (left, lda) =
-                    if in_place { (a.at(i, 0).ptr, p.lhs_rs as usize) } else { (ap.add(i * k).cast_const(), 0) };
+                    if in_place { (a.at(i, 0).ptr, p.lhs_rs as usize) } else { (ap.add(t * MR * k).cast_const(), 0) };
                 let out = p.dst.add(i * p.dst_rs as usize);
                 for j in (0..n).step_by(NR) {
                     let t = Tile {
