@@ -13,7 +13,8 @@
 //!
 //! The loops: `k` in chunks of at most 256 (`blocked_gemm::k_chunk`; a 16-column panel chunk,
 //! 16 KiB, stays in L1 while every row passes over it), the rows packed once per call (at most
-//! 32 x k values, `PackedLhs`), and `blocked_gemm`'s 6 x 16 micro-kernel. Each output element is
+//! 32 x k values, `PackedLhs`, in `gemm_pack::row_tile`'s tiles: 8 rows as 4 + 4, not 6 + 2), and
+//! `blocked_gemm`'s 6 x 16 micro-kernel. Each output element is
 //! summed in the same order as in `blocked_gemm`, whatever `m`, `n` and the thread count:
 //! splitting the columns over threads or devices changes no bit, nor does a 33rd row where the
 //! larger product runs on `blocked_gemm` (the engine is weft's, the shape `suits` it, the rows'
@@ -23,7 +24,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::blocked_gemm::Tile;
 pub(crate) use super::gemm_pack::NR;
-use super::gemm_pack::{MR, a_len, pack_a_chunks};
+use super::gemm_pack::{MR, a_len, pack_a_chunks, pack_a_tiles};
 use super::gemm_pack::{Strided, b_len, pack_b};
 use crate::{Error, Result};
 #[cfg(target_arch = "x86_64")]
@@ -171,8 +172,20 @@ impl PackedLhs {
         let len = a_len(m, k);
         let mut data = super::try_take(len)?;
         let src = Strided { ptr: a.as_ptr(), rs: lda as isize, cs: 1 };
-        // SAFETY: the rows lie in a (checked above); data has room for a_len(m, k).
-        unsafe { pack_a_chunks(src, m, k, super::blocked_gemm::k_chunk(k), 0..m.div_ceil(MR), data.as_mut_ptr()) };
+        let (isa, kc_len) = (super::blocked_gemm::isa(), super::blocked_gemm::k_chunk(k));
+        // SAFETY: the rows lie in a (checked above); data has room for a_len(m, k): chunk p0's
+        // panels at rows * p0, as `pack_a_chunks` lays them out.
+        unsafe {
+            if isa.wide() {
+                pack_a_chunks(src, m, k, kc_len, 0..m.div_ceil(MR), data.as_mut_ptr());
+            } else {
+                // The 6-row tiles' layout (a short last tile shares the rows of the one before).
+                let rows = m.div_ceil(MR) * MR;
+                for p0 in (0..k).step_by(kc_len) {
+                    pack_a_tiles(src.at(0, p0), m, kc_len.min(k - p0), data.as_mut_ptr().add(rows * p0));
+                }
+            }
+        }
         // SAFETY: the chunks wrote every value up to rows * k = len.
         unsafe { data.set_len(len) };
         Ok(PackedLhs { m, k, data })
@@ -202,15 +215,16 @@ pub(crate) unsafe fn run(a: &PackedLhs, b: &PackedRhs, panels: Range<usize>, c: 
             let nr = isa.cols().min(end - c0);
             // SAFETY: panel j, rows p0.. lie inside the packed data (j < panels, p0 + kc <= k).
             let bp = unsafe { b.panels_ptr().add(j * k * NR + p0 * NR) };
-            for i in (0..m).step_by(isa.rows()) {
-                // SAFETY: row panel i / MR of chunk p0 lies inside a's packed data; rows i..,
+            for it in 0..m.div_ceil(isa.rows()) {
+                let (i, tile_rows) = isa.row_tile(m, it);
+                // SAFETY: row tile it's panels of chunk p0 lie inside a's packed data; rows i..,
                 // columns c0..c0 + nr of c inside the caller's bounds; the tile's second panel
                 // (when nr > NR) is panel j + 1 < panels.end.
                 unsafe {
-                    let ap = a.data.as_ptr().add(rows * p0 + i * kc);
+                    let ap = a.data.as_ptr().add(rows * p0 + it * isa.rows() * kc);
                     let (cp, per) = (c.add(i * ldc + c0), k * NR);
                     let t = Tile { kc, a: ap, lda: 0, b: bp, per, c: cp, ldc, nr, add: p0 > 0 };
-                    super::blocked_gemm::tile_rows::<false>(isa.wide(), isa.rows().min(m - i), t);
+                    super::blocked_gemm::tile_rows::<false>(isa.wide(), tile_rows, t);
                 }
             }
         }
