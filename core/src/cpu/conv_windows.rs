@@ -17,7 +17,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::blocked_gemm::{self, k_chunk};
-use super::gemm_pack::{MR, NR};
+use super::gemm_pack::{MR, NR, row_tile};
 use super::packed_gemm::PackedRhs;
 use crate::conv::Window2d;
 use crate::{Error, Result};
@@ -254,8 +254,8 @@ fn fill_strip(
 }
 
 /// The band's `m` output positions (position `q` at band row `q / cols`, column `q % cols`) into
-/// `y` (rows of `c_out`), chunk of `k` by chunk, each group of six positions against every panel
-/// of the packed kernel.
+/// `y` (rows of `c_out`), chunk of `k` by chunk, each group of positions (a row tile of up to
+/// six: `gemm_pack::row_tile`) against every panel of the packed kernel.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `src` holds every value the band's windows read; `y` has room for
@@ -277,8 +277,8 @@ unsafe fn band_product(
     for pc in (0..k).step_by(kc_len) {
         let kc = kc_len.min(k - pc);
         runs.pieces(pc, kc, &mut pieces);
-        for i in (0..m).step_by(MR) {
-            let rows = MR.min(m - i);
+        for tile in 0..m.div_ceil(MR) {
+            let (i, rows) = row_tile(m, tile);
             let mut at = [src.ptr; MR];
             for (r, a) in at.iter_mut().enumerate().take(rows) {
                 let (oy, ox) = ((i + r) / cols, (i + r) % cols);
