@@ -125,7 +125,13 @@ def main():
     # The bench's inputs (WEFT_MINILM_SHAPE, as the bench reads it: default 8 sequences of 32
     # tokens): sequence j keeps t - (3 j mod (2t/3 + 1)) real tokens (32 down to 11 for 8 x 32),
     # the rest padding.
-    b, t = (int(v) for v in os.environ.get("WEFT_MINILM_SHAPE", "8x32").split("x"))
+    shape = os.environ.get("WEFT_MINILM_SHAPE", "8x32")
+    try:
+        b, t = (int(v) for v in shape.split("x"))
+    except ValueError:
+        sys.exit(f"WEFT_MINILM_SHAPE={shape!r}: want BATCHxTOKENS")
+    if b < 1 or not 1 <= t <= 512:
+        sys.exit(f"WEFT_MINILM_SHAPE={shape!r}: want BATCHxTOKENS, each at least 1, tokens at most 512")
     i = np.arange(b * t)
     ids = ((i * 7919 % 30000) + 100).reshape(b, t).astype(np.int64)
     mask = (i % t < t - (3 * (i // t)) % (2 * t // 3 + 1)).reshape(b, t).astype(np.int64)

@@ -467,7 +467,8 @@ impl Isa {
         if self.wide() { 2 * NR } else { NR }
     }
 
-    /// Rows one call covers (two packed left panels with 512 bits).
+    /// Most rows one call covers (two packed left panels with 512 bits); a block's tiles are
+    /// [`Isa::row_tile`]'s.
     pub(crate) fn rows(self) -> usize {
         if self.wide() { 2 * MR } else { MR }
     }

@@ -1,9 +1,10 @@
 //! A convolution's product with its windows read where they lie ("implicit GEMM"), on CPUs whose
 //! blocked kernel runs 256-bit tiles. The unrolled windows (im2col, see `conv`) are never
-//! written: each micro-kernel call takes its six output positions' windows from the input (or,
-//! with padding, from a padded copy of the few input rows a band of output rows reads, in cache),
-//! as runs of adjacent values (a window row of `kw` taps over every channel, adjacent in NHWC),
-//! against the kernel packed once per call (or kept, in inference).
+//! written: each micro-kernel call takes its output positions' windows (up to six: a row tile,
+//! `gemm_pack::row_tile`) from the input (or, with padding, from a padded copy of the few input
+//! rows a band of output rows reads, in cache), as runs of adjacent values (a window row of `kw`
+//! taps over every channel, adjacent in NHWC), against the kernel packed once per call (or kept,
+//! in inference).
 //!
 //! The sums are those of the unrolled product on weft's kernel, in the same order: `k` is cut
 //! into the same chunks (`blocked_gemm::k_chunk`), each chunk one multiply-add chain whose left

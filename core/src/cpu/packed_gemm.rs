@@ -13,9 +13,9 @@
 //!
 //! The loops: `k` in chunks of at most 256 (`blocked_gemm::k_chunk`; a 16-column panel chunk,
 //! 16 KiB, stays in L1 while every row passes over it), the rows packed once per call (at most
-//! 32 x k values, `PackedLhs`, in `gemm_pack::row_tile`'s tiles: 8 rows as 4 + 4, not 6 + 2), and
-//! `blocked_gemm`'s 6 x 16 micro-kernel. Each output element is
-//! summed in the same order as in `blocked_gemm`, whatever `m`, `n` and the thread count:
+//! 32 x k values, `PackedLhs`, in `Isa::row_tile`'s tiles: with 256-bit tiles 8 rows as 4 + 4,
+//! not 6 + 2), and `blocked_gemm`'s 6 x 16 micro-kernel. Each output element is summed in the
+//! same order as in `blocked_gemm`, whatever `m`, `n` and the thread count:
 //! splitting the columns over threads or devices changes no bit, nor does a 33rd row where the
 //! larger product runs on `blocked_gemm` (the engine is weft's, the shape `suits` it, the rows'
 //! values adjacent). faer's kernels, which take narrow and small products with gradients, may
