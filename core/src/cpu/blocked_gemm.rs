@@ -484,7 +484,7 @@ impl Isa {
     ///
     /// # Safety
     /// As `gemm_pack::pack_a`.
-    unsafe fn pack_a(self, a: Strided, mc: usize, kc: usize, dst: *mut f32) {
+    pub(crate) unsafe fn pack_a(self, a: Strided, mc: usize, kc: usize, dst: *mut f32) {
         // SAFETY: the caller's.
         unsafe { if self.wide() { pack_a(a, mc, kc, dst) } else { pack_a_tiles(a, mc, kc, dst) } }
     }

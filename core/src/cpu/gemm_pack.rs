@@ -13,8 +13,6 @@
 //! exists everywhere; the kernels that read packed left matrices are x86-64 only).
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-use std::ops::Range;
-
 /// Rows of a left panel (the micro-kernel's rows).
 pub(crate) const MR: usize = 6;
 /// Columns of a right panel (two AVX registers).
@@ -144,27 +142,6 @@ pub(crate) unsafe fn pack_a(a: Strided, mc: usize, kc: usize, dst: *mut f32) {
                 unsafe { *panel.add(p * MR + r) = v };
             }
         }
-    }
-}
-
-/// Row panels `panels` of the whole `m x k` left matrix, chunk by chunk of `k` (`kc_len` values
-/// each, the last what is left): chunk `p0` starts at `rows * p0` (`rows`: `m` rounded up to
-/// `MR`) and holds [`pack_a`]'s panels for its columns. Panels may be packed by several threads
-/// at once, each its own range.
-///
-/// # Safety
-/// As [`pack_a`], `dst` with room for [`a_len`]`(m, k)` values; `panels` within `m`'s panels.
-pub(crate) unsafe fn pack_a_chunks(a: Strided, m: usize, k: usize, kc_len: usize, panels: Range<usize>, dst: *mut f32) {
-    let rows = m.div_ceil(MR) * MR;
-    let (r0, r1) = (panels.start * MR, (panels.end * MR).min(m));
-    if r0 >= r1 {
-        return;
-    }
-    for p0 in (0..k).step_by(kc_len) {
-        let kc = kc_len.min(k - p0);
-        // SAFETY: rows r0..r1, columns p0..p0 + kc lie in the matrix; their panels start at
-        // panel r0 / MR of chunk p0, inside a_len(m, k).
-        unsafe { pack_a(a.at(r0, p0), r1 - r0, kc, dst.add(rows * p0 + r0 * kc)) };
     }
 }
 
@@ -321,35 +298,5 @@ mod tests {
             (0..6).map(|t| row_tile(32, t)).collect::<Vec<_>>(),
             [(0, 6), (6, 6), (12, 6), (18, 6), (24, 4), (28, 4)]
         );
-    }
-
-    /// A whole left matrix packed chunk by chunk, in one pass or as separate ranges of panels
-    /// (as threads share the work), gives the same values: each range lands at its own offset
-    /// and writes nothing outside its panels.
-    #[test]
-    fn panel_ranges_pack_as_one_pass() {
-        let (m, k, kc): (usize, usize, usize) = (29, 70, 32);
-        let src: Vec<f32> = (0..m * k).map(|i| i as f32 + 0.25).collect();
-        let a = Strided { ptr: src.as_ptr(), rs: k as isize, cs: 1 };
-        let panels = m.div_ceil(MR);
-        let mut whole = vec![f32::NAN; a_len(m, k)];
-        unsafe { pack_a_chunks(a, m, k, kc, 0..panels, whole.as_mut_ptr()) };
-        for cuts in [vec![0, 1, panels], vec![0, 2, 3, panels], vec![0, panels - 1, panels]] {
-            let mut parts = vec![f32::NAN; a_len(m, k)];
-            for w in cuts.windows(2) {
-                unsafe { pack_a_chunks(a, m, k, kc, w[0]..w[1], parts.as_mut_ptr()) };
-            }
-            assert!(whole.iter().zip(&parts).all(|(x, y)| x.to_bits() == y.to_bits()), "cuts {cuts:?}");
-        }
-        // And where the kernel reads them: chunk p0 at rows * p0, panel t at t * MR * kc.
-        let rows = panels * MR;
-        for p in 0..k {
-            let (p0, kc_here) = (p / kc * kc, kc.min(k - p / kc * kc));
-            for i in 0..rows {
-                let got = whole[rows * p0 + (i / MR) * MR * kc_here + (p - p0) * MR + i % MR];
-                let want = if i < m { src[i * k + p] } else { 0.0 };
-                assert_eq!(got, want, "a[{i}, {p}]");
-            }
-        }
     }
 }

@@ -24,7 +24,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::blocked_gemm::Tile;
 pub(crate) use super::gemm_pack::NR;
-use super::gemm_pack::{MR, a_len, pack_a_chunks, pack_a_tiles};
+use super::gemm_pack::{MR, a_len};
 use super::gemm_pack::{Strided, b_len, pack_b};
 use crate::{Error, Result};
 #[cfg(target_arch = "x86_64")]
@@ -173,18 +173,11 @@ impl PackedLhs {
         let mut data = super::try_take(len)?;
         let src = Strided { ptr: a.as_ptr(), rs: lda as isize, cs: 1 };
         let (isa, kc_len) = (super::blocked_gemm::isa(), super::blocked_gemm::k_chunk(k));
-        // SAFETY: the rows lie in a (checked above); data has room for a_len(m, k): chunk p0's
-        // panels at rows * p0, as `pack_a_chunks` lays them out.
-        unsafe {
-            if isa.wide() {
-                pack_a_chunks(src, m, k, kc_len, 0..m.div_ceil(MR), data.as_mut_ptr());
-            } else {
-                // The 6-row tiles' layout (a short last tile shares the rows of the one before).
-                let rows = m.div_ceil(MR) * MR;
-                for p0 in (0..k).step_by(kc_len) {
-                    pack_a_tiles(src.at(0, p0), m, kc_len.min(k - p0), data.as_mut_ptr().add(rows * p0));
-                }
-            }
+        let rows = m.div_ceil(MR) * MR;
+        for p0 in (0..k).step_by(kc_len) {
+            // SAFETY: the rows lie in a (checked above); chunk p0's tiles (`Isa::row_tile`, as
+            // `run` reads them) go to rows * p0.., inside a_len(m, k).
+            unsafe { isa.pack_a(src.at(0, p0), m, kc_len.min(k - p0), data.as_mut_ptr().add(rows * p0)) };
         }
         // SAFETY: the chunks wrote every value up to rows * k = len.
         unsafe { data.set_len(len) };
