@@ -1,6 +1,6 @@
 //! f32 matmul throughput (GFLOP/s) on every device found (sizes: `WEFT_BENCH_SIZES`, default 256
-//! to 2048); on GPUs also each kernel variant at 1024, the adapter's FMA ceiling and each size's
-//! share of it; and small-batch inference products (a few rows times a
+//! to 2048), the device's FMA ceiling (`Device::fma_peak`) and each size's share of it; on GPUs
+//! also each kernel variant at 1024; and small-batch inference products (a few rows times a
 //! 384 x 1536 weight, without gradients, as `predict` runs them). `cargo bench --bench matmul`
 //! (WEFT_BENCH_DEVICES=cpu,gpu:0 chooses the devices).
 
@@ -30,12 +30,11 @@ fn main() -> Result<()> {
     // who sets the thread count does.
     weft::set_num_threads(0)?;
     for dev in common::devices() {
-        let mut peak = None;
+        // The device's own limit: nothing but independent multiply-adds (on the Cpu, on every
+        // thread of the pool, at the product kernel's vector width).
+        let peak = dev.fma_peak()?;
+        common::report("fma_peak", &dev, "-", peak / 1e9, "GFLOP/s");
         if let Device::Gpu(ctx) = &dev {
-            // The adapter's own limit: a kernel of nothing but independent multiply-adds.
-            let p = weft::core::gpu::fma_peak(ctx)?;
-            common::report("fma_peak", &dev, "-", p / 1e9, "GFLOP/s");
-            peak = Some(p);
             let ranking: Vec<&str> = weft::core::gpu::matmul_ranking(ctx)?.iter().map(|v| v.kernel).collect();
             eprintln!("{}: matmul autotune ranking {ranking:?}", dev.describe());
             for v in weft::core::gpu::MATMUL_VARIANTS {
@@ -49,9 +48,7 @@ fn main() -> Result<()> {
         for n in sizes()? {
             let g = gflops(&dev, 1, n)?;
             common::report("matmul", &dev, &n.to_string(), g, "GFLOP/s");
-            if let Some(peak) = peak {
-                common::report("matmul_of_fma_peak", &dev, &n.to_string(), 100.0 * g * 1e9 / peak, "%");
-            }
+            common::report("matmul_of_fma_peak", &dev, &n.to_string(), 100.0 * g * 1e9 / peak, "%");
         }
         common::report("matmul", &dev, "16x256x256x256", gflops(&dev, 16, 256)?, "GFLOP/s");
         for rows in [1, 8, 32] {

@@ -1,5 +1,7 @@
 //! MLP 784-1024-1024-10 (ReLU, softmax cross-entropy, Adam, batch 256, random data): training
-//! steps/s and inference samples/s on every device found. `cargo bench --bench train_step`
+//! steps/s and inference samples/s on every device found, and each as a share of the device's FMA
+//! ceiling (`Device::fma_peak`; the products' multiply-adds only, the rest of the work is on top).
+//! `cargo bench --bench train_step`
 
 mod common;
 
@@ -10,7 +12,13 @@ fn main() -> Result<()> {
     // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
     // who sets the thread count does.
     weft::set_num_threads(0)?;
+    // The products' FLOPs: a step multiplies forward, for each weight's gradient, and for the
+    // input gradient of every layer but the first; inference forward only.
+    let layers = [(784usize, 1024usize), (1024, 1024), (1024, 10)];
+    let forward: usize = layers.iter().map(|&(i, o)| 2 * 256 * i * o).sum();
+    let step_flops = (2 * forward + forward - 2 * 256 * 784 * 1024) as f64;
     for dev in common::devices() {
+        let peak = dev.fma_peak()?;
         let mut model = common::mlp(&dev)?;
         let x = Tensor::rand(0.0, 1.0, &[256, 784], 1, &dev)?;
         let labels: Vec<u32> = (0..256).map(|i| (i * 7 % 10) as u32).collect();
@@ -19,8 +27,22 @@ fn main() -> Result<()> {
         // train_on_batch reads the loss back, so each step is waited for.
         let step = common::time_per_call(&dev, budget, 2, || model.train_on_batch(&x, &y).map(drop))?;
         common::report("train_step", &dev, "mlp784-1024-1024-10/b256", 1.0 / step, "steps/s");
+        common::report(
+            "train_step_of_fma_peak",
+            &dev,
+            "mlp784-1024-1024-10/b256",
+            100.0 * step_flops / step / peak,
+            "%",
+        );
         let infer = common::time_per_call(&dev, budget, 2, || model.predict(&x, 256)?.to_vec::<f32>().map(drop))?;
         common::report("inference", &dev, "mlp784-1024-1024-10/b256", 256.0 / infer, "samples/s");
+        common::report(
+            "inference_of_fma_peak",
+            &dev,
+            "mlp784-1024-1024-10/b256",
+            100.0 * forward as f64 / infer / peak,
+            "%",
+        );
     }
     Ok(())
 }

@@ -185,6 +185,29 @@ impl Device {
         }
     }
 
+    /// The device's arithmetic ceiling in FLOP/s, measured now: on a GPU a kernel of
+    /// independent multiply-adds ([`gpu::fma_peak`]), on the Cpu the same on every thread of the
+    /// pool at the vector width weft's product kernel uses (about 0.3 s). Benchmarks report
+    /// products as a share of it. `Err` on [`Device::Meta`], which computes nothing.
+    ///
+    /// ```no_run
+    /// use weft_core::Device;
+    /// let peak = Device::Cpu.fma_peak()?;
+    /// println!("{:.0} GFLOP/s", peak / 1e9);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn fma_peak(&self) -> Result<f64> {
+        match self {
+            Device::Cpu => {
+                Ok(crate::cpu::fma_peak(rayon::current_num_threads(), std::time::Duration::from_millis(300)))
+            }
+            Device::Gpu(ctx) => gpu::fma_peak(ctx),
+            Device::Meta => {
+                Err(Error::invalid("fma_peak", "the meta device computes nothing: it has no arithmetic rate"))
+            }
+        }
+    }
+
     /// Whether this is a GPU device.
     pub fn is_gpu(&self) -> bool {
         matches!(self, Device::Gpu(_))

@@ -14,6 +14,13 @@ fn meta_tensors_have_shapes_and_no_data() {
     assert!(x.matmul(&w).is_err());
 }
 
+/// The Meta device has no arithmetic rate to measure: an `Err` that says so, not a figure.
+#[test]
+fn meta_has_no_fma_ceiling() {
+    let err = Device::Meta.fma_peak().unwrap_err().to_string();
+    assert!(err.contains("fma_peak") && err.contains("meta"), "{err}");
+}
+
 #[test]
 fn tracing_records_ops_with_their_scope_paths() {
     let dev = Device::Meta;

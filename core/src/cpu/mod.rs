@@ -7,6 +7,7 @@ mod blocked_gemm;
 mod conv;
 mod conv_windows;
 mod elementwise;
+mod fma_peak;
 mod gemm_engine;
 mod gemm_pack;
 mod index;
@@ -28,6 +29,7 @@ mod sum_columns;
 
 pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad};
 pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, where_cond};
+pub(crate) use fma_peak::fma_peak;
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use matmul::{matmul, matmul_add_unary};
 pub use norm::{layer_norm, softmax};
