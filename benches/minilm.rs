@@ -1,6 +1,7 @@
 //! all-MiniLM-L6-v2's encoder (6 layers, width 384, 12 heads, random weights: latency does not
 //! depend on their values): forward latency of a batch of 8 sequences of 32 tokens, padded
-//! sequences masked. `cargo bench --bench minilm`; `WEFT_MINILM_SHAPE=1x128` (batch x tokens, up
+//! sequences masked, and the products' share of the device's FMA ceiling (`Device::fma_peak`).
+//! `cargo bench --bench minilm`; `WEFT_MINILM_SHAPE=1x128` (batch x tokens, up
 //! to 512 tokens) measures another shape: one long request, a larger batch.
 
 mod common;
@@ -17,7 +18,14 @@ fn main() -> Result<()> {
     weft::set_num_threads(0)?;
     let cfg = BertConfig::all_minilm_l6_v2();
     let (b, t) = shape()?;
+    // The products' FLOPs (padding included, as it is computed): per layer the four projections
+    // and the two feed-forward products over every token, and the attention's scores and
+    // weighted values over every pair of a sequence's tokens.
+    let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
+    let per_layer = 2 * b * t * h * (4 * h + 2 * ff) + 4 * b * t * t * h;
+    let flops = (cfg.num_hidden_layers * per_layer) as f64;
     for dev in common::devices() {
+        let peak = dev.fma_peak()?;
         let model = Model::new(bert_encoder("minilm", &cfg, true)?, &dev);
         let ids: Vec<u32> = (0..b * t).map(|i| (i * 7919 % 30000) as u32 + 100).collect();
         // Sequence j keeps t - (3 j mod (2t/3 + 1)) tokens (32 down to 11 for 8 x 32): the rest
@@ -32,6 +40,7 @@ fn main() -> Result<()> {
         let budget = Duration::from_secs(if dev.is_gpu() { 8 } else { 4 });
         let s = common::time_per_call(&dev, budget, 2, || model.predict(&x, b)?.to_vec::<f32>().map(drop))?;
         common::report("minilm_forward", &dev, &format!("b{b}xt{t}"), s * 1e3, "ms");
+        common::report("minilm_forward_of_fma_peak", &dev, &format!("b{b}xt{t}"), 100.0 * flops / s / peak, "%");
     }
     Ok(())
 }
