@@ -186,9 +186,12 @@ impl Device {
     }
 
     /// The device's arithmetic ceiling in FLOP/s, measured now: on a GPU a kernel of
-    /// independent multiply-adds ([`gpu::fma_peak`]), on the Cpu the same on every thread of the
-    /// pool at the vector width weft's product kernel uses (about 0.3 s). Benchmarks report
-    /// products as a share of it. `Err` on [`Device::Meta`], which computes nothing.
+    /// independent multiply-adds ([`gpu::fma_peak`]), on the Cpu the same at the vector width
+    /// weft's product kernel uses, on as many threads at once as the Cpu ops work on (this one
+    /// and others it starts; best of 6 windows of 50 ms). Benchmarks report products as a share
+    /// of it. Like any Cpu op it sizes itself by rayon's pool: a program that calls
+    /// [`set_num_threads`](crate::set_num_threads) calls it first. `Err` on [`Device::Meta`],
+    /// which computes nothing.
     ///
     /// ```no_run
     /// use weft_core::Device;
@@ -199,7 +202,7 @@ impl Device {
     pub fn fma_peak(&self) -> Result<f64> {
         match self {
             Device::Cpu => {
-                Ok(crate::cpu::fma_peak(rayon::current_num_threads(), std::time::Duration::from_millis(300)))
+                Ok(crate::cpu::fma_peak(rayon::current_num_threads(), 6, std::time::Duration::from_millis(50)))
             }
             Device::Gpu(ctx) => gpu::fma_peak(ctx),
             Device::Meta => {
