@@ -48,7 +48,7 @@ fn main() -> Result<()> {
         for n in sizes()? {
             let g = gflops(&dev, 1, n)?;
             common::report("matmul", &dev, &n.to_string(), g, "GFLOP/s");
-            common::report("matmul_of_fma_peak", &dev, &n.to_string(), 100.0 * g * 1e9 / peak, "%");
+            common::report_share("matmul_of_fma_peak", &dev, &n.to_string(), g * 1e9, peak);
         }
         common::report("matmul", &dev, "16x256x256x256", gflops(&dev, 16, 256)?, "GFLOP/s");
         for rows in [1, 8, 32] {

@@ -40,7 +40,7 @@ fn main() -> Result<()> {
         let budget = Duration::from_secs(if dev.is_gpu() { 8 } else { 4 });
         let s = common::time_per_call(&dev, budget, 2, || model.predict(&x, b)?.to_vec::<f32>().map(drop))?;
         common::report("minilm_forward", &dev, &format!("b{b}xt{t}"), s * 1e3, "ms");
-        common::report("minilm_forward_of_fma_peak", &dev, &format!("b{b}xt{t}"), 100.0 * flops / s / peak, "%");
+        common::report_share("minilm_forward_of_fma_peak", &dev, &format!("b{b}xt{t}"), flops / s, peak);
     }
     Ok(())
 }

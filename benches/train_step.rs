@@ -12,11 +12,11 @@ fn main() -> Result<()> {
     // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
     // who sets the thread count does.
     weft::set_num_threads(0)?;
-    // The products' FLOPs: a step multiplies forward, for each weight's gradient, and for the
-    // input gradient of every layer but the first; inference forward only.
-    let layers = [(784usize, 1024usize), (1024, 1024), (1024, 10)];
-    let forward: usize = layers.iter().map(|&(i, o)| 2 * 256 * i * o).sum();
-    let step_flops = (2 * forward + forward - 2 * 256 * 784 * 1024) as f64;
+    // The products' FLOPs per layer of the batch; a step multiplies forward, for each weight's
+    // gradient, and for the input gradient of every layer but the first; inference forward only.
+    let layer: Vec<f64> = common::MLP_WIDTHS.windows(2).map(|w| (2 * 256 * w[0] * w[1]) as f64).collect();
+    let forward: f64 = layer.iter().sum();
+    let step_flops = forward + forward + (forward - layer[0]);
     for dev in common::devices() {
         let peak = dev.fma_peak()?;
         let mut model = common::mlp(&dev)?;
@@ -27,22 +27,10 @@ fn main() -> Result<()> {
         // train_on_batch reads the loss back, so each step is waited for.
         let step = common::time_per_call(&dev, budget, 2, || model.train_on_batch(&x, &y).map(drop))?;
         common::report("train_step", &dev, "mlp784-1024-1024-10/b256", 1.0 / step, "steps/s");
-        common::report(
-            "train_step_of_fma_peak",
-            &dev,
-            "mlp784-1024-1024-10/b256",
-            100.0 * step_flops / step / peak,
-            "%",
-        );
+        common::report_share("train_step_of_fma_peak", &dev, "mlp784-1024-1024-10/b256", step_flops / step, peak);
         let infer = common::time_per_call(&dev, budget, 2, || model.predict(&x, 256)?.to_vec::<f32>().map(drop))?;
         common::report("inference", &dev, "mlp784-1024-1024-10/b256", 256.0 / infer, "samples/s");
-        common::report(
-            "inference_of_fma_peak",
-            &dev,
-            "mlp784-1024-1024-10/b256",
-            100.0 * forward as f64 / infer / peak,
-            "%",
-        );
+        common::report_share("inference_of_fma_peak", &dev, "mlp784-1024-1024-10/b256", forward / infer, peak);
     }
     Ok(())
 }

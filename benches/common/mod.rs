@@ -58,14 +58,24 @@ pub fn report(bench: &str, dev: &Device, size: &str, value: f64, unit: &str) {
     );
 }
 
-/// The peers' MLP on `dev`: 784-1024-1024-10, ReLU, softmax cross-entropy on logits, Adam 1e-3.
+/// A product rate's share of the device's FMA ceiling (`Device::fma_peak`), as one JSON line in %.
+pub fn report_share(bench: &str, dev: &Device, size: &str, flops_per_sec: f64, peak: f64) {
+    report(bench, dev, size, 100.0 * flops_per_sec / peak, "%");
+}
+
+/// The widths of the peers' MLP: its input, then each dense layer's outputs.
+pub const MLP_WIDTHS: [usize; 4] = [784, 1024, 1024, 10];
+
+/// The peers' MLP on `dev` ([`MLP_WIDTHS`]: ReLU between layers), softmax cross-entropy on
+/// logits, Adam 1e-3.
 pub fn mlp(dev: &Device) -> Result<weft::nn::Model> {
     use weft::nn::layers::Dense;
     use weft::nn::{Activation, Loss, Model, Sequential, optim::Adam};
-    let net = Sequential::new()
-        .add(Dense::new(1024).activation(Activation::Relu))
-        .add(Dense::new(1024).activation(Activation::Relu))
-        .add(Dense::new(10));
+    let last = MLP_WIDTHS.len() - 1;
+    let net = (1..=last).fold(Sequential::new(), |net, l| {
+        let dense = Dense::new(MLP_WIDTHS[l]);
+        net.add(if l < last { dense.activation(Activation::Relu) } else { dense })
+    });
     let mut model = Model::new(net, dev);
     model.compile(Adam::new(1e-3), Loss::SparseCategoricalCrossentropy { from_logits: true }, &[])?;
     Ok(model)
