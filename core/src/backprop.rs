@@ -26,6 +26,19 @@ pub enum Op {
     Reduce(Tensor, ReduceOp, Vec<usize>),
     /// Batched matmul (operands already broadcast).
     Matmul(Tensor, Tensor),
+    /// `op(x @ w + b)` in one op, for `x` `[m, k]`, `w` `[k, n]` and `b` `[1, n]` (a dense layer in
+    /// training on the Cpu: see [`Tensor::matmul_add_unary`]), `op` one whose gradient is read
+    /// from its output (identity, relu, tanh, sigmoid, exp).
+    Dense {
+        /// The layer's input.
+        x: Tensor,
+        /// Its kernel.
+        w: Tensor,
+        /// Its bias, as `[1, n]` (a view of its own per use).
+        b: Tensor,
+        /// Its activation.
+        op: UnaryOp,
+    },
     /// A reshape, squeeze or unsqueeze.
     Reshape(Tensor),
     /// An axis permutation.
@@ -99,6 +112,7 @@ impl Op {
                 vec![x, i]
             }
             LayerNorm { x, gamma, beta, .. } => vec![x, gamma, beta],
+            Dense { x, w, b, .. } => vec![x, w, b],
             Concat(xs, _) => xs.iter().collect(),
             Where(m, a, b) => vec![m, a, b],
             Custom { inputs, .. } => inputs.iter().collect(),
@@ -114,6 +128,7 @@ impl Op {
             AddUnary(_, _, op) => format!("add_unary/{}", op.name()),
             Reduce(_, op, _) => format!("reduce/{}", op.name()),
             Matmul(..) => "matmul".into(),
+            Dense { op, .. } => format!("dense/{}", op.name()),
             Reshape(_) => "reshape".into(),
             Permute(..) => "permute".into(),
             Broadcast(_) => "broadcast".into(),
@@ -391,6 +406,20 @@ impl Tensor {
                         }
                         continue;
                     }
+                    // A dense layer: the activation's and the bias's gradients first (one pass),
+                    // then the product's, as for a matmul node (whose kernel's may be deferred).
+                    let product;
+                    let (op, g) = match op {
+                        Op::Dense { x, w, b, op: act } => {
+                            let (d, db) = dense_grads(*act, &node, &g)?;
+                            if b.tracks_grad() {
+                                store.accumulate(b, db.reshape(b.dims())?)?;
+                            }
+                            product = Op::Matmul(x.clone(), w.clone());
+                            (&product, d)
+                        }
+                        _ => (op, g),
+                    };
                     // Only inputs that take part in the gradient get one: the data fed to a model's
                     // first layer does not, and its matmul gradient is the largest of the step.
                     let inputs = op.inputs();
@@ -549,6 +578,29 @@ pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> R
     }))
 }
 
+/// The gradients of a dense layer's sum and bias, given its output `out = op(sum)` (`[m, n]`)
+/// and the output's gradient `g`: on the Cpu in one pass (`cpu::dense_grads`), else as
+/// [`unary_grad`] and [`reduce_to`], as `add_unary`'s backward takes them: the same values either
+/// way.
+fn dense_grads(op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    let n = out.dims()[1];
+    // (The identity's gradient is `g` as it comes, a view or not: nothing to fuse.)
+    if op != UnaryOp::Identity {
+        let gc = g.contiguous_from_zero()?;
+        if let Some((d, db)) = gc.storage().act_bias_grads(gc.layout(), &out.storage(), out.layout(), op)? {
+            let d = Tensor::from_storage(d, out.dims(), DType::F32, out.device().clone(), None);
+            let db = match db {
+                Some(db) => Tensor::from_storage(db, &[n], DType::F32, out.device().clone(), None),
+                None => reduce_to(&d, &[n])?,
+            };
+            return Ok((d, db));
+        }
+    }
+    let d = unary_grad(op, out, out, g)?.ok_or_else(|| Error::invalid("dense", format!("{op:?} has no gradient")))?;
+    let db = reduce_to(&d, &[n])?;
+    Ok((d, db))
+}
+
 /// Gradients of an op's inputs given the gradient `g` of its output `out`. An input whose
 /// `need` is false may get `None` (the ops with two costly gradients skip it).
 fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<Option<Tensor>>> {
@@ -597,6 +649,11 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
             vec![Some(d)]
         }
         Op::Matmul(a, b) => vec![when(0, &|| g.matmul(&b.t()?))?, when(1, &|| a.t()?.matmul(g))?],
+        // (`backward_from` turns a dense node into a product first; this arm serves any other caller.)
+        Op::Dense { x, w, b, op } => {
+            let (d, db) = dense_grads(*op, out, g)?;
+            vec![when(0, &|| d.matmul(&w.t()?))?, when(1, &|| x.t()?.matmul(&d))?, Some(db.reshape(b.dims())?)]
+        }
         Op::Reshape(x) | Op::Copy(x) => vec![Some(g.reshape(x.dims())?)],
         Op::Permute(_, dims) => {
             let mut inv = vec![0; dims.len()];

@@ -176,6 +176,29 @@ impl Storage {
         Ok(Some(Storage::Cpu(cpu::matmul_add_unary(a, la, b, lb, bias, op)?)))
     }
 
+    /// A dense layer's backward through `op` and its bias in one pass: for the gradient `self`
+    /// of `y = op(..)`, both `[rows, cols]` and compact from 0, the gradient of the sum and the
+    /// bias's (the column sums; `None` where the reduction would sum them in another order, for
+    /// the caller to reduce). Cpu storage, and an `op` other than the identity whose gradient is
+    /// read from its output, only (`None` otherwise, for the caller to run the ops apart).
+    pub fn act_bias_grads(
+        &self,
+        lg: &Layout,
+        y: &Storage,
+        ly: &Layout,
+        op: UnaryOp,
+    ) -> Result<Option<(Storage, Option<Storage>)>> {
+        let (Storage::Cpu(g), Storage::Cpu(y)) = (self, y) else { return Ok(None) };
+        let [rows, cols] = lg.shape() else { return Ok(None) };
+        if ly.shape() != lg.shape() || !lg.is_contiguous() || !ly.is_contiguous() || lg.offset() + ly.offset() > 0 {
+            return Ok(None);
+        }
+        let n = rows * cols;
+        let (g, y) = (&g.f32s("dense backward")?[..n], &y.f32s("dense backward")?[..n]);
+        let cpu = |v: Vec<f32>| Storage::Cpu(cpu::f32_storage(v));
+        Ok(cpu::act_bias_grads(g, y, *rows, *cols, op)?.map(|(d, db)| (cpu(d), db.map(cpu))))
+    }
+
     /// The forward convolution with `op(y + bias)` applied to each block of output rows while in
     /// cache: Cpu storage only (`None` otherwise, for the caller to run the two ops).
     pub fn conv2d_add_unary(

@@ -142,6 +142,20 @@ fn reductions() {
     check("var", &[&[2, 5]], &|x| x[0].var(&[-1], false));
 }
 
+/// A dense layer's product, bias and activation in one op (on the Cpu one `dense` node for the
+/// activations whose gradient is read from their output): 2-D and 3-D inputs.
+#[test]
+fn matmul_add_unary() {
+    use weft_core::ops::UnaryOp as U;
+    for op in [U::Identity, U::Relu, U::Tanh, U::Sigmoid, U::Exp, U::GeluTanh] {
+        // The kernel scaled down and the bias kept positive hold these inputs' sums away from
+        // relu's kink (where the difference quotient would not match).
+        let f = |x: &[Tensor]| x[0].matmul_add_unary(&x[1].mul_scalar(0.05)?, &x[2].abs()?, op);
+        check(&format!("matmul_add_unary {op:?}"), &[&[3, 4], &[4, 5], &[5]], &f);
+        check(&format!("matmul_add_unary {op:?} 3-D"), &[&[2, 2, 4], &[4, 5], &[5]], &f);
+    }
+}
+
 #[test]
 fn matmul_and_einsum() {
     check("matmul", &[&[2, 3], &[3, 4]], &|x| x[0].matmul(&x[1]));

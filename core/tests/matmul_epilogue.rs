@@ -67,21 +67,88 @@ proptest! {
 }
 
 /// With gradients recorded it is the product then `add_unary` (the identity: `add`), and the
-/// gradients of the input, the kernel and the bias are those of the two ops.
+/// gradients of the input, the kernel and the bias are those of the two ops, bit for bit: for
+/// every activation (on the Cpu those whose gradient is read from their output run as one
+/// `dense` node, the activation's and bias's gradients in one pass; the others as the two ops),
+/// a 2-D and a 3-D input, a product small enough for one thread and one on weft's kernel with
+/// the bias and activation applied in its blocks; and with the kernel's gradient left as a
+/// product for the optimizer (`backward_deferring`), that product gives the same bits.
 #[test]
 fn with_gradients_it_is_the_two_ops_and_their_gradients() {
-    for op in [UnaryOp::Relu, UnaryOp::Identity, UnaryOp::GeluErf] {
-        let (x, w, b) = operands(&[40], 64, 48, false, 3);
+    let all = OPS.iter().copied().chain([UnaryOp::Exp]);
+    for (op, (lead, k, n)) in all.flat_map(|op| {
+        [(vec![40], 64, 48), (vec![16], 64, 48), (vec![2, 20], 64, 48), (vec![300], 256, 130)]
+            .into_iter()
+            .map(move |s| (op, s))
+    }) {
+        let what = format!("{op:?} on {lead:?} x {k}x{n}");
+        let (x, w, b) = operands(&lead, k, n, false, 3);
         let (xv, wv, bv) = (Var::new(x).unwrap(), Var::new(w).unwrap(), Var::new(b).unwrap());
         let (x, w, b) = (xv.as_tensor(), wv.as_tensor(), bv.as_tensor());
-        let weights = Tensor::rand(-1.0, 1.0, &[40, 48], 9, &Device::Cpu).unwrap();
-        let fused = x.matmul_add_unary(w, b, op).unwrap();
+        let mut dims = lead.clone();
+        dims.push(n);
+        let weights = Tensor::rand(-1.0, 1.0, &dims, 9, &Device::Cpu).unwrap();
+        let (fused, nodes) = weft_core::trace::trace(|| x.matmul_add_unary(w, b, op)).unwrap();
+        let one_node =
+            matches!(op, UnaryOp::Identity | UnaryOp::Relu | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Exp);
+        let kinds: Vec<&str> = nodes.iter().map(|n| n.kind.as_str()).collect();
+        assert_eq!(kinds.iter().any(|k| k.starts_with("dense/")), one_node, "{what}: {kinds:?}");
         let apart = x.matmul(w).unwrap().add_unary(b, op).unwrap();
-        assert_eq!(bits(&fused), bits(&apart), "{op:?}");
-        let g1 = fused.mul(&weights).unwrap().sum_all().unwrap().backward().unwrap();
-        let g2 = apart.mul(&weights).unwrap().sum_all().unwrap().backward().unwrap();
-        for v in [&xv, &wv, &bv] {
-            assert_eq!(bits(g1.get(v).unwrap()), bits(g2.get(v).unwrap()), "{op:?}");
+        assert_eq!(fused.dims(), &dims[..], "{what}");
+        assert_eq!(bits(&fused), bits(&apart), "{what}");
+        let loss = |y: &Tensor| y.mul(&weights).unwrap().sum_all().unwrap();
+        let g1 = loss(&fused).backward().unwrap();
+        let g2 = loss(&apart).backward().unwrap();
+        for (v, name) in [(&xv, "input"), (&wv, "kernel"), (&bv, "bias")] {
+            assert_eq!(bits(g1.get(v).unwrap()), bits(g2.get(v).unwrap()), "{what}: {name}");
+        }
+        // (Deferred where the operands are no larger than the gradient: see `backward_deferring`.)
+        if lead.len() == 1 && lead[0] * (k + n) <= k * n {
+            let deferred = loss(&fused).backward_deferring(&[w]).unwrap();
+            let (l, r) = deferred.product(w).expect("the kernel's gradient left as a product");
+            let kernel = no_grad(|| l.matmul(r)).unwrap();
+            assert_eq!(bits(&kernel), bits(g2.get(&wv).unwrap()), "{what}: deferred kernel");
+            assert_eq!(bits(deferred.get(&bv).unwrap()), bits(g2.get(&bv).unwrap()), "{what}: bias, deferring");
+        }
+    }
+}
+
+/// One layer used three times over (its bias's gradient summed from three uses), an input of
+/// rows that do not merge (a permuted 3-D one), fewer rows than a column sum's run and a single
+/// column: the gradients are those of the two ops, bit for bit.
+#[test]
+fn shared_layers_odd_inputs_and_narrow_outputs_keep_the_gradients() {
+    let dev = Device::Cpu;
+    let cases: Vec<(Vec<usize>, bool, usize, usize)> =
+        vec![(vec![12], false, 24, 24), (vec![3, 4], true, 24, 24), (vec![5], false, 24, 24), (vec![12], false, 24, 1)];
+    for (lead, permuted, k, n) in cases {
+        for op in [UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Identity] {
+            let what = format!("{op:?} on {lead:?} (permuted {permuted}) x {k}x{n}");
+            let (x, w, b) = operands(&lead, k, n, false, 5);
+            let x = if permuted {
+                Tensor::rand(-2.0, 2.0, &[lead[1], lead[0], k], 6, &dev).unwrap().permute(&[1, 0, 2]).unwrap()
+            } else {
+                x
+            };
+            let (xv, wv, bv) = (Var::new(x).unwrap(), Var::new(w).unwrap(), Var::new(b).unwrap());
+            let (x, w, b) = (xv.as_tensor(), wv.as_tensor(), bv.as_tensor());
+            // Three uses where the layer is square, one otherwise.
+            let uses = if k == n { 3 } else { 1 };
+            let run = |fused: bool| {
+                let mut y = x.clone();
+                for _ in 0..uses {
+                    y = if fused { y.matmul_add_unary(w, b, op) } else { y.matmul(w).and_then(|t| t.add_unary(b, op)) }
+                        .unwrap();
+                }
+                let weights = Tensor::rand(-1.0, 1.0, y.dims(), 9, &dev).unwrap();
+                let grads = y.mul(&weights).unwrap().sum_all().unwrap().backward().unwrap();
+                (bits(&y), [&xv, &wv, &bv].map(|v| bits(grads.get(v).unwrap())))
+            };
+            let (fused, apart) = (run(true), run(false));
+            assert_eq!(fused.0, apart.0, "{what}: output");
+            for (i, name) in ["input", "kernel", "bias"].iter().enumerate() {
+                assert_eq!(fused.1[i], apart.1[i], "{what}: {name}");
+            }
         }
     }
 }

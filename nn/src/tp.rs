@@ -357,8 +357,9 @@ pub fn linear(
 
 /// [`linear`], with `product` given the bias and activation to apply itself (`op(y + bias)`, the
 /// identity for a linear activation) where the split allows (not after a row split's
-/// all-reduce): a convolution applies them to its output blocks while in cache, a dense layer's
-/// product in inference too ([`Tensor::matmul_add_unary`]). Given `None`, it returns the bare
+/// all-reduce): a convolution applies them to its output blocks while in cache, and so does a
+/// dense layer's product on the Cpu ([`Tensor::matmul_add_unary`]: in training too, as one node,
+/// for an activation whose gradient is read from its output). Given `None`, it returns the bare
 /// product.
 pub fn linear_fused(
     layer: &dyn crate::Layer,

@@ -15,10 +15,10 @@ pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Resul
 }
 
 /// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a bias of `n` values: a dense layer's
-/// output. Where weft's kernel runs the product with the right matrix kept packed (inference:
-/// `packed`), the bias and activation are applied to each block of output rows right after its
-/// sums, while it is in cache; otherwise in one pass over the output after the product. Either
-/// way the same bits as the product then `add_unary`.
+/// output. Where weft's kernel runs the product (in inference with the right matrix kept packed:
+/// `packed`; in training packed as it comes), the bias and activation are applied to each block
+/// of output rows right after its sums, while it is in cache; otherwise in one pass over the
+/// output after the product. Either way the same bits as the product then `add_unary`.
 pub fn matmul_add_unary(
     a: &CpuStorage,
     la: &Layout,
@@ -151,6 +151,33 @@ fn product(
         unsafe { p.run(engine, threads) }
     };
     let big = work >= 1 << 18 && threads > 1;
+    #[cfg(target_arch = "x86_64")]
+    if let (Some((bias, op)), true) = (epilogue, nb == 1 && packs_columns) {
+        // A dense layer's bias and activation (in training, or in inference where `packed` did
+        // not take the product) applied to each block of output rows in cache, with the right
+        // matrix packed as it comes.
+        let p = Product {
+            m,
+            n,
+            k,
+            dst: out.as_mut_ptr(),
+            dst_rs: n as isize,
+            // SAFETY (of the offsets): they lie inside x (the reach check, or the copy in rows).
+            lhs: unsafe { x.as_ptr().add(aoffs[0]) },
+            lhs_rs: ars,
+            lhs_cs: acs,
+            rhs: unsafe { y.as_ptr().add(boffs[0]) },
+            rhs_rs: brs,
+            rhs_cs: bcs,
+        };
+        // SAFETY: on weft's kernel (AVX2 and FMA); both matrices lie inside their buffers (the
+        // reach check); out has room for m x n, every element of which the product writes.
+        unsafe {
+            super::blocked_gemm::run_finishing(&p, None, &BiasAct { bias, op }, if big { threads } else { 1 })?;
+            out.set_len(m * n);
+        }
+        return Ok((out, true));
+    }
     let base = Dst(out.as_mut_ptr());
     if nb >= threads && threads > 1 && work >= 1 << 15 {
         // Enough matrices to keep every core busy: one single-threaded product per batch entry.

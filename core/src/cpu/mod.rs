@@ -6,6 +6,7 @@ pub(crate) mod adam;
 mod blocked_gemm;
 mod conv;
 mod conv_windows;
+mod dense_grads;
 mod elementwise;
 mod fma_peak;
 mod gemm_engine;
@@ -28,6 +29,7 @@ mod strided_copy;
 mod sum_columns;
 
 pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad};
+pub use dense_grads::act_bias_grads;
 pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, where_cond};
 pub(crate) use fma_peak::fma_peak;
 pub use index::{gather, index_add, index_check, index_select, scatter_add};

@@ -349,7 +349,7 @@ pub fn reduce(op: ReduceOp, s: &CpuStorage, l: &Layout, axes: &[usize]) -> Resul
     // Neighbouring outputs one element apart, each with a strided run: sum them side by side.
     let (cs, cst) = coalesce(&outer_shape, &[&outer_strides]);
     let (len, stride) = (cs[cs.len() - 1], cst[0][cs.len() - 1]);
-    if op == ReduceOp::Sum && stride == 1 && len > 1 && run.step() != 1 && run.len() >= 8 {
+    if op == ReduceOp::Sum && stride == 1 && len > 1 && run.step() != 1 && run.len() >= super::sum_columns::MIN_RUN {
         let rows = Layout::new(cs[..cs.len() - 1].into(), cst[0][..cs.len() - 1].into(), l.offset());
         let row_bases: Vec<usize> = rows.offsets().collect();
         let mut out = super::try_zeros(rows.numel() * len)?;

@@ -8,18 +8,46 @@
 use super::reduce::{BLOCK, Run};
 use std::ops::ControlFlow;
 
+/// Shortest run (rows of a matrix reduced over its first axis) summed this way: shorter ones,
+/// and single columns, are summed by `reduce.rs`'s pairwise loop, in another order.
+pub(super) const MIN_RUN: usize = 8;
+
 /// Outputs walked together.
 const TILE: usize = 64;
 
-/// The sums of the runs at `base, base + 1, .., base + out.len() - 1` (at most `TILE`), into `out`.
-fn tile(run: &Run, base: usize, out: &mut [f32]) {
-    let w = out.len();
-    let mut block = [0f32; TILE];
-    let mut filled = 0;
-    // Block sums of every output, with their tree level; equal levels merge.
-    let mut levels: Vec<([f32; TILE], u32)> = Vec::new();
-    let push = |levels: &mut Vec<([f32; TILE], u32)>, mut top: ([f32; TILE], u32)| {
-        while let Some((s, level)) = levels.last() {
+/// Column sums fed a row at a time: each column adds `BLOCK` rows in order, and the block sums
+/// meet in a binary tree (smallest partials first). Anything that sums columns this way gets the
+/// bits of [`sum_columns`].
+pub(super) struct ColumnSums {
+    block: Vec<f32>,
+    filled: usize,
+    /// Block sums of every column, with their tree level; equal levels merge.
+    levels: Vec<(Vec<f32>, u32)>,
+}
+
+impl ColumnSums {
+    /// Sums of `width` columns.
+    pub fn new(width: usize) -> Self {
+        ColumnSums { block: vec![0.0; width], filled: 0, levels: Vec::new() }
+    }
+
+    /// Adds one row's values (`width` of them).
+    #[inline(always)]
+    pub fn add(&mut self, row: &[f32]) {
+        for (b, &v) in self.block.iter_mut().zip(row) {
+            *b += v;
+        }
+        self.filled += 1;
+        if self.filled == BLOCK {
+            self.push();
+        }
+    }
+
+    fn push(&mut self) {
+        let zeros = vec![0.0; self.block.len()];
+        let mut top = (std::mem::replace(&mut self.block, zeros), 0);
+        self.filled = 0;
+        while let Some((s, level)) = self.levels.last() {
             if *level != top.1 {
                 break;
             }
@@ -27,36 +55,38 @@ fn tile(run: &Run, base: usize, out: &mut [f32]) {
                 *t += v;
             }
             top.1 += 1;
-            levels.pop();
+            self.levels.pop();
         }
-        levels.push(top);
-    };
+        self.levels.push(top);
+    }
+
+    /// The sums, into `out` (`width` of them).
+    pub fn finish(mut self, out: &mut [f32]) {
+        if self.filled > 0 {
+            self.push();
+        }
+        out.fill(0.0);
+        // Smallest partials first.
+        for (s, _) in self.levels.iter().rev() {
+            for (o, &v) in out.iter_mut().zip(s) {
+                *o += v;
+            }
+        }
+    }
+}
+
+/// The sums of the runs at `base, base + 1, .., base + out.len() - 1` (at most `TILE`), into `out`.
+fn tile(run: &Run, base: usize, out: &mut [f32]) {
+    let w = out.len();
+    let mut sums = ColumnSums::new(w);
     let step = run.step();
     run.segments(base, 0, run.len(), |off, count| {
         for i in 0..count {
-            let row = &run.data[off + i * step..off + i * step + w];
-            for (b, &v) in block.iter_mut().zip(row) {
-                *b += v;
-            }
-            filled += 1;
-            if filled == BLOCK {
-                push(&mut levels, (block, 0));
-                block = [0.0; TILE];
-                filled = 0;
-            }
+            sums.add(&run.data[off + i * step..off + i * step + w]);
         }
         ControlFlow::Continue(())
     });
-    if filled > 0 {
-        push(&mut levels, (block, 0));
-    }
-    out.fill(0.0);
-    // Smallest partials first.
-    for (s, _) in levels.iter().rev() {
-        for (o, &v) in out.iter_mut().zip(s) {
-            *o += v;
-        }
-    }
+    sums.finish(out);
 }
 
 /// Sum the runs of `n_out` outputs laid out as rows of `len` neighbours (stride 1 between

@@ -56,10 +56,14 @@ impl Tensor {
     /// `op(self @ rhs + bias)`: a dense layer's product, bias and activation, for `self`
     /// `[.., k]`, `rhs` `[k, n]` and `bias` `[n]`.
     ///
-    /// Where no gradient is recorded (inference: [`no_grad`](crate::no_grad)) on the Cpu, the
-    /// bias and activation are applied to the product's output blocks right after their sums,
-    /// while in cache (one pass over the output fewer, and one op); otherwise it is
-    /// [`matmul`](Tensor::matmul) then [`add_unary`](Tensor::add_unary), with their gradients. The same values either way, bit for bit.
+    /// On the Cpu the bias and activation are applied to the product's output blocks right after
+    /// their sums, while in cache (one pass over the output fewer, and one op): in inference
+    /// ([`no_grad`](crate::no_grad)), and in training for an activation whose gradient is read
+    /// from its output (identity, relu, tanh, sigmoid, exp), as one node whose backward takes
+    /// the activation's and the bias's gradients in one pass, then the product's (the kernel's
+    /// may be left to the optimizer: [`backward_deferring`](Tensor::backward_deferring)).
+    /// Otherwise it is [`matmul`](Tensor::matmul) then [`add_unary`](Tensor::add_unary), with
+    /// their gradients. The same values and gradients either way, bit for bit (NaN as NaN).
     ///
     /// ```
     /// use weft_core::{no_grad, ops::UnaryOp, Device, Tensor};
@@ -73,7 +77,10 @@ impl Tensor {
     /// ```
     pub fn matmul_add_unary(&self, rhs: &Tensor, bias: &Tensor, op: UnaryOp) -> Result<Tensor> {
         let what = "matmul_add_unary";
-        let fused = !crate::backprop::grad_enabled() && matches!(self.device(), Device::Cpu);
+        // With a gradient, one node whose backward takes the activation's and bias's gradients
+        // in one pass: for an activation whose gradient is read from its output.
+        let training = crate::backprop::grad_enabled();
+        let fused = matches!(self.device(), Device::Cpu) && (!training || crate::backprop::reads_output_only(op));
         let n = rhs.dims().last().copied().unwrap_or(0);
         // The ops one after another (their own checks name any mismatch).
         let apart = || self.matmul(rhs)?.add_unary(bias, op);
@@ -90,6 +97,11 @@ impl Tensor {
             return Err(Error::ShapeMismatch { op: "matmul", lhs: self.dims().to_vec(), rhs: rhs.dims().to_vec() });
         }
         let rows: usize = self.dims()[..self.rank() - 1].iter().product();
+        if training && self.layout().reshape(&[rows, k]).is_none() {
+            // Rows that do not merge without a copy: `matmul` multiplies them as a batch, whose
+            // kernel gradient sums the entries' products (in another order than one product).
+            return apart();
+        }
         let x = self.reshape(&[rows, k])?;
         let mut shape = self.dims().to_vec();
         *shape.last_mut().expect("rank >= 2") = n;
@@ -99,6 +111,14 @@ impl Tensor {
             Some(s) => s,
             None => return apart(),
         };
+        if training {
+            // The bias through a view of its own per use, whose gradient reaches the bias where
+            // `add_unary`'s broadcast view would: a bias used many times sums its gradients in
+            // the same order.
+            let node = Op::Dense { x, w: rhs.clone(), b: b.reshape(&[1, n])?, op };
+            let y = Tensor::from_storage(storage, &[rows, n], DType::F32, self.device().clone(), Some(node));
+            return y.reshape(&shape);
+        }
         // Made only where no gradient is recorded: the node names the op in a trace.
         let backward = Arc::new(|_: &Tensor| -> Result<Vec<Option<Tensor>>> {
             Err(Error::invalid("matmul_add_unary", "its fused form was made without a gradient"))
