@@ -652,7 +652,9 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
         // (`backward_from` turns a dense node into a product first; this arm serves any other caller.)
         Op::Dense { x, w, b, op } => {
             let (d, db) = dense_grads(*op, out, g)?;
-            vec![when(0, &|| d.matmul(&w.t()?))?, when(1, &|| x.t()?.matmul(&d))?, Some(db.reshape(b.dims())?)]
+            let mut grads = input_grads(&Op::Matmul(x.clone(), w.clone()), out, &d, need)?;
+            grads.push(Some(db.reshape(b.dims())?));
+            grads
         }
         Op::Reshape(x) | Op::Copy(x) => vec![Some(g.reshape(x.dims())?)],
         Op::Permute(_, dims) => {

@@ -10,6 +10,7 @@
 //! ([`ColumnSums`]); where `reduce` would not sum by columns (fewer rows than
 //! [`MIN_RUN`], one column) the sums are left to it.
 
+use super::share::Ptr;
 use super::sum_columns::{ColumnSums, MIN_RUN};
 use super::{one_thread, try_take};
 use crate::Result;
@@ -41,21 +42,6 @@ pub fn act_bias_grads(g: &[f32], y: &[f32], rows: usize, cols: usize, op: UnaryO
     }))
 }
 
-/// The outputs, shared by parts that each write their own columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-
-// SAFETY: the parts write disjoint columns of `d` and disjoint sums.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// (A method, so that closures take the whole value, which is Sync, not its pointer.)
-    fn ptr(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// Columns below this many are not shared out.
 const MIN_COLS: usize = 64;
 
@@ -64,7 +50,7 @@ fn run(g: &[f32], y: &[f32], rows: usize, cols: usize, f: impl Fn(f32, f32) -> f
     let mut d = try_take(rows * cols)?;
     let columns = rows >= MIN_RUN && cols > 1;
     let mut db = vec![0f32; if columns { cols } else { 0 }];
-    let (dp, sp) = (Out(d.as_mut_ptr()), Out(db.as_mut_ptr()));
+    let (dp, sp) = (Ptr(d.as_mut_ptr()), Ptr(db.as_mut_ptr()));
     let parts = if rows * cols >= PAR_MIN && !one_thread() {
         rayon::current_num_threads().min(cols / MIN_COLS).max(1)
     } else {
@@ -83,18 +69,18 @@ fn run(g: &[f32], y: &[f32], rows: usize, cols: usize, f: impl Fn(f32, f32) -> f
             let at = r * cols + c0;
             // SAFETY: row r, columns c0..c1 lie in d's rows * cols room, and only this part
             // writes them (as MaybeUninit: written before they are read).
-            let row = unsafe { std::slice::from_raw_parts_mut(dp.ptr().add(at).cast::<MaybeUninit<f32>>(), w) };
+            let row = unsafe { std::slice::from_raw_parts_mut(dp.get().add(at).cast::<MaybeUninit<f32>>(), w) };
             for ((v, &gv), &yv) in row.iter_mut().zip(&g[at..at + w]).zip(&y[at..at + w]) {
                 v.write(f(gv, yv));
             }
             if let Some(sums) = &mut sums {
                 // SAFETY: every value of the row was just written.
-                sums.add(unsafe { std::slice::from_raw_parts(dp.ptr().add(at), w) });
+                sums.add(unsafe { std::slice::from_raw_parts(dp.get().add(at), w) });
             }
         }
         if let Some(sums) = sums {
             // SAFETY: sums c0..c1 lie in db (cols of them), and only this part writes them.
-            sums.finish(unsafe { std::slice::from_raw_parts_mut(sp.ptr().add(c0), w) });
+            sums.finish(unsafe { std::slice::from_raw_parts_mut(sp.get().add(c0), w) });
         }
     };
     if parts > 1 {

@@ -127,58 +127,44 @@ fn product(
         } else {
             (x, ars, acs, aoffs)
         };
-    // One product on rows `0..m` and columns `c0..c0 + cn` of batch entry `i`, written to `dst`
+    // The product on rows `0..m` and columns `c0..c0 + cn` of batch entry `i`, written to `dst`
     // (the entry's m*n row-major output).
-    let block = |i: usize, dst: Dst, c0: usize, cn: usize, threads: usize| {
-        let p = Product {
-            m,
-            n: cn,
-            k,
-            // SAFETY (of the offsets): columns c0..c0+cn lie inside 0..n.
-            dst: unsafe { dst.0.add(c0) },
-            dst_rs: n as isize,
-            lhs: unsafe { x.as_ptr().add(aoffs[i]) },
-            lhs_rs: ars,
-            lhs_cs: acs,
-            rhs: unsafe { y.as_ptr().add(boffs[i] + c0 * bcs as usize) },
-            rhs_rs: brs,
-            rhs_cs: bcs,
-        };
-        // SAFETY: every pointer plus its strides stays inside its slice (the reach check above:
-        // strides are non-negative, so the farthest element is the last row and column of the
-        // matrix at the largest offset), and dst points at an m*n row-major block of `out` of
-        // which this call writes only columns c0..c0+cn, which no other call writes.
-        unsafe { p.run(engine, threads) }
+    let part = |i: usize, dst: Dst, c0: usize, cn: usize| Product {
+        m,
+        n: cn,
+        k,
+        // SAFETY (of the offsets): columns c0..c0+cn lie inside 0..n.
+        dst: unsafe { dst.0.add(c0) },
+        dst_rs: n as isize,
+        lhs: unsafe { x.as_ptr().add(aoffs[i]) },
+        lhs_rs: ars,
+        lhs_cs: acs,
+        rhs: unsafe { y.as_ptr().add(boffs[i] + c0 * bcs as usize) },
+        rhs_rs: brs,
+        rhs_cs: bcs,
     };
+    // SAFETY (of `part`'s products): every pointer plus its strides stays inside its slice (the
+    // reach check above: strides are non-negative, so the farthest element is the last row and
+    // column of the matrix at the largest offset), and dst points at an m*n row-major block of
+    // `out` of which a call writes only columns c0..c0+cn, which no other call writes.
+    let block =
+        |i: usize, dst: Dst, c0: usize, cn: usize, threads: usize| unsafe { part(i, dst, c0, cn).run(engine, threads) };
     let big = work >= 1 << 18 && threads > 1;
+    let base = Dst(out.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
     if let (Some((bias, op)), true) = (epilogue, nb == 1 && packs_columns) {
         // A dense layer's bias and activation (in training, or in inference where `packed` did
         // not take the product) applied to each block of output rows in cache, with the right
         // matrix packed as it comes.
-        let p = Product {
-            m,
-            n,
-            k,
-            dst: out.as_mut_ptr(),
-            dst_rs: n as isize,
-            // SAFETY (of the offsets): they lie inside x (the reach check, or the copy in rows).
-            lhs: unsafe { x.as_ptr().add(aoffs[0]) },
-            lhs_rs: ars,
-            lhs_cs: acs,
-            rhs: unsafe { y.as_ptr().add(boffs[0]) },
-            rhs_rs: brs,
-            rhs_cs: bcs,
-        };
-        // SAFETY: on weft's kernel (AVX2 and FMA); both matrices lie inside their buffers (the
-        // reach check); out has room for m x n, every element of which the product writes.
+        let fin = BiasAct { bias, op };
+        // SAFETY: on weft's kernel (AVX2 and FMA); `part`'s contract, for all n columns; out has
+        // room for m x n, every element of which the product writes.
         unsafe {
-            super::blocked_gemm::run_finishing(&p, None, &BiasAct { bias, op }, if big { threads } else { 1 })?;
+            super::blocked_gemm::run_finishing(&part(0, base, 0, n), None, &fin, if big { threads } else { 1 })?;
             out.set_len(m * n);
         }
         return Ok((out, true));
     }
-    let base = Dst(out.as_mut_ptr());
     if nb >= threads && threads > 1 && work >= 1 << 15 {
         // Enough matrices to keep every core busy: one single-threaded product per batch entry.
         (0..nb).into_par_iter().try_for_each(|i| block(i, base.at(i * m * n), 0, n, 1))?;

@@ -113,7 +113,7 @@ pub(crate) fn par_row_pieces<T: Send>(
 }
 
 /// A pointer shared by pieces that each touch their own elements.
-struct Ptr<T>(*mut T);
+pub(crate) struct Ptr<T>(pub(crate) *mut T);
 
 impl<T> Clone for Ptr<T> {
     fn clone(&self) -> Self {
@@ -124,7 +124,8 @@ impl<T> Clone for Ptr<T> {
 impl<T> Copy for Ptr<T> {}
 
 impl<T> Ptr<T> {
-    fn get(self) -> *mut T {
+    /// (A method, so that closures take the whole value, which is Sync, not its pointer.)
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

@@ -23,12 +23,14 @@ pub(super) struct ColumnSums {
     filled: usize,
     /// Block sums of every column, with their tree level; equal levels merge.
     levels: Vec<(Vec<f32>, u32)>,
+    /// Rows of sums merged away, for the next block (no allocation per block).
+    spare: Vec<Vec<f32>>,
 }
 
 impl ColumnSums {
     /// Sums of `width` columns.
     pub fn new(width: usize) -> Self {
-        ColumnSums { block: vec![0.0; width], filled: 0, levels: Vec::new() }
+        ColumnSums { block: vec![0.0; width], filled: 0, levels: Vec::new(), spare: Vec::new() }
     }
 
     /// Adds one row's values (`width` of them).
@@ -44,18 +46,22 @@ impl ColumnSums {
     }
 
     fn push(&mut self) {
-        let zeros = vec![0.0; self.block.len()];
+        let zeros = match self.spare.pop() {
+            Some(mut v) => {
+                v.fill(0.0);
+                v
+            }
+            None => vec![0.0; self.block.len()],
+        };
         let mut top = (std::mem::replace(&mut self.block, zeros), 0);
         self.filled = 0;
-        while let Some((s, level)) = self.levels.last() {
-            if *level != top.1 {
-                break;
-            }
-            for (t, &v) in top.0.iter_mut().zip(s) {
+        while self.levels.last().is_some_and(|(_, level)| *level == top.1) {
+            let (s, _) = self.levels.pop().expect("just seen");
+            for (t, &v) in top.0.iter_mut().zip(&s) {
                 *t += v;
             }
             top.1 += 1;
-            self.levels.pop();
+            self.spare.push(s);
         }
         self.levels.push(top);
     }
