@@ -3,7 +3,7 @@
 //! place; only for faer's kernels is a large transposed left matrix first copied into rows, which
 //! they pack faster (weft's own kernel packs either as fast).
 
-use super::gemm_engine::{Engine, Product, engine, on_weft};
+use super::gemm_engine::{Product, engine, on_weft};
 use super::{CpuStorage, f32_storage, try_take, try_zeros};
 use crate::ops::UnaryOp;
 use crate::{Layout, Result};
@@ -168,23 +168,9 @@ fn product(
     if nb >= threads && threads > 1 && work >= 1 << 15 {
         // Enough matrices to keep every core busy: one single-threaded product per batch entry.
         (0..nb).into_par_iter().try_for_each(|i| block(i, base.at(i * m * n), 0, n, 1))?;
-    } else if big && engine == Engine::Portable && n >= 2 * COLS {
-        // One matrix at a time, its columns cut into one block per core, each a single-threaded
-        // gemm: gemm's own threading scales to about 1.4x on two cores, this to about 2x (each
-        // block packs the left matrix again, which costs m*k against m*k*n/threads of work).
-        let parts = threads.min(n / COLS);
-        let per = n.div_ceil(parts).div_ceil(COLS) * COLS;
-        for i in 0..nb {
-            let dst = base.at(i * m * n);
-            (0..parts).into_par_iter().try_for_each(|p| {
-                let c0 = (p * per).min(n);
-                let cn = per.min(n - c0);
-                if cn > 0 { block(i, dst, c0, cn, 1) } else { Ok(()) }
-            })?;
-        }
     } else {
-        // The engine's own threads for a large product (faer's kernels scale to about 2x on two
-        // cores), one thread for a small one.
+        // A large product on every core: weft's kernel shares its blocks out itself, and
+        // `Product::run` cuts a library's product into blocks over the same threads.
         for i in 0..nb {
             block(i, base.at(i * m * n), 0, n, if big { threads } else { 1 })?;
         }
@@ -278,9 +264,6 @@ fn packed(
     unsafe { out.set_len(m * n) };
     Ok(Some((out, big && epilogue.is_some())))
 }
-
-/// Columns per block are a multiple of this (gemm's microkernels are 16 by 6 and 8 by 6 on x86).
-const COLS: usize = 48;
 
 /// The output buffer, shared by blocks that each write their own columns.
 #[derive(Clone, Copy)]

@@ -6,6 +6,7 @@ pub(crate) mod adam;
 mod blocked_gemm;
 mod conv;
 mod conv_windows;
+mod crew;
 mod dense_grads;
 mod elementwise;
 mod fma_peak;

@@ -5,10 +5,12 @@
 //! wake-ups of a sleeping thread per op, tens of microseconds each on a loaded machine, against an
 //! op of a layer's activations (a ReLU's gradient over 256 x 1024 values) that takes about as
 //! long. Here the caller claims pieces from a shared counter and works on them itself while
-//! weft's helper threads (one fewer than rayon's pool), woken meanwhile, claim the rest; it then
-//! waits only for pieces already claimed, never for a thread to wake. Which thread runs which
+//! weft's helper threads (`crew`: one fewer than rayon's pool, and most often still awake from
+//! the last loop) claim the rest; it then waits only for pieces already claimed, never for a
+//! thread to wake. Which thread runs which
 //! piece does not change what each piece computes, so results keep their bits.
 
+use super::crew::Job;
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,44 +45,21 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
         panic: Mutex::new(None),
         caller: std::thread::current(),
     });
-    for _ in 1..threads.min(n) {
-        let s = shared.clone();
-        match helpers() {
-            Some(pool) => pool.spawn(move || s.work()),
-            None => rayon::spawn(move || s.work()),
+    // (Where the helpers could not be started, rayon's pool helps.)
+    if !super::crew::offer(shared.clone()) {
+        for _ in 1..threads.min(n) {
+            let s = shared.clone();
+            rayon::spawn(move || s.work());
         }
     }
     shared.work();
-    let mut spins = 0u32;
-    while shared.done.load(Ordering::Acquire) < n {
-        // The pieces still running were claimed by awake threads: a short spin, then sleep until
-        // the last one ends (a thread spinning on would take cycles from the ones still working).
-        if spins < 1 << 10 {
-            std::hint::spin_loop();
-            spins += 1;
-        } else {
-            std::thread::park();
-        }
-    }
+    // The pieces still running were claimed by awake threads: spin a while, then sleep until the
+    // last one ends.
+    super::crew::wait_until(|| shared.done.load(Ordering::Acquire) >= n);
     let panic = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(payload) = panic {
         resume_unwind(payload);
     }
-}
-
-/// The threads that help a caller from outside any pool: one fewer than rayon's pool has, so that
-/// with the caller they are as many as the cores. Helpers from rayon's own pool made one thread
-/// too many (the caller, the helper, and a pool thread awake looking for work on two cores), and
-/// the Cpu step of an MLP ran 8-10% slower for it on a 2-core Zen 3. `None` where the pool cannot
-/// be made (then rayon's pool helps).
-fn helpers() -> Option<&'static rayon::ThreadPool> {
-    static HELPERS: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
-    HELPERS
-        .get_or_init(|| {
-            let n = rayon::current_num_threads().saturating_sub(1).max(1);
-            rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("weft-helper-{i}")).build().ok()
-        })
-        .as_ref()
 }
 
 /// `f(i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter), through
@@ -150,8 +129,7 @@ struct Shared {
 unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
-impl Shared {
-    /// Claims and runs pieces until none is left.
+impl Job for Shared {
     fn work(&self) {
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
