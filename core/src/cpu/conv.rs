@@ -101,8 +101,8 @@ impl Drop for Scratch {
 type Operand<'a> = (&'a [f32], usize, usize);
 
 /// `dst = a @ b` for an `m x k` left and a `k x n` right matrix read with their strides, the
-/// `m x n` result written row-major into every element of `dst`; `parallel`: on the engine's
-/// threads for a large product (as `matmul` runs a single matrix), else on this thread.
+/// `m x n` result written row-major into every element of `dst`; `parallel`: on every thread
+/// for a large product (as `matmul` runs a single matrix), else on this thread.
 fn gemm(
     dst: &mut [MaybeUninit<f32>],
     (m, n, k): (usize, usize, usize),

@@ -189,17 +189,17 @@ impl Product {
             unsafe { self.run_cut(engine, threads) };
         } else {
             // SAFETY: the caller's contract.
-            unsafe { self.run_library(engine) };
+            unsafe { self.run_library(engine, 1) };
         }
         Ok(())
     }
 
     /// The product on the `gemm` crate's kernels, or faer's at the width weft's kernel would
-    /// have run, on the calling thread.
+    /// have run, on `threads` of the library's own threads (1: the calling thread).
     ///
     /// # Safety
     /// As [`Product::run`].
-    unsafe fn run_library(&self, engine: Engine) {
+    unsafe fn run_library(&self, engine: Engine, threads: usize) {
         match engine {
             Engine::Portable => unsafe {
                 gemm::gemm(
@@ -221,13 +221,13 @@ impl Product {
                     false,
                     false,
                     false,
-                    gemm::Parallelism::None,
+                    if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
                 )
             },
             #[cfg(target_arch = "x86_64")]
             // (The products weft's kernel leaves go to faer's at the same width.)
             Engine::Avx2 | Engine::Weft | Engine::Avx512 => unsafe {
-                self.run_x86(engine == Engine::Avx512 || (engine == Engine::Weft && full_width_avx512()))
+                self.run_x86(engine == Engine::Avx512 || (engine == Engine::Weft && full_width_avx512()), threads)
             },
         }
     }
@@ -243,7 +243,8 @@ impl Product {
     /// products with fewer than 32 columns or a `k` under 32 (GFLOP/s, faer's threads -> cut
     /// here, medians of 3 runs): 256 x 10 x 1024 50 -> 105, 256 x 1024 x 10 (the MLP's last
     /// layer's input gradient) 27 -> 124, 1024 x 10 x 256 50 -> 79, 4096 x 16 x 512 148 -> 164,
-    /// 8192 x 20 x 1024 97 -> 99; the MLP's training step 2.4% more steps a second.
+    /// 8192 x 20 x 1024 97 -> 99; the MLP's training step, with weft's helpers already awake
+    /// (`crew`), 2.4% more steps a second.
     ///
     /// # Safety
     /// As [`Product::run`].
@@ -252,8 +253,10 @@ impl Product {
         let (len, unit) = if by_rows { (self.m, CUT_ROWS) } else { (self.n, CUT_COLS) };
         let parts = threads.min(len / unit);
         if parts < 2 {
+            // Too few rows and columns to cut (a narrow product with a long k): the library's
+            // own threads, which share out k, are better than one.
             // SAFETY: the caller's contract.
-            return unsafe { self.run_library(engine) };
+            return unsafe { self.run_library(engine, threads) };
         }
         let per = len.div_ceil(parts).div_ceil(unit) * unit;
         let me = Shared(self);
@@ -280,12 +283,12 @@ impl Product {
             };
             // SAFETY: the block's elements lie inside the product's; no other block writes its
             // output rows (or columns).
-            unsafe { block.run_library(engine) }
+            unsafe { block.run_library(engine, 1) }
         });
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn run_x86(&self, avx512: bool) {
+    unsafe fn run_x86(&self, avx512: bool, threads: usize) {
         use private_gemm_x86::{Accum, DType, DstKind, IType, InstrSet, gemm};
         let alpha = 1.0f32;
         let instr = if avx512 { InstrSet::Avx512 } else { InstrSet::Avx256 };
@@ -317,7 +320,7 @@ impl Product {
                 self.rhs_cs,
                 false,
                 (&raw const alpha).cast(),
-                1,
+                threads.max(1),
             )
         }
     }

@@ -18,8 +18,9 @@ use std::sync::{Arc, Mutex};
 
 /// Runs `f(i)` once for every `i` in `0..n`, on this thread and the helper threads.
 ///
-/// On a pool thread (a nested loop, or a caller that joined the pool through
-/// `set_num_threads`) rayon's own loop runs it; with a pool of one thread, or one piece, this
+/// On a rayon pool thread (a caller that joined the pool through `set_num_threads`, or a loop
+/// inside one of rayon's) rayon's own loop runs it; a loop nested in a helper's piece is offered
+/// to the helpers like any other; with a pool of one thread, or one piece, this
 /// thread alone. A panic in `f` is raised again here, with its own message, once every claimed
 /// piece has finished.
 pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -113,7 +114,8 @@ impl<T> Ptr<T> {
 unsafe impl<T: Send> Send for Ptr<T> {}
 unsafe impl<T: Send> Sync for Ptr<T> {}
 
-/// The loop's state, shared with the pool's threads (which may start after the loop is over).
+/// The loop's state, shared with the helpers (which may start, or find it still offered, after
+/// the loop is over: every piece is claimed by then, so they never call `f`).
 struct Shared {
     f: *const (dyn Fn(usize) + Sync),
     n: usize,
