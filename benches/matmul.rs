@@ -26,8 +26,8 @@ fn sizes() -> Result<Vec<usize>> {
 }
 
 fn main() -> Result<()> {
-    // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
-    // who sets the thread count does.
+    // The thread count a user sets (RAYON_NUM_THREADS or one per core); this thread works on
+    // each op beside weft's helpers.
     weft::set_num_threads(0)?;
     for dev in common::devices() {
         // The device's own limit: nothing but independent multiply-adds (on the Cpu, on every

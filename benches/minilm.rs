@@ -13,8 +13,8 @@ use weft::nn::models::bert::{BertConfig, bert_encoder};
 use weft::prelude::*;
 
 fn main() -> Result<()> {
-    // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
-    // who sets the thread count does.
+    // The thread count a user sets (RAYON_NUM_THREADS or one per core); this thread works on
+    // each op beside weft's helpers.
     weft::set_num_threads(0)?;
     let cfg = BertConfig::all_minilm_l6_v2();
     let (b, t) = shape()?;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use weft::prelude::*;
 
 fn main() -> Result<()> {
-    // This thread works on the ops with the pool (RAYON_NUM_THREADS or one per core), as a user
-    // who sets the thread count does.
+    // The thread count a user sets (RAYON_NUM_THREADS or one per core); this thread works on
+    // each op beside weft's helpers.
     weft::set_num_threads(0)?;
     // The products' FLOPs per layer of the batch; a step multiplies forward, for each weight's
     // gradient, and for the input gradient of every layer but the first; inference forward only.

@@ -1,6 +1,7 @@
-//! `set_num_threads`: the calling thread becomes one of the pool's threads, ops give the bits of
-//! any other pool, other threads still get their ops run, and a second call is an `Err`. One test
-//! in its own binary: rayon's global pool is per process.
+//! `set_num_threads`: sets the thread count, the calling thread staying outside rayon's pool (it
+//! works on its ops beside weft's helpers), ops give the bits of any other pool, other threads
+//! still get their ops run, and a second call is an `Err`. One test in its own binary: rayon's
+//! global pool is per process.
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -22,17 +23,17 @@ fn ops() -> Vec<Vec<u32>> {
 }
 
 #[test]
-fn the_calling_thread_joins_the_pool() {
+fn set_num_threads_sets_the_count_once() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
     let reference = pool.install(ops);
     // From inside another pool: an Err that leaves the global pool to be made.
     let e = pool.install(|| weft_core::set_num_threads(2)).unwrap_err().to_string();
     assert!(e.contains("already worker"), "{e}");
     weft_core::set_num_threads(2).unwrap();
-    assert_eq!(rayon::current_thread_index(), Some(0), "this thread is worker 0");
+    assert_eq!(rayon::current_thread_index(), None, "this thread stays outside the pool");
     assert_eq!(rayon::current_num_threads(), 2);
-    assert_eq!(ops(), reference, "ops on the adopted thread");
-    // Another thread's ops run on the other worker, while this one waits outside the pool.
+    assert_eq!(ops(), reference, "ops on this thread and weft's helper");
+    // Another thread's ops run too, while this one waits.
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || tx.send(ops()).unwrap());
     let theirs = rx.recv_timeout(Duration::from_secs(120)).expect("another thread's ops finish");

@@ -229,13 +229,7 @@ pub fn conv2d(
             finish(y_rows);
             Ok(())
         };
-        if super::one_thread() {
-            let mut scratch = Scratch::default();
-            out.chunks_mut(rows * c_out).enumerate().try_for_each(|item| block(&mut scratch, item))?;
-        } else {
-            use rayon::prelude::*;
-            out.par_chunks_mut(rows * c_out).enumerate().try_for_each_init(Scratch::default, block)?;
-        }
+        super::share::try_par_chunks_mut(out, rows * c_out, |s, i, chunk| block(s, (i, chunk)))?;
     }
     // SAFETY: the products wrote every row: all len values.
     unsafe { y.set_len(len) };
@@ -346,13 +340,7 @@ pub fn conv2d_input_grad(
         }
         Ok(())
     };
-    if super::one_thread() {
-        let mut scratch = Scratch::default();
-        dx.chunks_mut(per_sample).enumerate().try_for_each(|item| sample(&mut scratch, item))?;
-    } else {
-        use rayon::prelude::*;
-        dx.par_chunks_mut(per_sample).enumerate().try_for_each_init(Scratch::default, sample)?;
-    }
+    super::share::try_par_chunks_mut(&mut dx, per_sample, |s, i, chunk| sample(s, (i, chunk)))?;
     Ok(f32_storage(dx))
 }
 
@@ -413,12 +401,7 @@ pub fn conv2d_kernel_grad(
     };
     let groups = blocks.div_ceil(per_group);
     let mut partials = try_zeros(groups * len)?;
-    if super::one_thread() {
-        partials.chunks_mut(len).enumerate().try_for_each(|(q, p)| group(q, p))?;
-    } else {
-        use rayon::prelude::*;
-        partials.par_chunks_mut(len).enumerate().try_for_each(|(q, p)| group(q, p))?;
-    }
+    super::share::try_par_chunks_mut(&mut partials, len, |_: &mut (), q, p| group(q, p))?;
     let mut dw = try_zeros(len)?;
     for p in partials.chunks(len) {
         dw.iter_mut().zip(p).for_each(|(a, v)| *a += v);

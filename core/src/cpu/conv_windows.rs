@@ -216,13 +216,7 @@ pub(crate) fn conv2d(
         finish(y);
         Ok(())
     };
-    if super::one_thread() {
-        let mut scratch = super::conv::Scratch::default();
-        tasks.into_iter().try_for_each(|task| work(&mut scratch, task))
-    } else {
-        use rayon::prelude::*;
-        tasks.into_par_iter().try_for_each_init(super::conv::Scratch::default, work)
-    }
+    super::share::try_par_each(tasks, work)
 }
 
 /// Source rows and columns from padded row `py0`, column `px0` of sample `n` (padded row `py`

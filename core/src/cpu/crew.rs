@@ -41,17 +41,18 @@ struct Crew {
     wake: Condvar,
 }
 
-/// Offers `job` to the helpers (any that are free join it); `false` where the helpers could not
-/// be started (the caller then runs the job some other way).
-pub(super) fn offer(job: Arc<dyn Job>) -> bool {
+/// Offers `job` to the helpers: any awake join it, and up to `wanted` asleep are woken for it
+/// (a loop of few pieces on a machine of many cores need not wake them all); `false` where the
+/// helpers could not be started (the caller then runs the job some other way).
+pub(super) fn offer(job: Arc<dyn Job>, wanted: usize) -> bool {
     let Some(crew) = crew() else { return false };
     let mut slot = crew.slot.lock().unwrap_or_else(|e| e.into_inner());
     slot.0 += 1;
     slot.1 = Some(job);
     crew.offered.store(slot.0, Ordering::Release);
     // (Under the lock: a helper counts itself asleep under it too, so none is missed.)
-    if crew.asleep.load(Ordering::SeqCst) > 0 {
-        crew.wake.notify_all();
+    for _ in 0..wanted.min(crew.asleep.load(Ordering::SeqCst)) {
+        crew.wake.notify_one();
     }
     true
 }

@@ -130,9 +130,23 @@ pub(crate) fn on_weft(engine: Engine, m: usize, n: usize, k: usize) -> bool {
 /// Rows of a block `Product::run` cuts a library's product into are a multiple of this (each
 /// block packs the right matrix again).
 const CUT_ROWS: usize = 32;
-/// Columns of a block, where the rows are too few to cut, are a multiple of this (each block
-/// packs the left matrix again; the kernels' tiles are 16 by 6 and 8 by 6 on x86).
+/// Columns of a block, where the rows are too few to give every thread a block, are a multiple
+/// of this (each block packs the left matrix again; the kernels' tiles are 16 by 6 and 8 by 6 on
+/// x86).
 const CUT_COLS: usize = 48;
+
+/// How [`Product::run_cut`] cuts an `m x n` output over `threads`: `(rows, per_row, cols,
+/// per_col)`, bands of `per_row` rows (a multiple of [`CUT_ROWS`]) cut into blocks of `per_col`
+/// columns (a multiple of [`CUT_COLS`]) while the threads outnumber the bands, so that a machine
+/// of many cores is not left at `m / CUT_ROWS` blocks; `rows` bands and `cols` blocks a band,
+/// none empty (the last of each may be shorter).
+fn cut_grid(m: usize, n: usize, threads: usize) -> (usize, usize, usize, usize) {
+    let per_row = m.div_ceil(threads.min(m / CUT_ROWS).max(1)).div_ceil(CUT_ROWS) * CUT_ROWS;
+    // (Counted after the rounding up, which may leave fewer bands for more columns.)
+    let rows = m.div_ceil(per_row);
+    let per_col = n.div_ceil((threads / rows).min(n / CUT_COLS).max(1)).div_ceil(CUT_COLS) * CUT_COLS;
+    (rows, per_row, n.div_ceil(per_col), per_col)
+}
 
 /// A product shared by the threads that run its blocks.
 #[derive(Clone, Copy)]
@@ -232,9 +246,9 @@ impl Product {
         }
     }
 
-    /// Runs the product as one single-threaded product per block of rows (or of columns, when
-    /// there are too few rows), the blocks shared by the calling thread and weft's helpers
-    /// (`share::par_for`).
+    /// Runs the product as one single-threaded product per block of its output (bands of rows,
+    /// cut into columns too where the threads outnumber the bands: [`cut_grid`]), the blocks
+    /// shared by the calling thread and weft's helpers (`share::par_for`).
     ///
     /// Why not the library's own threads: both faer and `gemm` run theirs on rayon's global pool,
     /// which a thread outside it (a program's `main`) hands the product to and sleeps until woken,
@@ -249,40 +263,33 @@ impl Product {
     /// # Safety
     /// As [`Product::run`].
     unsafe fn run_cut(&self, engine: Engine, threads: usize) {
-        let by_rows = self.m >= 2 * CUT_ROWS;
-        let (len, unit) = if by_rows { (self.m, CUT_ROWS) } else { (self.n, CUT_COLS) };
-        let parts = threads.min(len / unit);
-        if parts < 2 {
+        let (rows, per_row, cols, per_col) = cut_grid(self.m, self.n, threads);
+        if rows * cols < 2 {
             // Too few rows and columns to cut (a narrow product with a long k): the library's
             // own threads, which share out k, are better than one.
             // SAFETY: the caller's contract.
             return unsafe { self.run_library(engine, threads) };
         }
-        let per = len.div_ceil(parts).div_ceil(unit) * unit;
+        let (whole_m, whole_n) = (self.m, self.n);
         let me = Shared(self);
-        super::share::par_for(parts, &|t| {
-            let start = (t * per).min(len);
-            let size = per.min(len - start);
-            if size == 0 {
-                return;
-            }
+        super::share::par_for(rows * cols, &|t| {
+            let (i0, j0) = (t / cols * per_row, t % cols * per_col);
+            let (m, n) = (per_row.min(whole_m - i0), per_col.min(whole_n - j0));
             let p = me.get();
-            // SAFETY (of the offsets): rows (or columns) start..start + size lie inside the
+            // SAFETY (of the offsets): rows i0..i0 + m and columns j0..j0 + n lie inside the
             // product, so every pointer stays inside what the whole product reaches.
             let block = unsafe {
-                if by_rows {
-                    Product {
-                        m: size,
-                        dst: p.dst.offset(start as isize * p.dst_rs),
-                        lhs: p.lhs.offset(start as isize * p.lhs_rs),
-                        ..*p
-                    }
-                } else {
-                    Product { n: size, dst: p.dst.add(start), rhs: p.rhs.offset(start as isize * p.rhs_cs), ..*p }
+                Product {
+                    m,
+                    n,
+                    dst: p.dst.offset(i0 as isize * p.dst_rs).add(j0),
+                    lhs: p.lhs.offset(i0 as isize * p.lhs_rs),
+                    rhs: p.rhs.offset(j0 as isize * p.rhs_cs),
+                    ..*p
                 }
             };
             // SAFETY: the block's elements lie inside the product's; no other block writes its
-            // output rows (or columns).
+            // output.
             unsafe { block.run_library(engine, 1) }
         });
     }
@@ -398,15 +405,42 @@ mod tests {
         assert_eq!(splits_512_bit_ops(), want, "vendor {vendor}, family {family}");
     }
 
+    /// A library's product is cut into bands of rows first, then columns while the threads
+    /// outnumber the bands; into no block under `CUT_ROWS` rows or `CUT_COLS` columns but the
+    /// last of each, and no empty one.
+    #[test]
+    fn cuts_use_the_threads() {
+        for (m, n, threads, want) in [
+            (256, 10, 2, (2, 1)),
+            (256, 10, 16, (8, 1)),
+            (256, 1024, 16, (8, 2)),
+            (40, 1024, 16, (1, 11)),
+            (40, 200, 2, (1, 2)),
+            (20, 60, 4, (1, 1)),
+            (4096, 4096, 16, (16, 1)),
+            (201, 500, 16, (4, 4)),
+            (70, 96, 3, (2, 1)),
+        ] {
+            let (rows, per_row, cols, per_col) = cut_grid(m, n, threads);
+            assert_eq!((rows, cols), want, "{m} x {n} on {threads} threads");
+            assert!(per_row % CUT_ROWS == 0 && per_col % CUT_COLS == 0);
+            assert!(rows * cols <= threads.max(1), "{m} x {n}: {rows} x {cols} blocks on {threads} threads");
+            // Every row and column in a block, the last band and block not empty.
+            assert!((rows - 1) * per_row < m && rows * per_row >= m, "{m} rows: {rows} bands of {per_row}");
+            assert!((cols - 1) * per_col < n && cols * per_col >= n, "{n} columns: {cols} blocks of {per_col}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
-        /// Each engine, on one, two and three threads, equals an f64 loop on awkward shapes and
-        /// strides, with the same bits on any threads (but the portable one).
+        /// Each engine, on one, two, three and sixteen threads, equals an f64 loop on awkward
+        /// shapes and strides, with the same bits on any threads (but the portable one).
         #[test]
-        fn engines_match_f64(m in 1usize..70, n in 1usize..70, k in 1usize..300, big in 0usize..3,
+        fn engines_match_f64(m in 1usize..70, n in 1usize..70, k in 1usize..600, big in 0usize..4,
                              ka in 0u8..3, kb in 0u8..3, seed in 0u64..1000) {
-            // Now and then a product large enough for several kernel blocks and threads.
-            let (m, n) = if big == 0 { (m + 200, n + 130) } else { (m, n) };
+            // Now and then a product large enough for several kernel blocks and threads, or one
+            // of few rows and many columns (cut by columns only).
+            let (m, n) = match big { 0 => (m + 200, n + 130), 1 => (m, n + 130), _ => (m, n) };
             let (ars, acs, alen) = strides(ka, m, k);
             let (brs, bcs, blen) = strides(kb, k, n);
             let val = |i: usize, s: u64| (((i as u64 * 2654435761 + s * 97) % 1999) as f32 / 999.5) - 1.0;
@@ -414,21 +448,19 @@ mod tests {
             let b: Vec<f32> = (0..blen).map(|i| val(i, seed + 7)).collect();
             let at = |i: usize, p: usize| a[(i as isize * ars + p as isize * acs) as usize] as f64;
             let bt = |p: usize, j: usize| b[(p as isize * brs + j as isize * bcs) as usize] as f64;
+            let want: Vec<f64> = (0..m * n).map(|e| (0..k).map(|q| at(e / n, q) * bt(q, e % n)).sum()).collect();
             for e in engines() {
                 let mut first: Option<Vec<f32>> = None;
-                for threads in [1, 2, 3] {
+                // (Sixteen threads cut a library's product into rows and columns: `cut_grid`.)
+                for threads in [1, 2, 3, 16] {
                     let mut out = vec![f32::NAN; m * n];
                     let p = Product { m, n, k, dst: out.as_mut_ptr(), dst_rs: n as isize, lhs: a.as_ptr(),
                         lhs_rs: ars, lhs_cs: acs, rhs: b.as_ptr(), rhs_rs: brs, rhs_cs: bcs };
                     // SAFETY: the strides above reach only inside a, b and out.
                     unsafe { p.run(e, threads) }.unwrap();
-                    for i in 0..m {
-                        for j in 0..n {
-                            let want: f64 = (0..k).map(|q| at(i, q) * bt(q, j)).sum();
-                            let got = out[i * n + j] as f64;
-                            prop_assert!((got - want).abs() <= 1e-5 * (k as f64).sqrt() * 4.0,
-                                "{e:?} threads {threads} m{m} n{n} k{k} a{ka} b{kb} at ({i},{j}): {got} vs {want}");
-                        }
+                    for (at, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                        prop_assert!((got as f64 - want).abs() <= 1e-5 * (k as f64).sqrt() * 4.0,
+                            "{e:?} threads {threads} m{m} n{n} k{k} a{ka} b{kb} at ({},{}): {got} vs {want}", at / n, at % n);
                     }
                     // The bits do not depend on the threads, faer's products cut into blocks over
                     // them included (the `gemm` crate's are not promised: a block of one row

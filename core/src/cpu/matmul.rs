@@ -7,7 +7,6 @@ use super::gemm_engine::{Product, engine, on_weft};
 use super::{CpuStorage, f32_storage, try_take, try_zeros};
 use crate::ops::UnaryOp;
 use crate::{Layout, Result};
-use rayon::prelude::*;
 
 /// `a @ b` for layouts `[batch.., m, k]` and `[batch.., k, n]` with one batch shape (strides may be 0).
 pub fn matmul(a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<CpuStorage> {
@@ -167,7 +166,7 @@ fn product(
     }
     if nb >= threads && threads > 1 && work >= 1 << 15 {
         // Enough matrices to keep every core busy: one single-threaded product per batch entry.
-        (0..nb).into_par_iter().try_for_each(|i| block(i, base.at(i * m * n), 0, n, 1))?;
+        super::share::try_par_for(nb, |_: &mut (), i| block(i, base.at(i * m * n), 0, n, 1))?;
     } else {
         // A large product on every core: weft's kernel shares its blocks out itself, and
         // `Product::run` cuts a library's product into blocks over the same threads.

@@ -1,4 +1,5 @@
-//! The Cpu reference backend: every primitive op written plainly (rayon for the big loops).
+//! The Cpu reference backend: every primitive op written plainly (its loops shared by the
+//! calling thread and weft's helper threads: `share`, `crew`).
 //! It is the oracle the GPU kernels are tested against, and the fallback device.
 
 pub(crate) mod adam;

@@ -12,7 +12,6 @@ use super::reduce::pairwise_sum;
 use super::{CpuStorage, f32_storage, strided, try_take};
 use crate::fast_exp::exp;
 use crate::{Layout, Result};
-use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 /// Rows per task are grouped to about this many elements.
@@ -44,7 +43,7 @@ fn for_rows(x: &[f32], n: usize, f: impl Fn(&mut [MaybeUninit<f32>], &[f32]) + S
     if out.len() <= per || super::one_thread() {
         group(out, x);
     } else {
-        out.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(o, r)| group(o, r));
+        super::par_chunks_mut(out, per, |i, o| group(o, &x[i * per..i * per + o.len()]));
     }
     // SAFETY: `f` wrote every element of every group, and the groups cover `x.len()` values.
     unsafe { buf.set_len(x.len()) };

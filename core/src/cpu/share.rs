@@ -1,27 +1,27 @@
 //! Parallel loops in which the calling thread takes part.
 //!
-//! A thread outside rayon's pool (a program's `main`, unless it called `set_num_threads`) that
-//! runs a rayon loop hands the whole loop to the pool and sleeps until the pool wakes it: two
-//! wake-ups of a sleeping thread per op, tens of microseconds each on a loaded machine, against an
-//! op of a layer's activations (a ReLU's gradient over 256 x 1024 values) that takes about as
-//! long. Here the caller claims pieces from a shared counter and works on them itself while
-//! weft's helper threads (`crew`: one fewer than rayon's pool, and most often still awake from
-//! the last loop) claim the rest; it then waits only for pieces already claimed, never for a
-//! thread to wake. Which thread runs which
-//! piece does not change what each piece computes, so results keep their bits.
+//! A thread outside rayon's pool (a program's `main`) that runs a rayon loop hands the whole loop
+//! to the pool and sleeps until the pool wakes it: two wake-ups of a sleeping thread per op, tens
+//! of microseconds each on a loaded machine, against an op of a layer's activations (a ReLU's
+//! gradient over 256 x 1024 values) that takes about as long. Here the caller claims pieces from
+//! a shared counter and works on them itself while weft's helper threads (`crew`: one fewer than
+//! rayon's pool, and most often still awake from the last loop) claim the rest; it then waits
+//! only for pieces already claimed, never for a thread to wake. Every Cpu op's loops come here.
+//! Which thread runs which piece does not change what each piece computes, so results keep their
+//! bits.
 
 use super::crew::Job;
+use crate::Result;
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Runs `f(i)` once for every `i` in `0..n`, on this thread and the helper threads.
 ///
-/// On a rayon pool thread (a caller that joined the pool through `set_num_threads`, or a loop
-/// inside one of rayon's) rayon's own loop runs it; a loop nested in a helper's piece is offered
-/// to the helpers like any other; with a pool of one thread, or one piece, this
-/// thread alone. A panic in `f` is raised again here, with its own message, once every claimed
+/// On a rayon pool thread (a loop inside one of rayon's, or a program's own pool) rayon's own
+/// loop runs it; a loop nested in a helper's piece is offered to the helpers like any other; with
+/// a pool of one thread, or one piece, this thread alone. A panic in `f` is raised again here, with its own message, once every claimed
 /// piece has finished.
 pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let threads = rayon::current_num_threads();
@@ -47,7 +47,7 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
         caller: std::thread::current(),
     });
     // (Where the helpers could not be started, rayon's pool helps.)
-    if !super::crew::offer(shared.clone()) {
+    if !super::crew::offer(shared.clone(), threads.min(n) - 1) {
         for _ in 1..threads.min(n) {
             let s = shared.clone();
             rayon::spawn(move || s.work());
@@ -90,6 +90,61 @@ pub(crate) fn par_row_pieces<T: Send>(
             unsafe { std::slice::from_raw_parts_mut(base.get().add(r * row_len + start), size.min(row_len - start)) };
         f(r, start, piece)
     });
+}
+
+/// `f(scratch, i)` for every `i` in `0..n`, through [`par_for`]: each piece borrows a scratch
+/// `S` that an earlier piece gave back (at most one per thread at work, not one per piece). The
+/// first `Err` comes back, and pieces not started by then are skipped.
+pub(crate) fn try_par_for<S: Default + Send>(n: usize, f: impl Fn(&mut S, usize) -> Result<()> + Sync) -> Result<()> {
+    let spare: Mutex<Vec<S>> = Mutex::new(Vec::new());
+    let failed: Mutex<Option<crate::Error>> = Mutex::new(None);
+    let stop = AtomicBool::new(false);
+    par_for(n, &|i| {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut scratch = spare.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+        let out = f(&mut scratch, i);
+        spare.lock().unwrap_or_else(|e| e.into_inner()).push(scratch);
+        if let Err(e) = out {
+            stop.store(true, Ordering::Relaxed);
+            failed.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// `f(scratch, i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter),
+/// through [`try_par_for`].
+pub(crate) fn try_par_chunks_mut<T: Send, S: Default + Send>(
+    dst: &mut [T],
+    size: usize,
+    f: impl Fn(&mut S, usize, &mut [T]) -> Result<()> + Sync,
+) -> Result<()> {
+    let (size, len) = (size.max(1), dst.len());
+    let base = Ptr(dst.as_mut_ptr());
+    try_par_for(len.div_ceil(size), |s, i| {
+        // SAFETY: chunk i is elements i * size.. of `dst`, disjoint from every other chunk;
+        // `dst` is borrowed for the loop.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(base.get().add(i * size), size.min(len - i * size)) };
+        f(s, i, chunk)
+    })
+}
+
+/// `f(scratch, item)` for each of `items`, through [`try_par_for`].
+pub(crate) fn try_par_each<T: Send, S: Default + Send>(
+    items: Vec<T>,
+    f: impl Fn(&mut S, T) -> Result<()> + Sync,
+) -> Result<()> {
+    // (Each item is taken once, by the piece of its index.)
+    let items: Vec<Mutex<Option<T>>> = items.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    try_par_for(items.len(), |s, i| {
+        let item = items[i].lock().unwrap_or_else(|e| e.into_inner()).take();
+        item.map_or(Ok(()), |item| f(s, item))
+    })
 }
 
 /// A pointer shared by pieces that each touch their own elements.
@@ -213,6 +268,46 @@ mod tests {
         let names = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the caller was woken");
         assert!(names.iter().all(|n| n.starts_with("weft-helper-")), "pieces ran on {names:?}");
         assert!(names.len() < rayon::current_num_threads().max(2), "{} helpers: {names:?}", names.len());
+    }
+
+    /// The fallible loops: every chunk or item once, a scratch lent to one piece at a time and
+    /// no more of them than threads at work, and the first `Err` back with later pieces skipped.
+    #[test]
+    fn fallible_loops_lend_scratch_and_stop_at_an_error() {
+        // A scratch counts the pieces it served; the sum of counts is the number of pieces.
+        #[derive(Default)]
+        struct Served(usize);
+        let made = AtomicUsize::new(0);
+        let mut v = vec![0usize; 1000];
+        try_par_chunks_mut(&mut v, 7, |s: &mut Served, i, c| {
+            if s.0 == 0 {
+                made.fetch_add(1, Ordering::Relaxed);
+            }
+            s.0 += 1;
+            c.iter_mut().for_each(|x| *x += i + 1);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(v, (0..1000).map(|e| e / 7 + 1).collect::<Vec<_>>());
+        let made = made.load(Ordering::Relaxed);
+        assert!((1..=rayon::current_num_threads()).contains(&made), "{made} scratches for 143 pieces");
+        let seen: Vec<AtomicUsize> = (0..50).map(|_| AtomicUsize::new(0)).collect();
+        try_par_each((0..50).collect(), |_: &mut (), i: usize| {
+            seen[i].fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+        .unwrap();
+        assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1));
+        // Every piece fails: each thread runs at most one, the rest are skipped.
+        let ran = AtomicUsize::new(0);
+        let e = try_par_for(10_000, |_: &mut (), i| {
+            ran.fetch_add(1, Ordering::Relaxed);
+            Err(crate::Error::invalid("piece", format!("piece {i} failed")))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("failed"), "{e}");
+        let ran = ran.load(Ordering::Relaxed);
+        assert!(ran <= rayon::current_num_threads(), "{ran} pieces ran after an error");
     }
 
     /// A panicking piece is raised on the calling thread, with its message, after the others

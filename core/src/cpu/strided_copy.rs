@@ -15,7 +15,6 @@
 use super::try_take;
 use crate::layout::coalesce;
 use crate::{Layout, Result};
-use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 /// Elements below which one thread copies (splitting costs more than it saves).
@@ -91,7 +90,7 @@ pub fn to_contiguous(data: &[f32], layout: &Layout) -> Result<Vec<f32>> {
         // Chunks of whole rows (for a transpose, a multiple of TILE rows).
         let rows_per = (PAR_MIN / cols).max(1);
         let rows_per = if tiled { rows_per.div_ceil(TILE) * TILE } else { rows_per };
-        dst.par_chunks_mut(rows_per * cols).enumerate().for_each(|(t, c)| copy_rows(t * rows_per, c));
+        super::par_chunks_mut(dst, rows_per * cols, |t, c| copy_rows(t * rows_per, c));
     } else {
         copy_rows(0, dst);
     }
