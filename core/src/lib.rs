@@ -44,5 +44,5 @@ pub use error::{Error, Result};
 pub use gpu::MemoryStats;
 pub use layout::Layout;
 pub use tensor::{HostF32, Tensor, TensorId};
-pub use threads::set_num_threads;
+pub use threads::{par_chunks_mut, set_num_threads};
 pub use var::Var;

@@ -46,6 +46,20 @@ pub fn set_num_threads(n: usize) -> Result<()> {
     })
 }
 
+/// `f(i, chunk)` for each `size`-element chunk of `dst` (the last may be shorter), on the calling
+/// thread and weft's helper threads, as the Cpu ops run their loops: for crates built on
+/// weft-core (the in-host collectives sum their deposits with it), so that every Cpu loop shares
+/// one set of threads. Which thread runs a chunk does not change what `f` is given.
+///
+/// ```
+/// let mut v = vec![0usize; 10];
+/// weft_core::par_chunks_mut(&mut v, 4, |i, chunk| chunk.iter_mut().for_each(|x| *x = i));
+/// assert_eq!(v, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]);
+/// ```
+pub fn par_chunks_mut<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    crate::cpu::par_chunks_mut(dst, size, f)
+}
+
 /// rayon's own default: `RAYON_NUM_THREADS` when set to a positive number, else one per core.
 fn default_threads() -> usize {
     std::env::var("RAYON_NUM_THREADS")

@@ -1,7 +1,7 @@
 //! `InHost`: collectives among the devices of one process, one thread per rank.
 //!
 //! A collective is a rendezvous. Each rank copies its tensor to host memory and deposits it; the
-//! last rank to arrive combines every deposit (rayon spreads the sums over the cores) and
+//! last rank to arrive combines every deposit (the sums spread over the Cpu ops' threads) and
 //! publishes one result per rank; each rank then uploads its result to its own device. Ranks
 //! that arrive early sleep on a condition variable.
 //!
@@ -11,7 +11,6 @@
 //! the same slot (a bug in the calling code) fail the world too, naming both calls, instead of
 //! deadlocking.
 
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -381,18 +380,23 @@ fn reduce(inputs: &[Staged], kind: ReduceKind, call: &str) -> Result<Tensor> {
     };
     match inputs.len() {
         1 => out.extend_from_slice(a),
-        2 => a
-            .par_iter()
-            .zip(inputs[1].values().par_iter())
-            .with_min_len(MIN)
-            .map(|(x, y)| op(*x, *y))
-            .collect_into_vec(&mut out),
+        2 => {
+            let (b, len) = (inputs[1].values(), a.len());
+            weft_core::par_chunks_mut(&mut out.spare_capacity_mut()[..len], MIN, |c, dst| {
+                let at = c * MIN;
+                dst.iter_mut().zip(&a[at..]).zip(&b[at..]).for_each(|((d, x), y)| {
+                    d.write(op(*x, *y));
+                });
+            });
+            // SAFETY: the loop above wrote every one of the first `len` elements.
+            unsafe { out.set_len(len) };
+        }
         _ => {
             // One pass over memory: each chunk is summed in a cache-resident buffer, then written
             // once (no zeroing of the output first).
             const CHUNK: usize = 1 << 12;
             let len = a.len();
-            out.spare_capacity_mut()[..len].par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+            weft_core::par_chunks_mut(&mut out.spare_capacity_mut()[..len], CHUNK, |c, dst| {
                 let at = c * CHUNK;
                 let mut acc = [0f32; CHUNK];
                 let acc = &mut acc[..dst.len()];
@@ -411,7 +415,7 @@ fn reduce(inputs: &[Staged], kind: ReduceKind, call: &str) -> Result<Tensor> {
     }
     if kind == ReduceKind::Mean && inputs.len() > 1 {
         let k = 1.0 / inputs.len() as f32;
-        out.par_iter_mut().with_min_len(MIN).for_each(|x| *x *= k);
+        weft_core::par_chunks_mut(&mut out, MIN, |_, c| c.iter_mut().for_each(|x| *x *= k));
     }
     Tensor::from_host_vec(out, &first.shape, &Device::Cpu)
 }
@@ -441,7 +445,7 @@ fn concat(inputs: &[Staged], axis: usize, call: &str) -> Result<Tensor> {
     let row: usize = shape[axis] * inner;
     let mut data = Tensor::host_vec(outer * row);
     data.resize(outer * row, 0.0);
-    data.par_chunks_mut(row.max(1)).enumerate().for_each(|(o, dst)| {
+    weft_core::par_chunks_mut(&mut data, row.max(1), |o, dst| {
         let mut at = 0;
         for s in inputs {
             let len = s.shape[axis] * inner;

@@ -35,6 +35,40 @@ fn all_reduce_sums_means_and_maxes() {
     }
 }
 
+/// Long tensors, summed in many chunks over the Cpu's threads (two ranks combine as they write,
+/// three add in place), and a gather of many rows: every element lands where it belongs.
+#[test]
+fn long_tensors_reduce_and_gather_element_by_element() {
+    let len = 3 * (1 << 14) + 5;
+    let value = |r: usize, i: usize| ((i * 7 + r * 13) % 101) as f32 - 50.0;
+    for n in [2usize, 3] {
+        let out = on_ranks(n, |r, c| {
+            let x = Tensor::from_vec((0..len).map(|i| value(r, i)).collect(), &[len], &Device::Cpu)?;
+            let rows = Tensor::from_vec((0..len / 7 * 7).map(|i| value(r, i)).collect(), &[len / 7, 7], &Device::Cpu)?;
+            Ok((
+                vals(c.all_reduce(&x, ReduceKind::Sum)?),
+                vals(c.all_reduce(&x, ReduceKind::Mean)?),
+                vals(c.all_reduce(&x, ReduceKind::Max)?),
+                vals(c.all_gather(&rows, 1)?),
+            ))
+        });
+        for o in out {
+            let (s, m, x, g) = o.unwrap();
+            for i in 0..len {
+                let want: f32 = (0..n).map(|r| value(r, i)).sum();
+                assert_eq!(s[i], want, "{n} ranks: sum at {i}");
+                assert_eq!(m[i], want * (1.0 / n as f32), "{n} ranks: mean at {i}");
+                assert_eq!(x[i], (0..n).map(|r| value(r, i)).fold(f32::MIN, f32::max), "{n} ranks: max at {i}");
+            }
+            let width = 7 * n;
+            for (e, got) in g.iter().enumerate() {
+                let (row, col) = (e / width, e % width);
+                assert_eq!(*got, value(col / 7, row * 7 + col % 7), "{n} ranks: gathered ({row}, {col})");
+            }
+        }
+    }
+}
+
 #[test]
 fn all_gather_joins_uneven_parts_in_rank_order() {
     // 10 columns over 3 ranks: 4, 3, 3.
