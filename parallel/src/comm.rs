@@ -363,9 +363,8 @@ pub(crate) fn on_threads<I: Send, T: Send>(
     })
 }
 
-/// Elementwise reduction of equal-shaped deposits, into a Cpu tensor. The first two inputs are
-/// combined as the output is written (one pass: read two, write one); further inputs are added
-/// in place.
+/// Elementwise reduction of equal-shaped deposits, into a Cpu tensor: one pass over the
+/// deposits, reading each once and writing the output once.
 fn reduce(inputs: &[Staged], kind: ReduceKind, call: &str) -> Result<Tensor> {
     let first = &inputs[0];
     if let Some((r, bad)) = inputs.iter().enumerate().find(|(_, s)| s.shape != first.shape) {
@@ -378,41 +377,25 @@ fn reduce(inputs: &[Staged], kind: ReduceKind, call: &str) -> Result<Tensor> {
         ReduceKind::Sum | ReduceKind::Mean => x + y,
         ReduceKind::Max => x.max(y),
     };
-    match inputs.len() {
-        1 => out.extend_from_slice(a),
-        2 => {
-            let (b, len) = (inputs[1].values(), a.len());
-            weft_core::par_chunks_mut(&mut out.spare_capacity_mut()[..len], MIN, |c, dst| {
-                let at = c * MIN;
-                dst.iter_mut().zip(&a[at..]).zip(&b[at..]).for_each(|((d, x), y)| {
-                    d.write(op(*x, *y));
-                });
-            });
-            // SAFETY: the loop above wrote every one of the first `len` elements.
-            unsafe { out.set_len(len) };
+    // One pass over memory: each chunk is combined in a cache-resident buffer from every deposit,
+    // then written once (no zeroing of the output first).
+    const CHUNK: usize = 1 << 12;
+    let len = a.len();
+    weft_core::par_chunks_mut(&mut out.spare_capacity_mut()[..len], CHUNK, |c, dst| {
+        let at = c * CHUNK;
+        let mut acc = [0f32; CHUNK];
+        let acc = &mut acc[..dst.len()];
+        acc.copy_from_slice(&a[at..at + dst.len()]);
+        for other in &inputs[1..] {
+            let src = &other.values()[at..at + dst.len()];
+            acc.iter_mut().zip(src).for_each(|(x, y)| *x = op(*x, *y));
         }
-        _ => {
-            // One pass over memory: each chunk is summed in a cache-resident buffer, then written
-            // once (no zeroing of the output first).
-            const CHUNK: usize = 1 << 12;
-            let len = a.len();
-            weft_core::par_chunks_mut(&mut out.spare_capacity_mut()[..len], CHUNK, |c, dst| {
-                let at = c * CHUNK;
-                let mut acc = [0f32; CHUNK];
-                let acc = &mut acc[..dst.len()];
-                acc.copy_from_slice(&a[at..at + dst.len()]);
-                for other in &inputs[1..] {
-                    let src = &other.values()[at..at + dst.len()];
-                    acc.iter_mut().zip(src).for_each(|(x, y)| *x = op(*x, *y));
-                }
-                dst.iter_mut().zip(acc.iter()).for_each(|(d, v)| {
-                    d.write(*v);
-                });
-            });
-            // SAFETY: the loop above wrote every one of the first `len` elements.
-            unsafe { out.set_len(len) };
-        }
-    }
+        dst.iter_mut().zip(acc.iter()).for_each(|(d, v)| {
+            d.write(*v);
+        });
+    });
+    // SAFETY: the loop above wrote every one of the first `len` elements.
+    unsafe { out.set_len(len) };
     if kind == ReduceKind::Mean && inputs.len() > 1 {
         let k = 1.0 / inputs.len() as f32;
         weft_core::par_chunks_mut(&mut out, MIN, |_, c| c.iter_mut().for_each(|x| *x *= k));

@@ -35,8 +35,8 @@ fn all_reduce_sums_means_and_maxes() {
     }
 }
 
-/// Long tensors, summed in many chunks over the Cpu's threads (two ranks combine as they write,
-/// three add in place), and a gather of many rows: every element lands where it belongs.
+/// Long tensors, summed in many chunks over the Cpu's threads on two and three ranks, and a
+/// gather of many rows: every element lands where it belongs.
 #[test]
 fn long_tensors_reduce_and_gather_element_by_element() {
     let len = 3 * (1 << 14) + 5;

@@ -126,57 +126,53 @@ fn product(
         } else {
             (x, ars, acs, aoffs)
         };
-    // The product on rows `0..m` and columns `c0..c0 + cn` of batch entry `i`, written to `dst`
-    // (the entry's m*n row-major output).
-    let part = |i: usize, dst: Dst, c0: usize, cn: usize| Product {
+    let base = Dst(out.as_mut_ptr());
+    // The product of batch entry `i`, written to its m*n row-major block of `out`.
+    let part = |i: usize| Product {
         m,
-        n: cn,
+        n,
         k,
-        // SAFETY (of the offsets): columns c0..c0+cn lie inside 0..n.
-        dst: unsafe { dst.0.add(c0) },
+        dst: base.at(i * m * n).ptr(),
         dst_rs: n as isize,
         lhs: unsafe { x.as_ptr().add(aoffs[i]) },
         lhs_rs: ars,
         lhs_cs: acs,
-        rhs: unsafe { y.as_ptr().add(boffs[i] + c0 * bcs as usize) },
+        rhs: unsafe { y.as_ptr().add(boffs[i]) },
         rhs_rs: brs,
         rhs_cs: bcs,
     };
     // SAFETY (of `part`'s products): every pointer plus its strides stays inside its slice (the
     // reach check above: strides are non-negative, so the farthest element is the last row and
-    // column of the matrix at the largest offset), and dst points at an m*n row-major block of
-    // `out` of which a call writes only columns c0..c0+cn, which no other call writes.
-    let block =
-        |i: usize, dst: Dst, c0: usize, cn: usize, threads: usize| unsafe { part(i, dst, c0, cn).run(engine, threads) };
+    // column of the matrix at the largest offset), and dst points at the entry's m*n row-major
+    // block of `out`, which no other entry's product writes.
+    let block = |i: usize, threads: usize| unsafe { part(i).run(engine, threads) };
     let big = work >= 1 << 18 && threads > 1;
-    let base = Dst(out.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
     if let (Some((bias, op)), true) = (epilogue, nb == 1 && packs_columns) {
         // A dense layer's bias and activation (in training, or in inference where `packed` did
         // not take the product) applied to each block of output rows in cache, with the right
         // matrix packed as it comes.
         let fin = BiasAct { bias, op };
-        // SAFETY: on weft's kernel (AVX2 and FMA); `part`'s contract, for all n columns; out has
-        // room for m x n, every element of which the product writes.
+        // SAFETY: on weft's kernel (AVX2 and FMA); `part`'s contract; out has room for m x n,
+        // every element of which the product writes.
         unsafe {
-            super::blocked_gemm::run_finishing(&part(0, base, 0, n), None, &fin, if big { threads } else { 1 })?;
+            super::blocked_gemm::run_finishing(&part(0), None, &fin, if big { threads } else { 1 })?;
             out.set_len(m * n);
         }
         return Ok((out, true));
     }
     if nb >= threads && threads > 1 && work >= 1 << 15 {
         // Enough matrices to keep every core busy: one single-threaded product per batch entry.
-        super::share::try_par_for(nb, |_: &mut (), i| block(i, base.at(i * m * n), 0, n, 1))?;
+        super::share::try_par_for(nb, |_: &mut (), i| block(i, 1))?;
     } else {
         // A large product on every core: weft's kernel shares its blocks out itself, and
         // `Product::run` cuts a library's product into blocks over the same threads.
         for i in 0..nb {
-            block(i, base.at(i * m * n), 0, n, if big { threads } else { 1 })?;
+            block(i, if big { threads } else { 1 })?;
         }
     }
-    // SAFETY: every branch above ran `block` over all batch entries and all columns 0..n of each
-    // (the column blocks cover 0..n), each block wrote every element of its rows and columns, and
-    // the capacity is nb*m*n.
+    // SAFETY: every branch above ran `block` over all batch entries, each of which wrote every
+    // element of its m*n block, and the capacity is nb*m*n.
     unsafe { out.set_len(nb * m * n) };
     Ok((out, false))
 }
@@ -264,11 +260,12 @@ fn packed(
     Ok(Some((out, big && epilogue.is_some())))
 }
 
-/// The output buffer, shared by blocks that each write their own columns.
+/// The output buffer, shared by products that each write their own elements (a batch entry's
+/// block, or a part's columns).
 #[derive(Clone, Copy)]
 struct Dst(*mut f32);
 
-// SAFETY: the blocks that share it write disjoint elements (see `block`), and `out` outlives them.
+// SAFETY: the products that share it write disjoint blocks (see `block`), and `out` outlives them.
 unsafe impl Send for Dst {}
 unsafe impl Sync for Dst {}
 

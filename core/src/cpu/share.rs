@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 ///
 /// On a rayon pool thread (a loop inside one of rayon's, or a program's own pool) rayon's own
 /// loop runs it; a loop nested in a helper's piece is offered to the helpers like any other; with
-/// a pool of one thread, or one piece, this thread alone. A panic in `f` is raised again here, with its own message, once every claimed
-/// piece has finished.
+/// a pool of one thread, or one piece, this thread alone. A panic in `f` is raised again here,
+/// with its own message, once every claimed piece has finished.
 pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let threads = rayon::current_num_threads();
     if n <= 1 || threads == 1 {
