@@ -4,7 +4,8 @@
 //! several threads share one packing, `shared_rhs`, it is packed whole, chunk by chunk), the left matrix `MC` rows by
 //! `KC` columns at a time (about 150 KiB, in L2), and a 6 x 16 micro-kernel with 12
 //! accumulators runs over the panels; where AVX-512 runs at full width, a 12 x 32 one with 24
-//! (two left panels by two right ones: [`Isa`]).
+//! (two left panels by two right ones: [`Isa`]), and where it runs as two 256-bit halves (Zen 4)
+//! on products of few rows ([`isa_for`]).
 //!
 //! Why not faer's kernels, which weft used before: measured in one process, interleaved, best of
 //! 9 (AMD EPYC Zen 3, AVX2), this kernel against faer's: 512–2048 square 1.06–1.19x on one
@@ -69,7 +70,7 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.
 pub(crate) unsafe fn run(p: &Product, packed: Option<&PackedRhs>, threads: usize) -> Result<()> {
     // SAFETY: the caller's contract; `isa` is what this CPU runs.
-    unsafe { run_on(isa(), p, packed, None, threads, None) }
+    unsafe { run_on(isa_for(p.m), p, packed, None, threads, None) }
 }
 
 /// What becomes of each block of output rows once its sums are complete, in place of storing it
@@ -114,13 +115,32 @@ pub(crate) unsafe fn run_finishing(
     threads: usize,
 ) -> Result<()> {
     // SAFETY: the caller's contract; `isa` is what this CPU runs.
-    unsafe { run_on(isa(), p, packed, Some(fin), threads, None) }
+    unsafe { run_on(isa_for(p.m), p, packed, Some(fin), threads, None) }
 }
 
 /// The micro-kernel's width on this CPU: 512 bits where AVX-512 runs at full width (see
 /// `gemm_engine`), else 256.
 pub(crate) fn isa() -> Isa {
     if super::gemm_engine::full_width_avx512() { Isa::Avx512 } else { Isa::Avx2 }
+}
+
+/// Most rows of a product that runs 512-bit tiles on a CPU that splits them into 256-bit halves
+/// (`gemm_engine::split_avx512`). There each tile still takes half the instructions of two 256-bit
+/// ones (a right panel pair's two loads and 12 broadcasts serve 24 multiply-adds), which pays on
+/// short products; on long ones the pair of panels (32 KiB at k chunks of 256, all of a 32 KiB
+/// L1) is evicted by the left tiles. Measured on a 2-core Zen 4 (AMD EPYC family 25 model 17),
+/// in one process alternating 7 rounds, 512-bit / 256-bit tiles, one thread: right matrix
+/// kept packed (inference) 128-256 rows times 384-1536 x 384-1536 1.00-1.05, 256 x 784 x 1024
+/// 1.02, 512³ 1.01, 1024³ 0.97, 2048³ 0.97; MiniLM's forward (8 x 32 and 1 x 128 tokens)
+/// 1.03 and 1.05 on one thread, 1.06 and 1.11 on two; the MLP's training step and inference
+/// 1.01 and 1.02.
+const SPLIT_WIDE_MAX_ROWS: usize = 512;
+
+/// The micro-kernel's width for a product of `m` rows: [`isa`]'s, or 512 bits on a CPU that
+/// splits them (Zen 4) when `m` is at most [`SPLIT_WIDE_MAX_ROWS`]. Either width gives the same
+/// bits (`the_512_bit_tiles_give_the_256_bit_bits`), so the choice may differ product by product.
+pub(crate) fn isa_for(m: usize) -> Isa {
+    if super::gemm_engine::split_avx512() && m <= SPLIT_WIDE_MAX_ROWS { Isa::Avx512 } else { isa() }
 }
 
 /// [`run`] with the micro-kernel at `isa`'s width (tests compare the two).
@@ -386,9 +406,11 @@ unsafe fn blocked(
 /// MLP's) ran 5-8% slower in place. With 512-bit tiles (12 rows in place, a 48 KiB L1: a 2-core
 /// Zen 5) any width: in a warm loop level with packing (1024³ 482 / 484, 2048³ 454 / 454, the
 /// MLP's products 440–474 / 432–473 GFLOP/s), and in the MLP's training step, whose left
-/// matrices come from memory, the packing pass (about 3% of the step) is saved.
+/// matrices come from memory, the packing pass (about 3% of the step) is saved. Not where 512-bit
+/// ops are split (Zen 4, a 32 KiB L1): there the MLP's step ran 4-6% slower in place.
 fn reads_left_in_place(isa: Isa, a: Strided, n: usize) -> bool {
-    a.cs == 1 && a.rs >= 0 && (n <= IN_PLACE_MAX_N || isa.wide())
+    let wide_in_place = isa.wide() && super::gemm_engine::full_width_avx512();
+    a.cs == 1 && a.rs >= 0 && (n <= IN_PLACE_MAX_N || wide_in_place)
 }
 
 /// The widest output whose left matrix is read in place.
@@ -772,8 +794,8 @@ pub(crate) mod tests {
         /// The 512-bit tiles (12 x 32) give the 256-bit tiles' bits (6 x 16) across the row
         /// blocks, the chunks of k, both tiles' edges (rows past one left panel, columns past one
         /// right panel), every layout, thread count, and a right matrix packed beforehand: the same
-        /// sums in the same order. (Past 128 columns a row-major left matrix is read in place by
-        /// the one and packed by the other.)
+        /// sums in the same order. (Past 128 columns, where AVX-512 runs at full width, a
+        /// row-major left matrix is read in place by the one and packed by the other.)
         #[test]
         fn the_512_bit_tiles_give_the_256_bit_bits(m in 1usize..200, n in 1usize..200, k in 1usize..600,
                 ka in 0u8..3, kb in 0u8..2, threads in 1usize..4, right in 0usize..3, seed in 0u64..1000) {
@@ -911,6 +933,22 @@ pub(crate) mod tests {
 
     /// A narrow product reads its left rows in place, a wider one packs them: each column's
     /// values are the same bits either way (the same sums in the same order).
+    /// Where AVX-512 is split into 256-bit halves (Zen 4), products of few rows take 512-bit
+    /// tiles and still pack a wide left matrix; longer products, and every product elsewhere,
+    /// take the CPU's own width.
+    #[test]
+    fn short_products_take_512_bit_tiles_where_they_are_split() {
+        let split = super::super::gemm_engine::split_avx512();
+        assert_eq!(isa_for(1).wide(), split || isa().wide());
+        assert_eq!(isa_for(SPLIT_WIDE_MAX_ROWS).wide(), split || isa().wide());
+        assert_eq!(isa_for(SPLIT_WIDE_MAX_ROWS + 1), isa());
+        let a = [0f32; 4];
+        let rows = Strided { ptr: a.as_ptr(), rs: 2, cs: 1 };
+        let full = super::super::gemm_engine::full_width_avx512();
+        assert_eq!(reads_left_in_place(Isa::Avx512, rows, IN_PLACE_MAX_N + 1), full);
+        assert!(reads_left_in_place(Isa::Avx512, rows, IN_PLACE_MAX_N));
+    }
+
     #[test]
     fn rows_read_in_place_give_the_packed_bits() {
         if !has_kernel() {
@@ -923,8 +961,8 @@ pub(crate) mod tests {
             let mut out = vec![f32::NAN; m * n];
             let p = rows_times(&a, (&b, wide as isize, 1), (m, n, k), out.as_mut_ptr());
             // SAFETY: the kernel exists; the strides stay inside a, b and out. (256-bit tiles:
-            // the 512-bit ones read a row-major left matrix in place at any width; their bits
-            // against these are the proptest's above.)
+            // where AVX-512 runs at full width the 512-bit ones read a row-major left matrix in
+            // place at any width; their bits against these are the proptest's above.)
             unsafe { run_on(Isa::Avx2, &p, None, None, 2, None) }.unwrap();
             out
         };

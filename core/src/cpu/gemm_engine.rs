@@ -11,7 +11,9 @@
 //! Which CPUs get weft's kernel: every one with AVX2 and FMA. Where AVX-512 runs at full width
 //! (Intel's AVX-512 server cores, AMD's Zen 5: family 0x1a, two 512-bit FMA pipes) its tiles are
 //! 512 bits wide (`blocked_gemm::Isa`); AMD's Zen 4 (family 0x19 with AVX-512) runs a 512-bit
-//! FMA as two 256-bit halves on the pipes AVX2 uses, so it keeps the 256-bit tiles. On a 2-core
+//! FMA as two 256-bit halves on the pipes AVX2 uses, so it keeps the 256-bit tiles but on
+//! products of at most 512 rows, where the 512-bit ones' fewer instructions pay
+//! (`blocked_gemm::isa_for`). On a 2-core
 //! Zen 5 EPYC (best of 3 alternated runs, 2 threads, GFLOP/s), weft's 512-bit tiles against
 //! faer's AVX-512 kernels: 1024³ 492 / 481, 2048³ 452 / 457, the MLP's forward products level,
 //! its weight gradients (a transposed left matrix) 491–498 / 443–453, its input gradients
@@ -86,6 +88,21 @@ pub(crate) fn full_width_avx512() -> bool {
     {
         static FULL: OnceLock<bool> = OnceLock::new();
         *FULL.get_or_init(|| x86_levels().0 && !splits_512_bit_ops())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU has AVX-512 (the x86-64-v4 set) but runs each 512-bit op as two 256-bit
+/// halves (Zen 4): weft's kernel runs 512-bit tiles there on short products only
+/// (`blocked_gemm::isa_for`).
+pub(crate) fn split_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static SPLIT: OnceLock<bool> = OnceLock::new();
+        *SPLIT.get_or_init(|| x86_levels().0 && splits_512_bit_ops())
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
