@@ -15,11 +15,34 @@ const ROUND: f32 = 12_582_912.0;
 pub fn exp(x: f32) -> f32 {
     // Beyond these bounds the result is +inf or 0 anyway; clamping keeps n in range for the
     // exponent arithmetic below (a NaN is put back at the end).
-    let xc = x.clamp(-104.0, 89.0);
-    let z = xc * std::f32::consts::LOG2_E + ROUND;
+    let (e, n) = reduced(x.clamp(-104.0, 89.0));
+    // 2^n as two factors 2^h * 2^(n-h), each a normal number for n in [-150, 129]: a single
+    // factor would overflow the exponent field at the ends, where the product is subnormal or inf.
+    let h = n >> 1;
+    let s1 = f32::from_bits(((h + 127) as u32) << 23);
+    let s2 = f32::from_bits(((n - h + 127) as u32) << 23);
+    let y = e * s1 * s2;
+    if x.is_nan() { x } else { y }
+}
+
+/// exp(x) for `x` in [-87, 0], where the result is a normal float, to within 2 ulp (the bits of
+/// [`exp`]); NaN stays NaN. [`exp`] without its clamp and its two-factor scale, which only the
+/// range's ends need: a softmax's exponentials, whose arguments are at most 0 and floored at -87.
+#[inline(always)]
+pub fn exp_normal(x: f32) -> f32 {
+    let (e, n) = reduced(x);
+    // n in [-126, 0]: 2^n is one normal factor.
+    e * f32::from_bits((n.wrapping_add(127) as u32) << 23)
+}
+
+/// `(exp(r), n)` with `x = n ln 2 + r`, `n` the nearest integer to `x / ln 2`, for `x` inside
+/// (-2^22 ln 2, 2^22 ln 2) or NaN.
+#[inline(always)]
+fn reduced(x: f32) -> (f32, i32) {
+    let z = x * std::f32::consts::LOG2_E + ROUND;
     let n = z - ROUND;
     // x - n ln 2 in two parts (ln 2 = C1 + C2, C1 exact in few bits), so the product n * C1 is exact.
-    let r = (xc - n * 0.693_359_4) + n * 2.121_944_4e-4;
+    let r = (x - n * 0.693_359_4) + n * 2.121_944_4e-4;
     let p = 1.987_569_1e-4;
     let p = p * r + 1.398_199_9e-3;
     let p = p * r + 8.333_452e-3;
@@ -27,19 +50,12 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 0.166_666_65;
     let p = p * r + 0.5;
     let e = (p * r) * r + r + 1.0;
-    // 2^n as two factors 2^h * 2^(n-h), each a normal number for n in [-150, 129]: a single
-    // factor would overflow the exponent field at the ends, where the product is subnormal or inf.
-    let ni = (z.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    let h = ni >> 1;
-    let s1 = f32::from_bits(((h + 127) as u32) << 23);
-    let s2 = f32::from_bits(((ni - h + 127) as u32) << 23);
-    let y = e * s1 * s2;
-    if x.is_nan() { x } else { y }
+    (e, (z.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::exp;
+    use super::{exp, exp_normal};
 
     fn ulps(a: f32, b: f32) -> u32 {
         if a == b {
@@ -66,6 +82,17 @@ mod tests {
             }
         }
         assert!(worst.0 <= 2, "exp({}) is {} ulp off", worst.1, worst.0);
+    }
+
+    /// Every 7th f32 from -87 to 0 has exp's bits with the shortcut, and NaN stays NaN.
+    #[test]
+    fn exp_normal_is_exp_over_its_range() {
+        let lo = (-87.0f32).to_bits();
+        for bits in (0x8000_0000u32..=lo).step_by(7).chain([0, lo]) {
+            let x = f32::from_bits(bits);
+            assert_eq!(exp_normal(x).to_bits(), exp(x).to_bits(), "exp_normal({x})");
+        }
+        assert!(exp_normal(f32::NAN).is_nan());
     }
 
     #[test]

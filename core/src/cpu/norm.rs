@@ -10,7 +10,6 @@
 
 use super::reduce::pairwise_sum;
 use super::{CpuStorage, f32_storage, strided, try_take};
-use crate::fast_exp::exp;
 use crate::{Layout, Result};
 use std::mem::MaybeUninit;
 
@@ -92,11 +91,7 @@ fn softmax_rows(o: &mut [MaybeUninit<f32>], r: &[f32], n: usize, log: bool) {
     // A NaN in the row makes its exponential NaN, so the sum and then every output NaN.
     for ((o, r), &max) in o.chunks_mut(n).zip(r.chunks(n)).zip(&maxes) {
         for (o, &v) in o.iter_mut().zip(r) {
-            let x = v - max;
-            // Below FLOOR the weight is 0 (under 2e-38 of the largest): computed, it would pass
-            // through subnormal floats, a slow path of the CPU, once for every masked score.
-            let e = exp(if x < FLOOR { FLOOR } else { x });
-            o.write(if x < FLOOR { 0.0 } else { e });
+            o.write(exp_below_max(v - max));
         }
     }
     // SAFETY: the pass above wrote every element (`o` and `r` have one length).
@@ -112,11 +107,26 @@ fn softmax_rows(o: &mut [MaybeUninit<f32>], r: &[f32], n: usize, log: bool) {
                 *o = v - max - ls;
             }
         } else {
+            // One division per row, then products (within an ulp and a half of a division per
+            // value, which took an eighth of the softmax: 12 x 128 x 128 scores on one core of
+            // a Zen 4, 0.90 -> 0.79 ns a value with the shortcut exponential below).
+            let inv = 1.0 / sum;
             for o in o.iter_mut() {
-                *o /= sum;
+                *o *= inv;
             }
         }
     }
+}
+
+/// `exp(x)` for `x = v - max <= 0` of a softmax row (or NaN): `fast_exp::exp`'s method without
+/// its guards for large and subnormal results, which cannot occur here. Below [`FLOOR`] the weight
+/// is 0 (under 2e-38 of the largest): computed, it would pass through subnormal floats, a slow
+/// path of the CPU, once for every masked score. NaN stays NaN (every comparison is false).
+#[inline(always)]
+fn exp_below_max(x: f32) -> f32 {
+    let c = if x < FLOOR { FLOOR } else { x };
+    let e = crate::fast_exp::exp_normal(c);
+    if x < FLOOR { 0.0 } else { e }
 }
 
 /// # Safety
