@@ -468,13 +468,14 @@ pub(crate) unsafe fn tile_rows<const IN_PLACE: bool>(wide: bool, rows: usize, t:
     }
 }
 
-/// The vector width the micro-kernel runs at, decided once per process.
+/// The vector width the micro-kernel runs at: the CPU's own ([`isa`]), or per product where
+/// AVX-512 is split into halves ([`isa_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
     /// 256-bit vectors: AVX2 and FMA.
     Avx2,
-    /// 512-bit vectors (AVX-512 F, on a CPU that runs them at full width): two right panels per
-    /// call, twice the multiply-adds per instruction.
+    /// 512-bit vectors (AVX-512 F, on a CPU that runs them at full width, or on Zen 4 for short
+    /// products: [`isa_for`]): two right panels per call, twice the multiply-adds per instruction.
     Avx512,
 }
 
@@ -900,13 +901,21 @@ pub(crate) mod tests {
     /// Blocks handed to a finisher hold the bits the product stores, whether each part packs its
     /// own right blocks or the parts share one packing (cut by rows, or by columns when rows are
     /// few; the right matrix row-major or transposed; the left one packed or read in place), for a
-    /// `k` of one chunk or several.
+    /// `k` of one chunk or several; with the tiles of either width where the CPU has AVX-512 (a
+    /// Zen 4 runs both, product by product: `isa_for`).
     #[test]
     fn finishers_get_the_stored_bits_with_a_shared_packing() {
         if !has_kernel() {
             return;
         }
-        for (m, n, k) in [(150, 70, 40), (150, 300, 600), (20, 40, 300), (97, 130, 256)] {
+        let mut isas = vec![Isa::Avx2];
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            isas.push(Isa::Avx512);
+        }
+        for (isa, (m, n, k)) in isas
+            .into_iter()
+            .flat_map(|isa| [(150, 70, 40), (150, 300, 600), (20, 40, 300), (97, 130, 256)].map(|shape| (isa, shape)))
+        {
             for kb in [0u8, 1] {
                 let (want, _) = product(m, n, k, (0, kb), 4, 1);
                 let a: Vec<f32> = (0..m * k).map(|i| val(i, 4)).collect();
@@ -920,19 +929,17 @@ pub(crate) mod tests {
                     let p = rows_times(&a, (&b, brs, bcs), (m, n, k), sums.as_mut_ptr());
                     let fin = CopyOut { out: out.as_mut_ptr(), n, in_output };
                     // SAFETY: the kernel exists; the strides stay inside a, b and sums.
-                    unsafe { run_on(isa(), &p, None, Some(&fin), threads, Some(share)) }.unwrap();
+                    unsafe { run_on(isa, &p, None, Some(&fin), threads, Some(share)) }.unwrap();
                     let bad = want.iter().zip(&out).position(|(x, y)| x.to_bits() != y.to_bits());
                     assert!(
                         bad.is_none(),
-                        "{m}x{n}x{k} right {kb} on {threads} threads, shared {share}, in output {in_output}: first difference at {bad:?}"
+                        "{isa:?} {m}x{n}x{k} right {kb} on {threads} threads, shared {share}, in output {in_output}: first difference at {bad:?}"
                     );
                 }
             }
         }
     }
 
-    /// A narrow product reads its left rows in place, a wider one packs them: each column's
-    /// values are the same bits either way (the same sums in the same order).
     /// Where AVX-512 is split into 256-bit halves (Zen 4), products of few rows take 512-bit
     /// tiles and still pack a wide left matrix; longer products, and every product elsewhere,
     /// take the CPU's own width.
@@ -949,6 +956,8 @@ pub(crate) mod tests {
         assert!(reads_left_in_place(Isa::Avx512, rows, IN_PLACE_MAX_N));
     }
 
+    /// A narrow product reads its left rows in place, a wider one packs them: each column's
+    /// values are the same bits either way (the same sums in the same order).
     #[test]
     fn rows_read_in_place_give_the_packed_bits() {
         if !has_kernel() {

@@ -11,7 +11,7 @@
 //! Which CPUs get weft's kernel: every one with AVX2 and FMA. Where AVX-512 runs at full width
 //! (Intel's AVX-512 server cores, AMD's Zen 5: family 0x1a, two 512-bit FMA pipes) its tiles are
 //! 512 bits wide (`blocked_gemm::Isa`); AMD's Zen 4 (family 0x19 with AVX-512) runs a 512-bit
-//! FMA as two 256-bit halves on the pipes AVX2 uses, so it keeps the 256-bit tiles but on
+//! FMA as two 256-bit halves on the pipes AVX2 uses, so it keeps the 256-bit tiles except on
 //! products of at most 512 rows, where the 512-bit ones' fewer instructions pay
 //! (`blocked_gemm::isa_for`). On a 2-core
 //! Zen 5 EPYC (best of 3 alternated runs, 2 threads, GFLOP/s), weft's 512-bit tiles against
@@ -74,7 +74,8 @@ fn x86_levels() -> (bool, bool) {
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Engine {
     match x86_levels() {
-        // weft's kernel, at 512 bits where AVX-512 runs at full width (`blocked_gemm::isa`).
+        // weft's kernel, at 512 bits where AVX-512 runs at full width (`blocked_gemm::isa`), and
+        // on Zen 4 for short products (`blocked_gemm::isa_for`).
         (_, true) => Engine::Weft,
         (true, false) => Engine::Avx512,
         (false, false) => Engine::Portable,
