@@ -52,7 +52,7 @@ pub(crate) fn suits(g: &Window2d) -> bool {
 fn has_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        super::elementwise::avx2_fma()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -229,6 +229,12 @@ pub(super) fn avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
 }
 
+/// Whether the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn avx2_fma() -> bool {
+    avx2() && std::arch::is_x86_feature_detected!("fma")
+}
+
 /// `op(x)` for every element.
 pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
     let x = s.f32s(op.name())?;

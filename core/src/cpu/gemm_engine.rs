@@ -85,29 +85,27 @@ fn detect() -> Engine {
 /// Whether this CPU runs AVX-512 (the x86-64-v4 set) at full width: it has it and is not a
 /// Zen 4 (see [`splits_512_bit_ops`]). weft's kernel then runs 512-bit tiles.
 pub(crate) fn full_width_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static FULL: OnceLock<bool> = OnceLock::new();
-        *FULL.get_or_init(|| x86_levels().0 && !splits_512_bit_ops())
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    avx512_split() == Some(false)
 }
 
 /// Whether this CPU has AVX-512 (the x86-64-v4 set) but runs each 512-bit op as two 256-bit
 /// halves (Zen 4): weft's kernel runs 512-bit tiles there on short products only
 /// (`blocked_gemm::isa_for`).
 pub(crate) fn split_avx512() -> bool {
+    avx512_split() == Some(true)
+}
+
+/// `None` without the x86-64-v4 AVX-512 set, else whether its 512-bit ops run as two 256-bit
+/// halves ([`splits_512_bit_ops`]); decided once.
+fn avx512_split() -> Option<bool> {
     #[cfg(target_arch = "x86_64")]
     {
-        static SPLIT: OnceLock<bool> = OnceLock::new();
-        *SPLIT.get_or_init(|| x86_levels().0 && splits_512_bit_ops())
+        static SPLIT: OnceLock<Option<bool>> = OnceLock::new();
+        *SPLIT.get_or_init(|| x86_levels().0.then(splits_512_bit_ops))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        None
     }
 }
 

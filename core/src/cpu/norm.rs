@@ -69,11 +69,12 @@ pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
         return Ok(f32_storage(Vec::new()));
     }
     #[cfg(target_arch = "x86_64")]
+    if super::elementwise::avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        return Ok(f32_storage(for_rows(&x, n, |o, r| unsafe { softmax_rows_fma(o, r, n, log) })?));
+    }
+    #[cfg(target_arch = "x86_64")]
     if super::elementwise::avx2() {
-        if std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-            return Ok(f32_storage(for_rows(&x, n, |o, r| unsafe { softmax_rows_fma(o, r, n, log) })?));
-        }
         // SAFETY: the CPU has AVX2 (checked at run time).
         return Ok(f32_storage(for_rows(&x, n, |o, r| unsafe { softmax_rows_avx2(o, r, n, log) })?));
     }
