@@ -60,8 +60,9 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// Runs `p` (which must have `k >= 1`) on `threads` threads. With `packed`, the right matrix
 /// already packed (a model's weights in inference, kept by their storage), `p.rhs` is not read
 /// and the output is cut by rows (nothing is packed twice), or by columns when there are too few
-/// rows for every thread. Otherwise, where enough is at stake (`shared_rhs::shares_packing`),
-/// the parts pack the right matrix once between them and the output is cut by rows; else the
+/// rows for every thread. Otherwise, where enough is at stake and the left matrix is not short
+/// (`shared_rhs::shares_packing`), the parts pack the right matrix once between them and the
+/// output is cut by rows; else the
 /// output is cut by columns when the left matrix is the smaller (each part packs all of it and
 /// its own columns of the right), by rows otherwise. `Err` only when memory for the packed
 /// blocks runs out.
