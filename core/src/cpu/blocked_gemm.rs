@@ -62,10 +62,9 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// and the output is cut by rows (nothing is packed twice), or by columns when there are too few
 /// rows for every thread. Otherwise, where enough is at stake and the left matrix is not short
 /// (`shared_rhs::shares_packing`), the parts pack the right matrix once between them and the
-/// output is cut by rows; else the
-/// output is cut by columns when the left matrix is the smaller (each part packs all of it and
-/// its own columns of the right), by rows otherwise. `Err` only when memory for the packed
-/// blocks runs out.
+/// output is cut by rows; else the output is cut by columns when the left matrix is the smaller
+/// (each part packs all of it and its own columns of the right), by rows otherwise. `Err` only
+/// when memory for the packed blocks runs out.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.
@@ -922,9 +921,14 @@ pub(crate) mod tests {
                 let a: Vec<f32> = (0..m * k).map(|i| val(i, 4)).collect();
                 let b: Vec<f32> = (0..k * n).map(|i| val(i, 7)).collect();
                 let (brs, bcs) = if kb == 0 { (n as isize, 1) } else { (1, k as isize) };
-                for (threads, share, in_output) in
-                    [(2, false, false), (2, true, false), (3, true, false), (2, true, true), (3, true, true)]
-                {
+                for (threads, share, in_output) in [
+                    (2, false, false),
+                    (2, false, true),
+                    (2, true, false),
+                    (3, true, false),
+                    (2, true, true),
+                    (3, true, true),
+                ] {
                     let mut sums = vec![f32::NAN; m * n];
                     let mut out = vec![f32::NAN; m * n];
                     let p = rows_times(&a, (&b, brs, bcs), (m, n, k), sums.as_mut_ptr());

@@ -9,7 +9,9 @@
 //! parallel loop of its own, no barrier): a part that finds a group being packed by another waits
 //! only for that group, and one that comes later finds them all packed. On a 2-core Zen 3 (AVX2),
 //! packing was 6-9% of a 512- or 1024-square product on two threads, half of it the left matrix
-//! packed twice; with more threads the repeated packing grows with their number.
+//! packed twice; with more threads the repeated packing grows with their number. A short left
+//! matrix is the exception (see [`shares_packing`]): packing it in every part costs less than
+//! reading the right matrix from another core's packing.
 
 use super::HostBuf;
 use super::blocked_gemm::k_chunk;
@@ -40,15 +42,17 @@ const PACKED: u8 = 2;
 /// cut by columns packs nothing twice.
 ///
 /// Why not a short left matrix (`2 * m <= n`, such as a layer's batch of 256 rows times a
-/// 1024-wide weight): cut by columns instead, each part packs all of the left matrix, at most half
-/// as many values as the right panels it would otherwise read from the other parts' packing, and
-/// every value it reads is one it packed itself. Reading another core's packing is what costs
-/// where the cores share no cache: this machine's two cores are at times on one core complex
-/// (threads hand a cache line back and forth in about 60 ns) and at times on two (about 300 ns).
-/// Measured on a 2-core Zen 4, alternated in one process, ms shared -> cut by columns: 256 x 1024
-/// x 1024 2.72 -> 2.66 on one complex, 3.70 -> 3.00 on two; 384 x 1024 x 1024 4.02 -> 4.05 and
-/// 5.08 -> 4.45; 256 x 384 x 1536 1.50 -> 1.48 and 2.24 -> 1.76. Squares (1024³) stay shared:
-/// there packing all of the left matrix twice cost more (0.90-0.95 of the shared speed).
+/// 1024-wide weight): cut by columns instead, each part packs all of the left matrix (at most
+/// half the right matrix's values: on two threads, about as many as it would otherwise read from
+/// the other part's packing), and every value it reads is one it packed itself (or, for a part
+/// of at most `blocked_gemm::IN_PLACE_MAX_N` columns, the left matrix in place). Reading another
+/// core's packing is what costs where the cores share no cache: on a 2-core Zen 4 VM whose cores
+/// are at times on one core complex (threads hand a cache line back and forth in about 60 ns)
+/// and at times on two (about 300 ns), measured alternately in one process, ms shared -> cut by
+/// columns, `m x n x k`: 256 x 1024 x 1024 2.72 -> 2.66 on one complex, 3.70 -> 3.00 on two;
+/// 384 x 1024 x 1024 4.02 -> 4.05 and 5.08 -> 4.45; 256 x 1536 x 384 1.50 -> 1.48 and 2.24 ->
+/// 1.76. Squares (1024³) stay shared: there packing all of the left matrix twice cost more
+/// (0.90-0.95 of the shared speed).
 pub(super) fn shares_packing(
     (m, n, k): (usize, usize, usize),
     tile_rows: usize,
