@@ -69,7 +69,8 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// # Safety
 /// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.
 pub(crate) unsafe fn run(p: &Product, packed: Option<&PackedRhs>, threads: usize) -> Result<()> {
-    // SAFETY: the caller's contract; `isa` is what this CPU runs.
+    // SAFETY: the caller's contract; `isa_for` gives a width this CPU runs (512 bits only where
+    // it has AVX-512).
     unsafe { run_on(isa_for(p.m), p, packed, None, threads, None) }
 }
 
@@ -114,7 +115,8 @@ pub(crate) unsafe fn run_finishing(
     fin: &dyn Finish,
     threads: usize,
 ) -> Result<()> {
-    // SAFETY: the caller's contract; `isa` is what this CPU runs.
+    // SAFETY: the caller's contract; `isa_for` gives a width this CPU runs (512 bits only where
+    // it has AVX-512).
     unsafe { run_on(isa_for(p.m), p, packed, Some(fin), threads, None) }
 }
 

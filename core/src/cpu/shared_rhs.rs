@@ -59,8 +59,10 @@ pub(super) fn shares_packing(
     threads: usize,
     left_packed: bool,
 ) -> bool {
+    if left_packed && 2 * m <= n {
+        return false;
+    }
     let twice = match (left_packed, m <= n) {
-        (true, _) if 2 * m <= n => return false,
         (true, _) => m.min(n),
         (false, true) => 0,
         (false, false) => n,
