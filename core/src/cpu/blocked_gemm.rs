@@ -22,9 +22,9 @@
 
 use super::gemm_engine::Product;
 use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a, pack_a_tiles, pack_b, row_tile};
+use super::pack_room::with_room;
 use super::packed_gemm::PackedRhs;
 use super::shared_rhs::{SharedRhs, View, shares_packing};
-use super::try_take;
 use crate::Result;
 
 /// Most `k` values summed per pass (a 16-column panel of them is 16 KiB: half of L1).
@@ -185,24 +185,23 @@ unsafe fn run_on(
     let (unit, len) = if by_cols { (isa.cols(), n) } else { (isa.rows(), m) };
     let per = len.div_ceil(parts).div_ceil(unit) * unit;
     let c = Out(p.dst, p.dst_rs as usize);
-    // Packing room per part, taken here so that a refusal is an Err before any work starts.
+    // Each part's packing room, on the thread that runs it (`pack_room`).
     let (mcap, ncap) = if by_cols { (m, per) } else { (per, n) };
     let b_room = if is_packed { 0 } else { b_len(k_chunk(k), NC.min(ncap)) };
     let g_room = if scratch_sums { MC.min(mcap) * NC.min(ncap) } else { 0 };
     let room = LINE + a_room(MC.min(mcap), k_chunk(k)) + b_room + g_room;
-    let mut scratch = (0..parts).map(|_| try_take(room).map(super::HostBuf::new)).collect::<Result<Vec<_>>>()?;
-    let part = |(t, buf): (usize, &mut super::HostBuf)| {
+    let refused = std::sync::Mutex::new(None);
+    let part = |t: usize| {
         let start = (t * per).min(len);
         let size = per.min(len - start);
         if size == 0 {
             return;
         }
         // SAFETY: the part's rows or columns lie inside the product (start + size <= len); the
-        // scratch has `room` values of capacity; parts write disjoint outputs.
-        unsafe {
+        // room holds `room` values; parts write disjoint outputs.
+        let done = with_room(room, |space| unsafe {
             // Panels start on a cache line (a 16-value row of a right panel split over two lines
             // costs about 3% in the kernel's loads).
-            let space = buf.spare_ptr();
             let space = space.add(space.align_offset(LINE * 4).min(LINE));
             // (A finisher's output may be null: never offset.)
             let c_at = |i, j| if c.0.is_null() { c } else { c.at(i, j) };
@@ -213,14 +212,21 @@ unsafe fn run_on(
                 let fin = fin.map(|f| (f, (start, 0)));
                 blocked(isa, (size, n, k), a.at(start, 0), b, c_at(start, 0), space, fin);
             }
+        });
+        if let Err(e) = done {
+            refused.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
         }
     };
     if parts > 1 {
-        super::share::par_chunks_mut(&mut scratch, 1, |t, buf| part((t, &mut buf[0])));
+        super::share::par_for(parts, &part);
     } else {
-        part((0, &mut scratch[0]));
+        part(0);
     }
-    Ok(())
+    // (A part refused its room did no work: the output is incomplete, and the caller drops it.)
+    match refused.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// The right matrix: to be packed block by block by each part, packed already (panel `t` at

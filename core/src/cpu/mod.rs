@@ -18,6 +18,8 @@ mod matmul;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod matmul_adam;
 mod norm;
+#[cfg(target_arch = "x86_64")]
+mod pack_room;
 mod packed_gemm;
 mod pool;
 mod pooling;
