@@ -50,6 +50,46 @@ pub fn time_per_call(
     Ok(best)
 }
 
+/// Calls of `f` a second, measured as the peer kit (`../shared/peers`) measures its peers: a
+/// warm-up of at least 3 calls and 1 s, then a block of calls sized so that `blocks` blocks take
+/// at least `min_secs`, and the median block's rate. Where a figure is set beside a peer's, this
+/// one compares like with like ([`time_per_call`]'s fastest call would favour weft).
+pub fn median_block_rate(dev: &Device, min_secs: f64, blocks: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let start = Instant::now();
+    let mut n = 0;
+    while n < 3 || start.elapsed() < Duration::from_secs(1) {
+        f()?;
+        dev.synchronize()?;
+        n += 1;
+    }
+    let blocks = blocks.max(1);
+    let target = min_secs / blocks as f64;
+    let mut k = 1usize;
+    loop {
+        let t = Instant::now();
+        for _ in 0..k {
+            f()?;
+        }
+        dev.synchronize()?;
+        let dt = t.elapsed().as_secs_f64();
+        if dt >= target {
+            break;
+        }
+        k = (k * 2).max((k as f64 * target / dt.max(1e-6) * 1.2) as usize);
+    }
+    let mut rates = Vec::with_capacity(blocks);
+    for _ in 0..blocks {
+        let t = Instant::now();
+        for _ in 0..k {
+            f()?;
+        }
+        dev.synchronize()?;
+        rates.push(k as f64 / t.elapsed().as_secs_f64());
+    }
+    rates.sort_by(f64::total_cmp);
+    Ok(rates[blocks / 2])
+}
+
 /// One JSON line: `{"bench":..,"device":..,"size":..,"value":..,"unit":..}`.
 pub fn report(bench: &str, dev: &Device, size: &str, value: f64, unit: &str) {
     let device = dev.describe().replace('"', "'");

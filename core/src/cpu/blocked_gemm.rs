@@ -64,7 +64,8 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// (`shared_rhs::shares_packing`), the parts pack the right matrix once between them and the
 /// output is cut by rows; else the output is cut by columns when the left matrix is the smaller
 /// (each part packs all of it and its own columns of the right), by rows otherwise. `Err` only
-/// when memory for the packed blocks runs out.
+/// when memory for a part's packing room runs out; the other parts may have written their share
+/// of the output (and a finisher its blocks) by then, so the caller drops them.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.
@@ -222,7 +223,8 @@ unsafe fn run_on(
     } else {
         part(0);
     }
-    // (A part refused its room did no work: the output is incomplete, and the caller drops it.)
+    // (A part that was refused its room did no work: the output is incomplete, and the caller
+    // drops it.)
     match refused.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),

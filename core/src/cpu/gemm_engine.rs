@@ -197,7 +197,7 @@ pub(crate) struct Product {
 
 impl Product {
     /// Runs the product, overwriting every element of `dst` (k must be at least 1). `Err` only
-    /// when memory for weft's packed blocks runs out.
+    /// when memory for weft's packed blocks runs out, and then `dst` may be partly written.
     ///
     /// # Safety
     /// Every element the strides reach from `lhs`, `rhs` and `dst` lies inside a live allocation,

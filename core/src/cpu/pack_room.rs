@@ -29,9 +29,9 @@ thread_local! {
 }
 
 /// Runs `f` on this thread's room of at least `len` values (their contents undefined: written
-/// before they are read, through the pointer only); `Err` when the allocator refuses the room.
-/// A call nested in another's `f` on the same thread, or one made while the thread ends, gets a
-/// buffer of the pool's instead.
+/// before they are read, through the pointer only); `Err` when the allocator refuses the room
+/// (the thread's smaller room is let go by then). A call nested in another's `f` on the same
+/// thread, or one made while the thread ends, gets a buffer of the pool's instead.
 pub(crate) fn with_room<R>(len: usize, f: impl FnOnce(*mut f32) -> R) -> Result<R> {
     let mut f = Some(f);
     let kept = ROOM.try_with(|room| {

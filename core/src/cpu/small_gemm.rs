@@ -2,16 +2,17 @@
 //! weighted values are many products of a few dozen rows, columns and `k` (MiniLM's forward: 96
 //! of 32 x 32 x 32 per layer, twice). They are too small for `blocked_gemm`'s blocking (its
 //! buffers, prefetches and loops cost about what the sums do), and on faer's kernels each took
-//! about 2 us. Here a product packs its right matrix into a buffer each thread keeps, reads the
-//! left rows where they lie (or packs them, when a row's values are not adjacent) and runs the
-//! 6 x 16 tiles over all of `k` at once: `k` is at most one of `blocked_gemm`'s chunks, so each
-//! element is one multiply-add chain, the bits `blocked_gemm` gives the same product.
+//! about 2 us. Here a product packs its right matrix into its thread's packing room (`pack_room`:
+//! kept between products, as `blocked_gemm`'s parts keep theirs), reads the left rows where they
+//! lie (or packs them, when a row's values are not adjacent) and runs the 6 x 16 tiles over all of
+//! `k` at once: `k` is at most one of `blocked_gemm`'s chunks, so each element is one multiply-add
+//! chain, the bits `blocked_gemm` gives the same product.
 
 use super::blocked_gemm::{Tile, isa, k_chunk, tile_rows};
 use super::gemm_engine::Product;
 use super::gemm_pack::{MR, NR, Strided, a_len, b_len, pack_a_tiles, pack_b, row_tile};
-use crate::{Error, Result};
-use std::cell::RefCell;
+use super::pack_room::with_room;
+use crate::Result;
 
 /// Values in a cache line (the packed panels start on one).
 const LINE: usize = 16;
@@ -24,11 +25,6 @@ pub(crate) fn suits(m: usize, n: usize, k: usize) -> bool {
     !isa().wide() && m >= MR && n >= NR && k >= 16 && k_chunk(k) == k && m * n * k < 1 << 18
 }
 
-thread_local! {
-    /// Each thread's packing buffer, kept between products (a batch of them runs on few threads).
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
 /// Runs `p` on the calling thread.
 ///
 /// # Safety
@@ -39,18 +35,9 @@ pub(crate) unsafe fn run(p: &Product) -> Result<()> {
     let (m, n, k) = (p.m, p.n, p.k);
     let in_place = p.lhs_cs == 1;
     let (b_room, a_room) = (b_len(k, n), if in_place { 0 } else { a_len(m, k) });
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        let need = LINE + b_room + a_room;
-        let have = s.len();
-        if have < need {
-            s.try_reserve_exact(need - have)
-                .map_err(|_| Error::OutOfMemory { bytes: need as u64 * 4, device: "cpu".into() })?;
-            s.resize(need, 0.0);
-        }
-        let base = s.as_mut_ptr();
-        // SAFETY: the buffer holds `need` values: a line's worth of alignment, the packed right
-        // matrix, then the packed left one; the caller's bounds for p's matrices.
+    with_room(LINE + b_room + a_room, |base| {
+        // SAFETY: the room holds a line's worth of alignment, the packed right matrix, then the
+        // packed left one (each written before it is read); the caller's bounds for p's matrices.
         unsafe {
             let bp = base.add(base.align_offset(LINE * 4).min(LINE));
             let ap = bp.add(b_room);
@@ -80,7 +67,6 @@ pub(crate) unsafe fn run(p: &Product) -> Result<()> {
                 }
             }
         }
-        Ok(())
     })
 }
 
