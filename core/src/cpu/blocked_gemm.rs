@@ -60,10 +60,12 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// Runs `p` (which must have `k >= 1`) on `threads` threads. With `packed`, the right matrix
 /// already packed (a model's weights in inference, kept by their storage), `p.rhs` is not read
 /// and the output is cut by rows (nothing is packed twice), or by columns when there are too few
-/// rows for every thread. Otherwise, where enough is at stake and the left matrix is not short
-/// (`shared_rhs::shares_packing`), the parts pack the right matrix once between them and the
-/// output is cut by rows; else the output is cut by columns when the left matrix is the smaller
-/// (each part packs all of it and its own columns of the right), by rows otherwise. `Err` only
+/// rows for every thread. Otherwise the output is cut by columns when the left matrix is the
+/// smaller (each part packs all of it and its own columns of the right), by rows otherwise (each
+/// part packs all of the right matrix, block by block, and its own rows of the left); only a
+/// product finished from scratch by Adam's update ([`run_finishing`]), where enough is at stake
+/// and the left matrix is not short, has its parts pack the right matrix once between them
+/// (`shared_rhs::shares_packing`) and is cut by rows. `Err` only
 /// when memory for a part's packing room runs out; the other parts may have written their share
 /// of the output (and a finisher its blocks) by then, so the caller drops them.
 ///
@@ -166,8 +168,7 @@ unsafe fn run_on(
     let scratch_sums = fin.is_some_and(|f| !f.in_output());
     // The right matrix packed once for every part (kept, or packed here by the parts together:
     // `shared_rhs`), or block by block by each part.
-    let left_packed = scratch_sums || !reads_left_in_place(isa, a, n);
-    let share = share.unwrap_or_else(|| shares_packing((m, n, k), isa.rows(), threads, left_packed));
+    let share = share.unwrap_or_else(|| shares_packing((m, n, k), isa.rows(), threads, scratch_sums));
     let shared;
     let b = match packed {
         Some(b) => Rhs::Packed(b.panels_ptr(), k * NR),

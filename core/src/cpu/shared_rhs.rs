@@ -1,17 +1,11 @@
 //! A right matrix packed once for all the parts of a product (`blocked_gemm`), each group of its
-//! panels by the first part that needs it.
+//! panels by the first part that needs it: for a product whose sums go to Adam's update
+//! (`matmul_adam`), cut by rows (see [`shares_packing`] for why only those).
 //!
-//! Why: a product cut over threads used to have each part pack every value of one operand, all of
-//! the left matrix when the output is cut by columns, all of the right one when by rows (the
-//! smaller of the two, but once per thread). Shared, the right matrix is packed once and the output
-//! is cut by rows, each part packing only its own rows of the left one, so every value is packed
-//! once however many threads there are. The parts claim groups of panels as they reach them (no
-//! parallel loop of its own, no barrier): a part that finds a group being packed by another waits
-//! only for that group, and one that comes later finds them all packed. On a 2-core Zen 3 (AVX2),
-//! packing was 6-9% of a 512- or 1024-square product on two threads, half of it the left matrix
-//! packed twice; with more threads the repeated packing grows with their number. A short left
-//! matrix is the exception (see [`shares_packing`]): packing it in every part costs less than
-//! reading the right matrix from another core's packing.
+//! How: the output is cut by rows, each part packing only its own rows of the left matrix, so
+//! every value is packed once however many threads there are. The parts claim groups of panels
+//! as they reach them (no parallel loop of its own, no barrier): a part that finds a group being
+//! packed by another waits only for that group, and one that comes later finds them all packed.
 
 use super::HostBuf;
 use super::blocked_gemm::k_chunk;
@@ -35,39 +29,41 @@ const PACKING: u8 = 1;
 const PACKED: u8 = 2;
 
 /// Whether the parts of an `m x k` by `k x n` product on `threads` threads share one packing of
-/// the right matrix: where every thread gets at least two tiles of `tile_rows` rows, the values
-/// packed more than once are at least [`SHARED_MIN`], the matrix at most [`SHARED_MAX`], and the
-/// left matrix is more than half as tall as the right one is wide.
-/// `left_packed`: whether the left matrix is packed (not read in place); read in place, a product
-/// cut by columns packs nothing twice.
+/// the right matrix: only where a finisher takes the sums from scratch (`scratch`: Adam's update
+/// of the weight whose gradient the product is), the left matrix is more than half as tall as the
+/// right one is wide, every thread gets at least two tiles of `tile_rows` rows, the values
+/// packed more than once otherwise are at least [`SHARED_MIN`], and the matrix is at most
+/// [`SHARED_MAX`].
 ///
-/// Why not a short left matrix (`2 * m <= n`, such as a layer's batch of 256 rows times a
-/// 1024-wide weight): cut by columns instead, each part packs all of the left matrix (at most
-/// half the right matrix's values: on two threads, about as many as it would otherwise read from
-/// the other part's packing), and every value it reads is one it packed itself (or, for a part
-/// of at most `blocked_gemm::IN_PLACE_MAX_N` columns, the left matrix in place). Reading another
-/// core's packing is what costs where the cores share no cache: on a 2-core Zen 4 VM whose cores
-/// are at times on one core complex (threads hand a cache line back and forth in about 60 ns)
-/// and at times on two (about 300 ns), measured alternately in one process, ms shared -> cut by
-/// columns, `m x n x k`: 256 x 1024 x 1024 2.72 -> 2.66 on one complex, 3.70 -> 3.00 on two;
-/// 384 x 1024 x 1024 4.02 -> 4.05 and 5.08 -> 4.45; 256 x 1536 x 384 1.50 -> 1.48 and 2.24 ->
-/// 1.76. Squares (1024³) stay shared: there packing all of the left matrix twice cost more
-/// (0.90-0.95 of the shared speed).
+/// Why so few: a part that reads another's packing reads lines another core wrote, which costs
+/// where the cores share no cache (a 2-core Zen 4 VM whose cores sit at times on one core complex,
+/// handing a cache line back and forth in about 60 ns, and at times on two, about 300 ns). Once
+/// each thread packed into its own room (`pack_room`), a product whose parts each pack what they
+/// read ran as fast or faster. Measured on that VM in one process, alternating, speed unshared /
+/// shared on one complex and on two: 256³ 1.10 and 1.30; 512³ 1.03 and 1.21; 1024³ level and
+/// 1.05; 2048³ level; a weight gradient 1024 x 1024 x 256 level and 1.08, 784 x 1024 x 256 level
+/// and 1.11; the CNN's, LSTM's and text transformer's training and MiniLM's forward level. But a
+/// product finished by Adam's update is cut by rows and shares: cut by columns (each part
+/// updating half of every row of the weight and its moments) the MLP's training step ran 0.96
+/// and 0.82 of the speed; cut by rows, each part packing all of the right matrix, 1.015 on two
+/// complexes (too few rounds on one to tell).
+///
+/// A short left matrix (`2 * m <= n`) never shares: cut by columns, each part packs all of it (at
+/// most half the right matrix's values) and reads only what it packed (256 x 1024 x 1024, ms
+/// shared -> by columns: 2.72 -> 2.66 on one complex, 3.70 -> 3.00 on two).
 pub(super) fn shares_packing(
     (m, n, k): (usize, usize, usize),
     tile_rows: usize,
     threads: usize,
-    left_packed: bool,
+    scratch: bool,
 ) -> bool {
-    if left_packed && 2 * m <= n {
+    if !scratch || 2 * m <= n {
         return false;
     }
-    let twice = match (left_packed, m <= n) {
-        (true, _) => m.min(n),
-        (false, true) => 0,
-        (false, false) => n,
-    };
-    threads > 1 && m >= 2 * tile_rows * threads && b_len(k, n) <= SHARED_MAX && (threads - 1) * k * twice >= SHARED_MIN
+    threads > 1
+        && m >= 2 * tile_rows * threads
+        && b_len(k, n) <= SHARED_MAX
+        && (threads - 1) * k * m.min(n) >= SHARED_MIN
 }
 
 /// Marks a group packed when dropped (release: its values are written before).
@@ -232,8 +228,9 @@ mod tests {
 
     /// A left matrix at most half as tall as the right one is wide is packed by every part (the
     /// output cut by columns); taller ones share the right matrix's packing, as squares do.
+    /// Only a product finished from scratch (Adam's) shares, and not with a short left matrix.
     #[test]
-    fn short_left_matrices_are_cut_by_columns() {
+    fn only_products_finished_from_scratch_share() {
         for (m, n, k, shared) in [
             (256, 1024, 1024, false),
             (512, 1024, 1024, false),
@@ -241,12 +238,12 @@ mod tests {
             (513, 1024, 1024, true),
             (1024, 1024, 1024, true),
             (1024, 1024, 256, true),
+            (784, 1024, 256, true),
             (256, 384, 384, true),
         ] {
-            assert_eq!(shares_packing((m, n, k), 6, 2, true), shared, "{m} x {k} by {k} x {n}");
+            assert_eq!(shares_packing((m, n, k), 6, 2, true), shared, "{m} x {k} by {k} x {n} finished from scratch");
+            assert!(!shares_packing((m, n, k), 6, 2, false), "{m} x {k} by {k} x {n} stored");
         }
-        // One thread shares nothing; a left matrix read in place and cut by columns packs nothing twice.
         assert!(!shares_packing((1024, 1024, 1024), 6, 1, true));
-        assert!(!shares_packing((1024, 1024, 1024), 6, 2, false));
     }
 }
