@@ -61,13 +61,13 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// already packed (a model's weights in inference, kept by their storage), `p.rhs` is not read
 /// and the output is cut by rows (nothing is packed twice), or by columns when there are too few
 /// rows for every thread. Otherwise the output is cut by columns when the left matrix is the
-/// smaller (each part packs all of it and its own columns of the right), by rows otherwise (each
-/// part packs all of the right matrix, block by block, and its own rows of the left); only a
-/// product finished from scratch by Adam's update ([`run_finishing`]), where enough is at stake
-/// and the left matrix is not short, has its parts pack the right matrix once between them
-/// (`shared_rhs::shares_packing`) and is cut by rows. `Err` only
-/// when memory for a part's packing room runs out; the other parts may have written their share
-/// of the output (and a finisher its blocks) by then, so the caller drops them.
+/// smaller (each part packs all of it, or reads it in place: `reads_left_in_place`, and its own
+/// columns of the right), by rows otherwise (each part packs all of the right matrix, block by
+/// block, and its own rows of the left); only a product finished from scratch by Adam's update
+/// ([`run_finishing`]), where enough is at stake and the left matrix is not short, has its parts
+/// pack the right matrix once between them (`shared_rhs::shares_packing`), cut by rows. `Err`
+/// only when memory for a part's packing room runs out; the other parts may have written their
+/// share of the output (and a finisher its blocks) by then, so the caller drops them.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `p`'s contract (`Product::run`); `packed` is `k x n`.

@@ -226,9 +226,9 @@ impl View {
 mod tests {
     use super::shares_packing;
 
-    /// A left matrix at most half as tall as the right one is wide is packed by every part (the
-    /// output cut by columns); taller ones share the right matrix's packing, as squares do.
-    /// Only a product finished from scratch (Adam's) shares, and not with a short left matrix.
+    /// A product finished from scratch (Adam's) shares the right matrix's packing when its left
+    /// matrix is more than half as tall as the right one is wide (a shorter one is cut by
+    /// columns, each part packing all of it); a product whose sums are stored never shares.
     #[test]
     fn only_products_finished_from_scratch_share() {
         for (m, n, k, shared) in [
