@@ -192,16 +192,17 @@ unsafe fn run_on(
     let b_room = if is_packed { 0 } else { b_len(k_chunk(k), NC.min(ncap)) };
     let g_room = if scratch_sums { MC.min(mcap) * NC.min(ncap) } else { 0 };
     let room = LINE + a_room(MC.min(mcap), k_chunk(k)) + b_room + g_room;
-    let refused = std::sync::Mutex::new(None);
-    let part = |t: usize| {
+    // (A part that is refused its room does no work, and the first refusal comes back: the
+    // output is incomplete, and the caller drops it.)
+    super::share::try_par_for(parts, |_: &mut (), t| {
         let start = (t * per).min(len);
         let size = per.min(len - start);
         if size == 0 {
-            return;
+            return Ok(());
         }
         // SAFETY: the part's rows or columns lie inside the product (start + size <= len); the
         // room holds `room` values; parts write disjoint outputs.
-        let done = with_room(room, |space| unsafe {
+        with_room(room, |space| unsafe {
             // Panels start on a cache line (a 16-value row of a right panel split over two lines
             // costs about 3% in the kernel's loads).
             let space = space.add(space.align_offset(LINE * 4).min(LINE));
@@ -214,22 +215,8 @@ unsafe fn run_on(
                 let fin = fin.map(|f| (f, (start, 0)));
                 blocked(isa, (size, n, k), a.at(start, 0), b, c_at(start, 0), space, fin);
             }
-        });
-        if let Err(e) = done {
-            refused.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
-        }
-    };
-    if parts > 1 {
-        super::share::par_for(parts, &part);
-    } else {
-        part(0);
-    }
-    // (A part that was refused its room did no work: the output is incomplete, and the caller
-    // drops it.)
-    match refused.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+        })
+    })
 }
 
 /// The right matrix: to be packed block by block by each part, packed already (panel `t` at

@@ -21,7 +21,7 @@
 //! freed when the thread ends.
 
 use super::{HostBuf, try_take};
-use crate::{Error, Result};
+use crate::Result;
 use std::cell::RefCell;
 
 thread_local! {
@@ -29,18 +29,19 @@ thread_local! {
 }
 
 /// Runs `f` on this thread's room of at least `len` values (their contents undefined: written
-/// before they are read, through the pointer only); `Err` when the allocator refuses the room
-/// (the thread's smaller room is let go by then). A call nested in another's `f` on the same
-/// thread, or one made while the thread ends, gets a buffer of the pool's instead.
+/// before they are read, through the pointer only); `Err` when the allocator refuses a larger
+/// room (the pool's `try_take`). A call nested in another's `f` on the same thread, or one made
+/// while the thread ends, gets a buffer of the pool's instead.
 pub(crate) fn with_room<R>(len: usize, f: impl FnOnce(*mut f32) -> R) -> Result<R> {
     let mut f = Some(f);
     let kept = ROOM.try_with(|room| {
         let Ok(mut v) = room.try_borrow_mut() else { return None };
         if v.capacity() < len {
-            // A fresh allocation, not a grown one: nothing in the old room is worth copying.
-            *v = Vec::new();
-            if v.try_reserve_exact(len).is_err() {
-                return Some(Err(Error::OutOfMemory { bytes: (len as u64).saturating_mul(4), device: "cpu".into() }));
+            // A fresh buffer, not a grown one (nothing in the old room is worth copying); the old
+            // one goes back to the pool.
+            match try_take(len) {
+                Ok(bigger) => drop(HostBuf::new(std::mem::replace(&mut *v, bigger))),
+                Err(e) => return Some(Err(e)),
             }
         }
         let f = f.take().expect("called once");
