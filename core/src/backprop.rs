@@ -392,17 +392,20 @@ impl Tensor {
                     let Some(op) = node.op() else { continue };
                     // Every use of `node` is later in the graph, so its slices have all arrived.
                     slices.settle(node.id(), &mut store)?;
-                    // Vars keep their gradient; intermediate gradients are dropped once used.
-                    let g = match store.get(&node) {
-                        Some(g) => g.clone(),
-                        None => continue,
+                    // Vars keep their gradient; intermediate gradients are dropped once used. A
+                    // dense layer's output may have received its gradient as a product, left
+                    // for the layer to work out with its backward (see below).
+                    let incoming = match (store.get(&node), store.product(&node)) {
+                        (Some(g), _) => Incoming::Tensor(g.clone()),
+                        (None, Some((l, r))) => Incoming::Product(l.clone(), r.clone()),
+                        (None, None) => continue,
                     };
                     if !node.is_var() && node.id() != self.id() {
                         store.remove(&node);
                     }
                     if let Op::Narrow(x, axis, start) = op {
                         if x.tracks_grad() {
-                            slices.push(x, SliceGrad { axis: *axis, start: *start, grad: g });
+                            slices.push(x, SliceGrad { axis: *axis, start: *start, grad: incoming.resolve()? });
                         }
                         continue;
                     }
@@ -411,14 +414,17 @@ impl Tensor {
                     let product;
                     let (op, g) = match op {
                         Op::Dense { x, w, b, op: act } => {
-                            let (d, db) = dense_grads(*act, &node, &g)?;
+                            let (d, db) = match incoming {
+                                Incoming::Tensor(g) => dense_grads(*act, &node, &g)?,
+                                Incoming::Product(l, r) => dense_grads_of_product(*act, &node, &l, &r)?,
+                            };
                             if b.tracks_grad() {
                                 store.accumulate(b, db.reshape(b.dims())?)?;
                             }
                             product = Op::Matmul(x.clone(), w.clone());
                             (&product, d)
                         }
-                        _ => (op, g),
+                        _ => (op, incoming.resolve()?),
                     };
                     // Only inputs that take part in the gradient get one: the data fed to a model's
                     // first layer does not, and its matmul gradient is the largest of the step.
@@ -449,6 +455,19 @@ impl Tensor {
                         {
                             need[0] = false;
                         }
+                    }
+                    // The gradient of a dense layer's output read by this product (`a`) is left as
+                    // the product `g @ b^T` while nothing else has added to it: the layer works it
+                    // out with its activation's and bias's gradients (`dense_grads_of_product`),
+                    // never storing it. Another use of the output adds to the worked-out product,
+                    // as an undeferred pass would.
+                    if let Op::Matmul(a, b) = op
+                        && need[0]
+                        && fuses_backward(a, &g)
+                        && b.rank() == 2
+                        && store.defer(a, g.clone(), b.t()?)
+                    {
+                        need[0] = false;
                     }
                     let grads = input_grads(op, &node, &g, &need)?;
                     for ((input, gi), need) in inputs.into_iter().zip(grads).zip(need) {
@@ -576,6 +595,57 @@ pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> R
             g.mul(&inside.add(&nan)?)?
         }
     }))
+}
+
+/// The gradient a node received: a tensor, or (for a dense layer's output on the Cpu) the
+/// operands of the product that makes it.
+enum Incoming {
+    Tensor(Tensor),
+    Product(Tensor, Tensor),
+}
+
+impl Incoming {
+    /// The gradient as a tensor (a product worked out as the backward pass multiplies).
+    fn resolve(self) -> Result<Tensor> {
+        match self {
+            Incoming::Tensor(g) => Ok(g),
+            Incoming::Product(l, r) => GradStore::multiply(&l, &r),
+        }
+    }
+}
+
+/// Whether the gradient of `a`, read by a product whose output's gradient is `g`, is left as a
+/// product for `a`'s layer to take through its backward with it: `a` is the 2-D output of a dense
+/// layer on the Cpu whose activation's gradient is read from its output (the kernels that fuse
+/// them), and so is `g`.
+fn fuses_backward(a: &Tensor, g: &Tensor) -> bool {
+    let fusable = |op: UnaryOp| op != UnaryOp::Identity && reads_output_only(op);
+    a.rank() == 2
+        && g.rank() == 2
+        && matches!(a.op(), Some(Op::Dense { op, .. }) if fusable(*op))
+        && [a, g].iter().all(|t| t.dtype() == DType::F32 && matches!(t.device(), crate::Device::Cpu))
+}
+
+/// [`dense_grads`] for the gradient `lhs @ rhs` of `out`: on the Cpu worked out with the product,
+/// each block of it taken through the activation's gradient and into the bias's sums as weft's
+/// kernel finishes it (`cpu::dense_grads_product`); elsewhere the product, then [`dense_grads`].
+/// The same values either way.
+fn dense_grads_of_product(op: UnaryOp, out: &Tensor, lhs: &Tensor, rhs: &Tensor) -> Result<(Tensor, Tensor)> {
+    let fused = lhs.storage().act_bias_grads_of_product(
+        lhs.layout(),
+        &rhs.storage(),
+        rhs.layout(),
+        &out.storage(),
+        out.layout(),
+        op,
+    )?;
+    if let Some((d, db)) = fused {
+        let dev = out.device().clone();
+        let d = Tensor::from_storage(d, out.dims(), DType::F32, dev.clone(), None);
+        let db = Tensor::from_storage(db, &[out.dims()[1]], DType::F32, dev, None);
+        return Ok((d, db));
+    }
+    dense_grads(op, out, &GradStore::multiply(lhs, rhs)?)
 }
 
 /// The gradients of a dense layer's sum and bias, given its output `out = op(sum)` (`[m, n]`)

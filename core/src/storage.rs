@@ -199,6 +199,40 @@ impl Storage {
         Ok(cpu::act_bias_grads(g, y, *rows, *cols, op)?.map(|(d, db)| (cpu(d), db.map(cpu))))
     }
 
+    /// [`act_bias_grads`](Storage::act_bias_grads) for the gradient `self @ rhs` (2-D layouts)
+    /// of `y = op(..)` (`[m, n]`, compact from 0), worked out with the product: its blocks become
+    /// the sum's gradient as weft's kernel finishes them (`cpu::dense_grads_product`), never
+    /// stored. Cpu storage where weft's kernel runs the product and the bias's sums are taken
+    /// by columns only (`None` otherwise, for the caller to multiply, then run the backward).
+    #[allow(clippy::too_many_arguments)]
+    pub fn act_bias_grads_of_product(
+        &self,
+        la: &Layout,
+        rhs: &Storage,
+        lb: &Layout,
+        y: &Storage,
+        ly: &Layout,
+        op: UnaryOp,
+    ) -> Result<Option<(Storage, Storage)>> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(y)) = (self, rhs, y) else { return Ok(None) };
+            let (m, n) = (la.shape().first().copied(), lb.shape().get(1).copied());
+            let (Some(m), Some(n)) = (m, n) else { return Ok(None) };
+            if ly.shape() != [m, n] || !ly.is_contiguous() || ly.offset() > 0 {
+                return Ok(None);
+            }
+            let Some(y) = y.f32s("dense backward")?.get(..m * n) else { return Ok(None) };
+            let cpu = |v: Vec<f32>| Storage::Cpu(cpu::f32_storage(v));
+            Ok(cpu::act_bias_grads_of_product((a, la), (b, lb), y, op)?.and_then(|(d, db)| Some((cpu(d), cpu(db?)))))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (la, rhs, lb, y, ly, op);
+            Ok(None)
+        }
+    }
+
     /// The forward convolution with `op(y + bias)` applied to each block of output rows while in
     /// cache: Cpu storage only (`None` otherwise, for the caller to run the two ops).
     pub fn conv2d_add_unary(

@@ -88,6 +88,12 @@ pub(crate) trait Finish: Sync {
         false
     }
 
+    /// Whether the output must be cut by columns among the threads (whatever the shape), so
+    /// that each part finishes every row of its own columns, in order (column sums).
+    fn by_columns(&self) -> bool {
+        false
+    }
+
     /// Finish rows `i..i + rows`, columns `j..j + cols` of the output, whose values are at `g`
     /// (row stride `gs`). Each element is finished exactly once, by one thread.
     ///
@@ -180,7 +186,13 @@ unsafe fn run_on(
         None => Rhs::Strided(strided),
     };
     let is_packed = !matches!(b, Rhs::Strided(_));
-    let by_cols = if is_packed { m < 2 * MR * threads } else { m <= n };
+    let by_cols = if fin.is_some_and(|f| f.by_columns()) {
+        true
+    } else if is_packed {
+        m < 2 * MR * threads
+    } else {
+        m <= n
+    };
     // Parts of at least two panels (or two row tiles) each.
     let most = if by_cols { n.div_ceil(2 * NR) } else { m.div_ceil(2 * MR) };
     let parts = threads.min(most).max(1);

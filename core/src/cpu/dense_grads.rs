@@ -32,14 +32,33 @@ const PAR_MIN: usize = 1 << 15;
 /// `d` is `g` itself).
 pub fn act_bias_grads(g: &[f32], y: &[f32], rows: usize, cols: usize, op: UnaryOp) -> Result<Option<Grads>> {
     assert!(g.len() >= rows * cols && y.len() >= rows * cols, "act_bias_grads: {rows} x {cols} values");
-    // Each as `backprop::unary_grad` writes it, one scalar operation at a time.
-    Ok(Some(match op {
-        UnaryOp::Relu => run(g, y, rows, cols, |g, y| g * UnaryOp::Step.apply(y))?,
-        UnaryOp::Exp => run(g, y, rows, cols, |g, y| g * y)?,
-        UnaryOp::Tanh => run(g, y, rows, cols, |g, y| g * ONE_MINUS.apply(UnaryOp::Square.apply(y)))?,
-        UnaryOp::Sigmoid => run(g, y, rows, cols, |g, y| g * (y * ONE_MINUS.apply(y)))?,
-        _ => return Ok(None),
-    }))
+    struct Pass<'a>(&'a [f32], &'a [f32], usize, usize);
+    impl WithGrad for Pass<'_> {
+        type Out = Result<Grads>;
+        fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) -> Result<Grads> {
+            run(self.0, self.1, self.2, self.3, f)
+        }
+    }
+    with_grad(op, Pass(g, y, rows, cols)).transpose()
+}
+
+/// Work over pairs `(g, y)` that takes an activation's gradient `d = f(g, y)` as a type of its
+/// own, so that each activation's loop is compiled (and vectorised) for it.
+pub(super) trait WithGrad {
+    type Out;
+    fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) -> Self::Out;
+}
+
+/// `work` run with `op`'s gradient as `backprop::unary_grad` writes it, one scalar operation at a
+/// time (read from the output `y` alone); `None` for any other op.
+pub(super) fn with_grad<W: WithGrad>(op: UnaryOp, work: W) -> Option<W::Out> {
+    Some(match op {
+        UnaryOp::Relu => work.run(|g, y| g * UnaryOp::Step.apply(y)),
+        UnaryOp::Exp => work.run(|g, y| g * y),
+        UnaryOp::Tanh => work.run(|g, y| g * ONE_MINUS.apply(UnaryOp::Square.apply(y))),
+        UnaryOp::Sigmoid => work.run(|g, y| g * (y * ONE_MINUS.apply(y))),
+        _ => return None,
+    })
 }
 
 /// Columns below this many are not shared out.

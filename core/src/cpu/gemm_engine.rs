@@ -196,6 +196,45 @@ pub(crate) struct Product {
 }
 
 impl Product {
+    /// The product of the matrices `la` (`m x k`) over `x` and `lb` (`k x n`) over `y`, its output
+    /// not yet given (`dst` null, rows `n` apart); `None` where the layouts are not two matrices
+    /// that multiply with a `k` of at least 1, and an `Err` naming `op` where one reaches outside
+    /// its buffer (the bound the kernels' reads rely on).
+    pub(crate) fn of_matrices(
+        op: &'static str,
+        (x, la): (&[f32], &crate::Layout),
+        (y, lb): (&[f32], &crate::Layout),
+    ) -> crate::Result<Option<Product>> {
+        let ([m, k], [k2, n]) = (la.shape(), lb.shape()) else { return Ok(None) };
+        if k2 != k || *k == 0 {
+            return Ok(None);
+        }
+        if la.extent() > x.len() || lb.extent() > y.len() {
+            return Err(crate::Error::invalid(op, format!("layouts {la:?} and {lb:?} reach outside their buffers")));
+        }
+        let (ls, rs) = (la.strides(), lb.strides());
+        Ok(Some(Product {
+            m: *m,
+            n: *n,
+            k: *k,
+            dst: std::ptr::null_mut(),
+            dst_rs: *n as isize,
+            // SAFETY: the offsets lie inside the buffers (the extent check above).
+            lhs: unsafe { x.as_ptr().add(la.offset()) },
+            lhs_rs: ls[0] as isize,
+            lhs_cs: ls[1] as isize,
+            rhs: unsafe { y.as_ptr().add(lb.offset()) },
+            rhs_rs: rs[0] as isize,
+            rhs_cs: rs[1] as isize,
+        }))
+    }
+
+    /// The threads `matmul` shares a product of this size over: all of them from 2^18
+    /// multiply-adds, else the calling thread.
+    pub(crate) fn threads(&self) -> usize {
+        if self.m * self.n * self.k >= 1 << 18 { rayon::current_num_threads() } else { 1 }
+    }
+
     /// Runs the product, overwriting every element of `dst` (k must be at least 1). `Err` only
     /// when memory for weft's packed blocks runs out, and then `dst` may be partly written.
     ///

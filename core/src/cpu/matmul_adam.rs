@@ -83,18 +83,11 @@ pub(crate) fn matmul_adam(
     p: &AdamStep,
 ) -> Result<Option<([Vec<f32>; 3], f32)>> {
     let (x, y) = (lhs.f32s("adam_step")?, rhs.f32s("adam_step")?);
-    let ([rows, k], [k2, n]) = (la.shape(), lb.shape()) else { return Ok(None) };
-    let (rows, k, n) = (*rows, *k, *n);
+    let Some(mut product) = Product::of_matrices("adam_step", (x, la), (y, lb))? else { return Ok(None) };
+    let (rows, n, k) = (product.m, product.n, product.k);
     let size = rows * n;
-    if *k2 != k || k == 0 || !on_weft(engine(), rows, n, k) || [w, m, v].iter().any(|s| s.len() < size) {
+    if !on_weft(engine(), rows, n, k) || [w, m, v].iter().any(|s| s.len() < size) {
         return Ok(None);
-    }
-    // The bound the kernel's reads rely on (as `matmul` checks it).
-    if la.extent() > x.len() || lb.extent() > y.len() {
-        return Err(crate::Error::invalid(
-            "adam_step",
-            format!("layouts {la:?} and {lb:?} reach outside their buffers"),
-        ));
     }
     let (mut wo, mut mo, mut vo) = (try_take(size)?, try_take(size)?, try_take(size)?);
     // The earlier chunks' sums of a long `k` wait here; one chunk needs no room at all.
@@ -112,22 +105,10 @@ pub(crate) fn matmul_adam(
         run: block_loop(),
         bad: AtomicBool::new(false),
     };
-    let (ls, rs) = (la.strides(), lb.strides());
-    let product = Product {
-        m: rows,
-        n,
-        k,
-        dst: if sums.capacity() > 0 { sums.as_mut_ptr() } else { std::ptr::null_mut() },
-        dst_rs: n as isize,
-        // SAFETY: the offsets lie inside the buffers (the extent check above).
-        lhs: unsafe { x.as_ptr().add(la.offset()) },
-        lhs_rs: ls[0] as isize,
-        lhs_cs: ls[1] as isize,
-        rhs: unsafe { y.as_ptr().add(lb.offset()) },
-        rhs_rs: rs[0] as isize,
-        rhs_cs: rs[1] as isize,
-    };
-    let threads = if rows * n * k >= 1 << 18 { rayon::current_num_threads() } else { 1 };
+    if sums.capacity() > 0 {
+        product.dst = sums.as_mut_ptr();
+    }
+    let threads = product.threads();
     // SAFETY: on_weft: the CPU runs weft's kernel; every element the strides reach lies inside
     // x and y (the extent check); `sums` has room for the output when k takes several chunks;
     // the finisher's pointers hold `size` values each.

@@ -9,6 +9,8 @@ mod conv;
 mod conv_windows;
 mod crew;
 mod dense_grads;
+#[cfg(target_arch = "x86_64")]
+mod dense_grads_product;
 mod elementwise;
 mod fma_peak;
 mod gemm_engine;
@@ -34,6 +36,8 @@ mod sum_columns;
 
 pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad};
 pub use dense_grads::act_bias_grads;
+#[cfg(target_arch = "x86_64")]
+pub use dense_grads_product::act_bias_grads_of_product;
 pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, where_cond};
 pub(crate) use fma_peak::fma_peak;
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
