@@ -203,7 +203,8 @@ fn with_flag<T>(flag: &'static std::thread::LocalKey<Cell<bool>>, value: bool, f
 #[derive(Default, Clone, Debug)]
 pub struct GradStore {
     grads: HashMap<TensorId, Tensor>,
-    /// Gradients left as the operands of a product (see [`Tensor::backward_deferring`]).
+    /// Gradients left as the operands of a product (see [`Tensor::backward_deferring`]; during
+    /// the pass also a dense layer's output's, until the layer works it out: `fuses_backward`).
     products: HashMap<TensorId, (Tensor, Tensor)>,
 }
 
@@ -459,8 +460,9 @@ impl Tensor {
                     // The gradient of a dense layer's output read by this product (`a`) is left as
                     // the product `g @ b^T` while nothing else has added to it: the layer works it
                     // out with its activation's and bias's gradients (`dense_grads_of_product`),
-                    // never storing it. Another use of the output adds to the worked-out product,
-                    // as an undeferred pass would.
+                    // never storing it. A reader that comes later adds to the worked-out product,
+                    // as an undeferred pass would. (`g` lives on until the layer's turn, most
+                    // often the next node; `b^T` is a view.)
                     if let Op::Matmul(a, b) = op
                         && need[0]
                         && fuses_backward(a, &g)
@@ -626,9 +628,10 @@ fn fuses_backward(a: &Tensor, g: &Tensor) -> bool {
         && [a, g].iter().all(|t| t.dtype() == DType::F32 && matches!(t.device(), crate::Device::Cpu))
 }
 
-/// [`dense_grads`] for the gradient `lhs @ rhs` of `out`: on the Cpu worked out with the product,
-/// each block of it taken through the activation's gradient and into the bias's sums as weft's
-/// kernel finishes it (`cpu::dense_grads_product`); elsewhere the product, then [`dense_grads`].
+/// [`dense_grads`] for the gradient `lhs @ rhs` of `out`: worked out with the product where weft's
+/// Cpu kernel runs it, each block taken through the activation's gradient and into the bias's
+/// sums as the kernel finishes it (`cpu::dense_grads_product`); otherwise (a product the kernel
+/// leaves, a batch of fewer rows than a column sum's run) the product, then [`dense_grads`].
 /// The same values either way.
 fn dense_grads_of_product(op: UnaryOp, out: &Tensor, lhs: &Tensor, rhs: &Tensor) -> Result<(Tensor, Tensor)> {
     let fused = lhs.storage().act_bias_grads_of_product(

@@ -65,7 +65,9 @@ pub(crate) fn k_chunk(k: usize) -> usize {
 /// columns of the right), by rows otherwise (each part packs all of the right matrix, block by
 /// block, and its own rows of the left); only a product finished from scratch by Adam's update
 /// ([`run_finishing`]), where enough is at stake and the left matrix is not short, has its parts
-/// pack the right matrix once between them (`shared_rhs::shares_packing`), cut by rows. `Err`
+/// pack the right matrix once between them (`shared_rhs::shares_packing`), cut by rows; a
+/// finisher that takes each column's rows in order (`Finish::by_columns`) has it cut by columns
+/// whatever the shape. `Err`
 /// only when memory for a part's packing room runs out; the other parts may have written their
 /// share of the output (and a finisher its blocks) by then, so the caller drops them.
 ///
@@ -89,7 +91,9 @@ pub(crate) trait Finish: Sync {
     }
 
     /// Whether the output must be cut by columns among the threads (whatever the shape), so
-    /// that each part finishes every row of its own columns, in order (column sums).
+    /// that each part finishes every row of its own columns, in order (column sums): `blocked`
+    /// finishes a block of columns only in the last chunk of `k`, its rows in increasing order.
+    /// (Never with a shared packing, which is cut by rows: only scratch finishers share.)
     fn by_columns(&self) -> bool {
         false
     }

@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `(d, db)` of `y = op(..)` (row-major `m x n`) for the gradient `lhs @ rhs` of `y` (2-D
 /// layouts), as `dense_grads::act_bias_grads` gives them for that product; `None` where weft's
-/// kernel does not run the product, `op`'s gradient is not read from its output, or the bias's
-/// sums are not taken by columns (fewer rows than `MIN_RUN`, one column): the caller multiplies,
-/// then runs the backward apart.
+/// kernel does not run the product, `op` is not one `act_bias_grads` takes (the identity, an
+/// activation whose gradient needs its input), or the bias's sums are not taken by columns
+/// (fewer rows than `MIN_RUN`, one column): the caller multiplies, then runs the backward apart.
 pub fn act_bias_grads_of_product(
     (lhs, la): (&CpuStorage, &Layout),
     (rhs, lb): (&CpuStorage, &Layout),
@@ -158,46 +158,74 @@ mod tests {
         super::act_bias_grads_of_product((l, lhs.layout()), (r, rhs.layout()), y, op).unwrap()
     }
 
+    /// Four threads, whatever the machine has: the output cut into several parts.
+    fn four_threads<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+        rayon::ThreadPoolBuilder::new().num_threads(4).build().expect("a pool of 4 threads").install(f)
+    }
+
+    /// The fused pass against the product (as the backward pass multiplies) then
+    /// `act_bias_grads`, bit for bit, where it runs; where it declines, that weft's kernel does
+    /// not take the product.
+    fn check(m: usize, n: usize, k: usize, op: UnaryOp, (lt, rt): (bool, bool), seed: u64) -> Result<(), String> {
+        let dev = Device::Cpu;
+        let matrix = |rows: usize, cols: usize, t: bool, s: u64| {
+            if t {
+                Tensor::rand(-1.0, 1.0, &[cols, rows], s, &dev).unwrap().t().unwrap()
+            } else {
+                Tensor::rand(-1.0, 1.0, &[rows, cols], s, &dev).unwrap()
+            }
+        };
+        let (lhs, rhs) = (matrix(m, k, lt, seed), matrix(k, n, rt, seed + 1));
+        // An output with zeros (relu's kink) and values either side.
+        let y = Tensor::rand(-1.0, 1.0, &[m, n], seed + 2, &dev).unwrap().unary(op).unwrap();
+        let keep =
+            Tensor::rand(0.0, 1.0, &[m, n], seed + 3, &dev).unwrap().cmp_scalar(crate::ops::BinaryOp::Gt, 0.3).unwrap();
+        let yv = y.mul(&keep).unwrap().to_vec::<f32>().unwrap();
+        let g = GradStore::multiply(&lhs, &rhs).unwrap().to_vec::<f32>().unwrap();
+        let want = super::super::act_bias_grads(&g, &yv, m, n, op).unwrap().expect("an output-only op");
+        let on_weft = super::on_weft(super::engine(), m, n, k);
+        let what = format!("{op:?} {m}x{n}x{k}, transposed {lt} {rt}");
+        match fused(&lhs, &rhs, &yv, op) {
+            Some((d, db)) if on_weft => {
+                let (db, want_db) = (db.expect("the bias's sums"), want.1.expect("column sums"));
+                (bits(&d) == bits(&want.0)).then_some(()).ok_or(format!("{what}: d"))?;
+                (bits(&db) == bits(&want_db)).then_some(()).ok_or(format!("{what}: bias"))
+            }
+            Some(_) => Err(format!("{what}: fused off weft's kernel")),
+            None if on_weft => Err(format!("{what}: declined on weft's kernel")),
+            None => Ok(()),
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(16))]
         /// Shapes weft's kernel takes (rows past a column sum's block and a kernel block, widths
-        /// that end inside a panel, a `k` of one chunk or several) and some it leaves, the right
-        /// matrix as a weight's transpose (as a layer's input gradient reads it) or in rows, each
-        /// activation: `d` and the bias's gradient are the bits of the product (as the backward
-        /// pass multiplies) followed by `act_bias_grads`, and the kernel's shapes are fused.
+        /// that end inside a panel, parts wider than the left matrix read in place, a `k` of one
+        /// chunk or several) and some it leaves, each matrix in rows or transposed (the right one
+        /// as a weight's transpose, as a layer's input gradient reads it), each activation, on
+        /// four threads: `d` and the bias's gradient are the bits of the product then the
+        /// backward apart.
         #[test]
-        fn gives_the_bits_of_the_product_then_the_backward(m in prop_oneof![Just(4usize), 16usize..300], n in 2usize..200,
+        fn gives_the_bits_of_the_product_then_the_backward(m in 16usize..300, n in prop_oneof![2usize..200, 200usize..700],
                                                            k in prop_oneof![32usize..300, 300usize..700], which in 0usize..4,
-                                                           transposed in any::<bool>(), seed in 0u64..1000) {
+                                                           transposed in any::<(bool, bool)>(), seed in 0u64..1000) {
             if !has_kernel() {
                 return Ok(());
             }
-            let op = OPS[which];
-            let dev = Device::Cpu;
-            let lhs = Tensor::rand(-1.0, 1.0, &[m, k], seed, &dev).unwrap();
-            let rhs = if transposed {
-                Tensor::rand(-1.0, 1.0, &[n, k], seed + 1, &dev).unwrap().t().unwrap()
-            } else {
-                Tensor::rand(-1.0, 1.0, &[k, n], seed + 1, &dev).unwrap()
-            };
-            // An output with zeros (relu's kink) and values either side.
-            let y = Tensor::rand(-1.0, 1.0, &[m, n], seed + 2, &dev).unwrap().unary(op).unwrap();
-            let keep = Tensor::rand(0.0, 1.0, &[m, n], seed + 3, &dev).unwrap().cmp_scalar(crate::ops::BinaryOp::Gt, 0.3).unwrap();
-            let y = y.mul(&keep).unwrap();
-            let yv = y.to_vec::<f32>().unwrap();
-            let g = GradStore::multiply(&lhs, &rhs).unwrap().to_vec::<f32>().unwrap();
-            let want = super::super::act_bias_grads(&g, &yv, m, n, op).unwrap().expect("an output-only op");
-            let on_weft = super::on_weft(super::engine(), m, n, k);
-            match fused(&lhs, &rhs, &yv, op) {
-                Some((d, db)) => {
-                    prop_assert!(on_weft, "{m}x{n}x{k}: fused off weft's kernel");
-                    prop_assert_eq!(bits(&d), bits(&want.0), "d of {:?}, {}x{}x{}", op, m, n, k);
-                    let (db, want_db) = (db.expect("the bias's sums"), want.1.expect("column sums"));
-                    prop_assert_eq!(bits(&db), bits(&want_db), "bias of {:?}, {}x{}x{}", op, m, n, k);
-                }
-                None => prop_assert!(!on_weft || m < super::MIN_RUN, "{m}x{n}x{k}: declined on weft's kernel"),
-            }
+            let out = four_threads(|| check(m, n, k, OPS[which], transposed, seed));
+            prop_assert!(out.is_ok(), "{}", out.unwrap_err());
         }
+    }
+
+    /// An output wider than the kernel's column block (4080), on one thread and on four: each
+    /// block's sums go to its own columns.
+    #[test]
+    fn wide_outputs_keep_the_bits() {
+        if !has_kernel() {
+            return;
+        }
+        check(24, 4200, 40, UnaryOp::Tanh, (false, true), 7).unwrap();
+        four_threads(|| check(24, 4200, 40, UnaryOp::Relu, (true, false), 8)).unwrap();
     }
 
     /// The identity and activations whose gradient needs their input are declined.
@@ -216,44 +244,53 @@ mod tests {
     }
 
     /// A two-layer MLP's backward, the hidden layer's output read by the next layer alone (its
-    /// gradient left as a product and fused) or also by a second branch (worked out and added):
-    /// every gradient is the bits of the same model built from the ops apart (matmul, then the
-    /// bias and activation), plain or with the kernels' gradients deferred (Adam's way).
+    /// gradient left as a product and fused) or also by a second branch (worked out and added),
+    /// with a batch weft's kernel takes and one it leaves, on four threads: every gradient is the
+    /// bits of the same model built from the ops apart (matmul, then the bias and activation),
+    /// plain or with the kernels' gradients deferred (Adam's way), and the hidden layer's
+    /// backward is fused where its output has one reader and the kernel runs the product.
     #[test]
     fn stacked_layers_keep_the_gradients_of_the_ops_apart() {
         let dev = Device::Cpu;
         let var = |shape: &[usize], s: u64| Var::new(Tensor::rand(-0.5, 0.5, shape, s, &dev).unwrap()).unwrap();
-        let x = Tensor::rand(-1.0, 1.0, &[64, 96], 1, &dev).unwrap();
-        let (w1, b1, w2, b2) = (var(&[96, 128], 2), var(&[128], 3), var(&[128, 80], 4), var(&[80], 5));
-        for op in OPS {
-            for branch in [false, true] {
-                for deferring in [false, true] {
-                    let run = |fused: bool| {
-                        let layer = |x: &Tensor, w: &Var, b: &Var| {
-                            if fused {
-                                x.matmul_add_unary(w.as_tensor(), b.as_tensor(), op)
-                            } else {
-                                x.matmul(w.as_tensor()).and_then(|t| t.add_unary(b.as_tensor(), op))
+        let (w1, b1, w2, b2) = (var(&[128, 256], 2), var(&[256], 3), var(&[256, 128], 4), var(&[128], 5));
+        for rows in [32, 8] {
+            let x = Tensor::rand(-1.0, 1.0, &[rows, 128], 1, &dev).unwrap();
+            for op in OPS {
+                for branch in [false, true] {
+                    for deferring in [false, true] {
+                        let run = |fused: bool| {
+                            let layer = |x: &Tensor, w: &Var, b: &Var| {
+                                if fused {
+                                    x.matmul_add_unary(w.as_tensor(), b.as_tensor(), op)
+                                } else {
+                                    x.matmul(w.as_tensor()).and_then(|t| t.add_unary(b.as_tensor(), op))
+                                }
+                            };
+                            let h = layer(&x, &w1, &b1).unwrap();
+                            let mut y = layer(&h, &w2, &b2).unwrap().sum_all().unwrap();
+                            if branch {
+                                y = y.add(&h.square().unwrap().sum_all().unwrap()).unwrap();
                             }
+                            let vars = [&w1, &b1, &w2, &b2];
+                            let ts: Vec<&Tensor> = vars.iter().map(|v| v.as_tensor()).collect();
+                            let grads = if deferring { y.backward_deferring(&ts) } else { y.backward() }.unwrap();
+                            // (Batches this short leave the kernels' gradients as products.)
+                            let left = grads.product(w2.as_tensor()).is_some();
+                            assert_eq!(left, deferring, "{op:?}, {rows} rows: w2's gradient deferred");
+                            vars.map(|v| bits(&grads.resolve(v.as_tensor()).unwrap().unwrap().to_vec::<f32>().unwrap()))
                         };
-                        let h = layer(&x, &w1, &b1).unwrap();
-                        let mut y = layer(&h, &w2, &b2).unwrap().sum_all().unwrap();
-                        if branch {
-                            y = y.add(&h.square().unwrap().sum_all().unwrap()).unwrap();
+                        let what = format!("{op:?}, {rows} rows, branch {branch}, deferring {deferring}");
+                        let before = FUSED.with(|c| c.get());
+                        let here = run(true);
+                        let ran = FUSED.with(|c| c.get()) - before;
+                        let want = usize::from(has_kernel() && rows == 32 && !branch);
+                        assert_eq!(ran, want, "{what}: fused passes");
+                        let (pooled, apart) = (four_threads(|| run(true)), four_threads(|| run(false)));
+                        for (i, name) in ["w1", "b1", "w2", "b2"].iter().enumerate() {
+                            assert_eq!(here[i], apart[i], "{what}: {name}");
+                            assert_eq!(pooled[i], apart[i], "{what}: {name}, four threads");
                         }
-                        let vars = [&w1, &b1, &w2, &b2];
-                        let ts: Vec<&Tensor> = vars.iter().map(|v| v.as_tensor()).collect();
-                        let grads = if deferring { y.backward_deferring(&ts) } else { y.backward() }.unwrap();
-                        vars.map(|v| bits(&grads.resolve(v.as_tensor()).unwrap().unwrap().to_vec::<f32>().unwrap()))
-                    };
-                    let before = FUSED.with(|c| c.get());
-                    let fused = run(true);
-                    let ran = FUSED.with(|c| c.get()) - before;
-                    // (The hidden layer's backward is fused where its output has one reader.)
-                    assert!(!has_kernel() || branch || ran == 1, "{op:?}, deferring {deferring}: {ran} fused passes");
-                    let apart = run(false);
-                    for (i, name) in ["w1", "b1", "w2", "b2"].iter().enumerate() {
-                        assert_eq!(fused[i], apart[i], "{op:?}, branch {branch}, deferring {deferring}: {name}");
                     }
                 }
             }

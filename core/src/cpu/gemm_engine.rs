@@ -198,7 +198,7 @@ pub(crate) struct Product {
 impl Product {
     /// The product of the matrices `la` (`m x k`) over `x` and `lb` (`k x n`) over `y`, its output
     /// not yet given (`dst` null, rows `n` apart); `None` where the layouts are not two matrices
-    /// that multiply with a `k` of at least 1, and an `Err` naming `op` where one reaches outside
+    /// that multiply, none of whose sizes is 0, and an `Err` naming `op` where one reaches outside
     /// its buffer (the bound the kernels' reads rely on).
     pub(crate) fn of_matrices(
         op: &'static str,
@@ -206,7 +206,7 @@ impl Product {
         (y, lb): (&[f32], &crate::Layout),
     ) -> crate::Result<Option<Product>> {
         let ([m, k], [k2, n]) = (la.shape(), lb.shape()) else { return Ok(None) };
-        if k2 != k || *k == 0 {
+        if k2 != k || [*m, *n, *k].contains(&0) {
             return Ok(None);
         }
         if la.extent() > x.len() || lb.extent() > y.len() {
