@@ -135,3 +135,33 @@ fn concatenate_keeps_a_position_any_input_keeps_as_keras_does() {
     let m = t.output_mask(&[a.clone(), a], &[Some(keep), None], &out).unwrap().unwrap();
     assert_eq!(m.to_vec::<f32>().unwrap(), vec![1., 0., 1., 1., 1., 1.]);
 }
+
+/// Masks of ones mask nothing: the output and the scores are those without a mask, bit for bit,
+/// and on the Cpu the scores are not filled at all (no `where` op recorded); a single 0 is.
+#[test]
+fn masks_of_ones_change_nothing_and_fill_nothing() {
+    let dev = Device::Cpu;
+    let mha = MultiHeadAttention::new(2, 4);
+    let x = Tensor::rand(-1.0, 1.0, &[2, 5, 8], 4, &dev).unwrap();
+    let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let run = |masks: AttentionMasks<'_>| {
+        let ((out, probs), nodes) =
+            weft_core::trace::trace(|| mha.attend(&x, &x, None, masks, &mut Ctx::inference())).unwrap();
+        (bits(&out), bits(&probs), nodes.iter().any(|n| n.kind.starts_with("where")))
+    };
+    let plain = run(AttentionMasks::default());
+    let (ones, full) = (Tensor::ones(&[2, 5], &dev).unwrap(), Tensor::ones(&[2, 5, 5], &dev).unwrap());
+    let padding = AttentionMasks { query: Some(&ones), value: Some(&ones), ..Default::default() };
+    let attention = AttentionMasks { attention: Some(&full), ..Default::default() };
+    for (what, masks) in [("padding", padding), ("attention", attention)] {
+        let (out, probs, filled) = run(masks);
+        assert_eq!(out, plain.0, "{what}: output");
+        assert_eq!(probs, plain.1, "{what}: scores");
+        assert!(!filled, "{what}: masks of ones filled the scores");
+    }
+    let mut keep = vec![1f32; 10];
+    keep[3] = 0.0;
+    let one_zero = Tensor::from_vec(keep, &[2, 5], &dev).unwrap();
+    let (_, probs, filled) = run(AttentionMasks { value: Some(&one_zero), ..Default::default() });
+    assert!(filled && probs != plain.1, "a mask with a 0 left unapplied");
+}

@@ -11,7 +11,7 @@ use crate::layer::sublayer_variables;
 use crate::split::{HeadSplit, SplitRule};
 use crate::{Ctx, Layer};
 use weft_core::ops::BinaryOp;
-use weft_core::{Error, Result, Tensor, Var, trace};
+use weft_core::{Error, Result, Tensor, Var, no_grad, trace};
 
 /// Attention over `[batch, time, width]` inputs: self-attention (`call`), or cross-attention of a
 /// query over a value (and key) sequence (`attend`, or `call_with` in a functional model), with
@@ -186,7 +186,8 @@ impl MultiHeadAttention {
         Ok((self.query.call(query, ctx)?, self.key.call(key, ctx)?, self.value.call(value, ctx)?))
     }
 
-    /// The keep-mask `[b, t, s]` from the causal flag and `masks`, or `None` when nothing is masked.
+    /// The keep-mask `[b, t, s]` from the causal flag and `masks`, or `None` when nothing is masked
+    /// (no mask, or on the Cpu masks of ones only).
     fn combined_mask(
         &self,
         path: &str,
@@ -202,6 +203,11 @@ impl MultiHeadAttention {
         };
         let mut keep: Option<Tensor> = None;
         let mut and = |m: Tensor| -> Result<()> {
+            // A mask that keeps everything (a batch without padding) masks nothing: left out, so
+            // that the scores are not filled, with the same values.
+            if keeps_everything(&m)? {
+                return Ok(());
+            }
             keep = Some(match keep.take() {
                 Some(k) => k.mul(&m)?,
                 None => m,
@@ -300,4 +306,15 @@ impl Layer for MultiHeadAttention {
         }
         v
     }
+}
+
+/// Whether `m`, a mask on the Cpu, holds no 0 (so keeps every position). A mask on a GPU is not
+/// read back to tell (that would wait for the device mid-step), nor one on the Meta device, which
+/// has no values: those are applied as they are.
+fn keeps_everything(m: &Tensor) -> Result<bool> {
+    if !matches!(m.device(), weft_core::Device::Cpu) {
+        return Ok(false);
+    }
+    let zeros = no_grad(|| m.cmp_scalar(BinaryOp::Eq, 0.0)?.sum_all()?.to_scalar::<f32>())?;
+    Ok(zeros == 0.0)
 }
