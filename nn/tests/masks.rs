@@ -162,6 +162,24 @@ fn masks_of_ones_change_nothing_and_fill_nothing() {
     let mut keep = vec![1f32; 10];
     keep[3] = 0.0;
     let one_zero = Tensor::from_vec(keep, &[2, 5], &dev).unwrap();
-    let (_, probs, filled) = run(AttentionMasks { value: Some(&one_zero), ..Default::default() });
-    assert!(filled && probs != plain.1, "a mask with a 0 left unapplied");
+    let zero = run(AttentionMasks { value: Some(&one_zero), ..Default::default() });
+    assert!(zero.2 && zero.1 != plain.1, "a mask with a 0 left unapplied");
+    // Beside a mask with a 0, a mask of ones changes nothing either.
+    let both = run(AttentionMasks { query: Some(&ones), value: Some(&one_zero), ..Default::default() });
+    assert_eq!((both.0, both.1), (zero.0, zero.1), "a mask of ones beside one with a 0");
+    // The causal mask is applied whatever the others hold.
+    let causal = MultiHeadAttention::new(2, 4).causal(true);
+    let run_causal = |masks: AttentionMasks<'_>| {
+        let (out, probs) = causal.attend(&x, &x, None, masks, &mut Ctx::inference()).unwrap();
+        (bits(&out), bits(&probs))
+    };
+    let alone = run_causal(AttentionMasks::default());
+    let padding = AttentionMasks { query: Some(&ones), value: Some(&ones), ..Default::default() };
+    assert_eq!(run_causal(padding), alone, "causal with masks of ones");
+    // probs [2, 2, 5, 5]: no query sees a later key.
+    let p: Vec<f32> = alone.1.iter().map(|b| f32::from_bits(*b)).collect();
+    assert!(
+        p.chunks(5).enumerate().all(|(r, row)| row[r % 5 + 1..].iter().all(|v| *v < 1e-7)),
+        "the causal mask left unapplied"
+    );
 }

@@ -186,8 +186,9 @@ impl MultiHeadAttention {
         Ok((self.query.call(query, ctx)?, self.key.call(key, ctx)?, self.value.call(value, ctx)?))
     }
 
-    /// The keep-mask `[b, t, s]` from the causal flag and `masks`, or `None` when nothing is masked
-    /// (no mask, or on the Cpu masks of ones only).
+    /// The keep-mask (`[b, t, s]`, or a shape that broadcasts to it) from the causal flag and
+    /// `masks`, or `None` when there is nothing to apply: no causal flag, and no mask or (on the
+    /// Cpu) only masks that hold no 0.
     fn combined_mask(
         &self,
         path: &str,
@@ -203,22 +204,21 @@ impl MultiHeadAttention {
         };
         let mut keep: Option<Tensor> = None;
         let mut and = |m: Tensor| -> Result<()> {
-            // A mask that keeps everything (a batch without padding) masks nothing: left out, so
-            // that the scores are not filled, with the same values.
-            if keeps_everything(&m)? {
-                return Ok(());
-            }
             keep = Some(match keep.take() {
                 Some(k) => k.mul(&m)?,
                 None => m,
             });
             Ok(())
         };
+        // A caller's mask that holds no 0 (a batch without padding) masks nothing: left out, so
+        // that the scores are not filled, with the same values. (The causal mask always holds
+        // one past a single query: it is not looked at.)
+        let mut and_given = |m: Tensor| -> Result<()> { if keeps_everything(&m)? { Ok(()) } else { and(m) } };
         if let Some(m) = masks.attention {
             let m = m.to_device(like.device())?.to_dtype(weft_core::DType::F32)?;
             match m.dims() {
-                [mb, ms] if (*mb, *ms) == (b, s) => and(m.unsqueeze(1)?)?,
-                [mb, mt, ms] if (*mb, *mt, *ms) == (b, t, s) => and(m)?,
+                [mb, ms] if (*mb, *ms) == (b, s) => and_given(m.unsqueeze(1)?)?,
+                [mb, mt, ms] if (*mb, *mt, *ms) == (b, t, s) => and_given(m)?,
                 _ => return Err(bad("attention", &m, format!("[{b}, {t}, {s}] or [{b}, {s}]"))),
             }
         }
@@ -226,13 +226,13 @@ impl MultiHeadAttention {
             if m.dims() != [b, s] {
                 return Err(bad("value", m, format!("[{b}, {s}]")));
             }
-            and(m.to_device(like.device())?.to_dtype(weft_core::DType::F32)?.unsqueeze(1)?)?;
+            and_given(m.to_device(like.device())?.to_dtype(weft_core::DType::F32)?.unsqueeze(1)?)?;
         }
         if let Some(m) = masks.query {
             if m.dims() != [b, t] {
                 return Err(bad("query", m, format!("[{b}, {t}]")));
             }
-            and(m.to_device(like.device())?.to_dtype(weft_core::DType::F32)?.unsqueeze(2)?)?;
+            and_given(m.to_device(like.device())?.to_dtype(weft_core::DType::F32)?.unsqueeze(2)?)?;
         }
         if self.causal {
             // keep[query, key] = key <= query, made on the device from one row of positions.
@@ -308,9 +308,10 @@ impl Layer for MultiHeadAttention {
     }
 }
 
-/// Whether `m`, a mask on the Cpu, holds no 0 (so keeps every position). A mask on a GPU is not
-/// read back to tell (that would wait for the device mid-step), nor one on the Meta device, which
-/// has no values: those are applied as they are.
+/// Whether `m`, a mask on the Cpu, holds no 0, so that alone it masks no position (judged mask
+/// by mask: a NaN in one no longer spoils another's 0). A mask on a GPU is not read back to tell
+/// (that would wait for the device mid-step), nor one on the Meta device, which has no values:
+/// those are applied as they are.
 fn keeps_everything(m: &Tensor) -> Result<bool> {
     if !matches!(m.device(), weft_core::Device::Cpu) {
         return Ok(false);
