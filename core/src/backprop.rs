@@ -643,12 +643,15 @@ fn dense_grads_of_product(op: UnaryOp, out: &Tensor, lhs: &Tensor, rhs: &Tensor)
         op,
     )?;
     if let Some((d, db)) = fused {
-        let dev = out.device().clone();
-        let d = Tensor::from_storage(d, out.dims(), DType::F32, dev.clone(), None);
-        let db = Tensor::from_storage(db, &[out.dims()[1]], DType::F32, dev, None);
-        return Ok((d, db));
+        return Ok((f32_like(d, out, out.dims()), f32_like(db, out, &[out.dims()[1]])));
     }
     dense_grads(op, out, &GradStore::multiply(lhs, rhs)?)
+}
+
+/// An f32 tensor of `dims` over `storage`, on `like`'s device, with no gradient of its own (a
+/// kernel's gradient output).
+fn f32_like(storage: crate::storage::Storage, like: &Tensor, dims: &[usize]) -> Tensor {
+    Tensor::from_storage(storage, dims, DType::F32, like.device().clone(), None)
 }
 
 /// The gradients of a dense layer's sum and bias, given its output `out = op(sum)` (`[m, n]`)
@@ -661,9 +664,9 @@ fn dense_grads(op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)
     if op != UnaryOp::Identity {
         let gc = g.contiguous_from_zero()?;
         if let Some((d, db)) = gc.storage().act_bias_grads(gc.layout(), &out.storage(), out.layout(), op)? {
-            let d = Tensor::from_storage(d, out.dims(), DType::F32, out.device().clone(), None);
+            let d = f32_like(d, out, out.dims());
             let db = match db {
-                Some(db) => Tensor::from_storage(db, &[n], DType::F32, out.device().clone(), None),
+                Some(db) => f32_like(db, out, &[n]),
                 None => reduce_to(&d, &[n])?,
             };
             return Ok((d, db));

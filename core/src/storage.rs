@@ -224,7 +224,7 @@ impl Storage {
             }
             let Some(y) = y.f32s("dense backward")?.get(..m * n) else { return Ok(None) };
             let cpu = |v: Vec<f32>| Storage::Cpu(cpu::f32_storage(v));
-            Ok(cpu::act_bias_grads_of_product((a, la), (b, lb), y, op)?.and_then(|(d, db)| Some((cpu(d), cpu(db?)))))
+            Ok(cpu::act_bias_grads_of_product((a, la), (b, lb), y, op)?.map(|(d, db)| (cpu(d), cpu(db))))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

@@ -11,7 +11,7 @@
 //! (the output cut by columns among the threads, each part finishing its rows in order).
 
 use super::blocked_gemm::{Finish, run_finishing};
-use super::dense_grads::{Grads, WithGrad, with_grad};
+use super::dense_grads::{WithGrad, with_grad};
 use super::gemm_engine::{Product, engine, on_weft};
 use super::gemm_pack::NR;
 use super::sum_columns::{ColumnSums, MIN_RUN};
@@ -22,7 +22,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `(d, db)` of `y = op(..)` (row-major `m x n`) for the gradient `lhs @ rhs` of `y` (2-D
-/// layouts), as `dense_grads::act_bias_grads` gives them for that product; `None` where weft's
+/// layouts), as `dense_grads::act_bias_grads` gives them for that product (here the bias's always
+/// by columns); `None` where weft's
 /// kernel does not run the product, `op` is not one `act_bias_grads` takes (the identity, an
 /// activation whose gradient needs its input), or the bias's sums are not taken by columns
 /// (fewer rows than `MIN_RUN`, one column): the caller multiplies, then runs the backward apart.
@@ -31,7 +32,7 @@ pub fn act_bias_grads_of_product(
     (rhs, lb): (&CpuStorage, &Layout),
     y: &[f32],
     op: UnaryOp,
-) -> Result<Option<Grads>> {
+) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
     let (x, w) = (lhs.f32s("dense backward")?, rhs.f32s("dense backward")?);
     let Some(mut product) = Product::of_matrices("dense backward", (x, la), (w, lb))? else { return Ok(None) };
     let (m, n, k) = (product.m, product.n, product.k);
@@ -43,28 +44,27 @@ pub fn act_bias_grads_of_product(
     }
     let mut d = try_take(m * n)?;
     product.dst = d.as_mut_ptr();
-    let threads = product.threads();
-    struct Fused<'a>(&'a Product, &'a [f32], usize);
+    struct Fused<'a>(&'a Product, &'a [f32]);
     impl WithGrad for Fused<'_> {
         type Out = Result<Vec<f32>>;
         fn run<F: Fn(f32, f32) -> f32 + Sync + Copy>(self, f: F) -> Result<Vec<f32>> {
-            let Fused(product, y, threads) = self;
+            let Fused(product, y) = self;
             let slots = (0..product.n.div_ceil(NR)).map(|_| Mutex::new(None)).collect();
             let fin = Sums { y, n: product.n, f, slots, mismatched: AtomicBool::new(false) };
             // SAFETY: on_weft: the CPU runs weft's kernel; every element the strides reach lies
             // inside the operands (the extent check); the output has room for m x n, each of which
             // the product writes and the finisher finishes once.
-            unsafe { run_finishing(product, None, &fin, threads) }?;
-            fin.into_bias(product.n)
+            unsafe { run_finishing(product, None, &fin, product.threads()) }?;
+            fin.into_bias()
         }
     }
-    let Some(db) = with_grad(op, Fused(&product, y, threads)) else { return Ok(None) };
+    let Some(db) = with_grad(op, Fused(&product, y)) else { return Ok(None) };
     let db = db?;
     // SAFETY: the product wrote every element of the m x n output (and the finisher rewrote it).
     unsafe { d.set_len(m * n) };
     #[cfg(test)]
     tests::FUSED.with(|c| c.set(c.get() + 1));
-    Ok(Some((d, Some(db))))
+    Ok(Some((d, db)))
 }
 
 /// The finisher: `d = f(g, y)` in place on each block, and the block's rows added to the column
@@ -113,8 +113,8 @@ impl<F: Fn(f32, f32) -> f32 + Sync> Finish for Sums<'_, F> {
 impl<F> Sums<'_, F> {
     /// The bias's gradient: each block's column sums in its columns; `Err` unless the blocks
     /// covered every column once, each with one width (as the product's cut gives them).
-    fn into_bias(self, n: usize) -> Result<Vec<f32>> {
-        let mismatched = self.mismatched.load(Ordering::Relaxed);
+    fn into_bias(self) -> Result<Vec<f32>> {
+        let (n, mismatched) = (self.n, self.mismatched.load(Ordering::Relaxed));
         let mut db = vec![0f32; n];
         let mut covered = 0;
         for slot in self.slots {
@@ -152,7 +152,7 @@ mod tests {
     }
 
     /// The fused pass on Cpu tensors (`None` where it declines).
-    fn fused(lhs: &Tensor, rhs: &Tensor, y: &[f32], op: UnaryOp) -> Option<super::Grads> {
+    fn fused(lhs: &Tensor, rhs: &Tensor, y: &[f32], op: UnaryOp) -> Option<(Vec<f32>, Vec<f32>)> {
         let (ls, rs) = (lhs.storage(), rhs.storage());
         let (Storage::Cpu(l), Storage::Cpu(r)) = (&ls, &rs) else { panic!("Cpu tensors") };
         super::act_bias_grads_of_product((l, lhs.layout()), (r, rhs.layout()), y, op).unwrap()
@@ -187,7 +187,7 @@ mod tests {
         let what = format!("{op:?} {m}x{n}x{k}, transposed {lt} {rt}");
         match fused(&lhs, &rhs, &yv, op) {
             Some((d, db)) if on_weft => {
-                let (db, want_db) = (db.expect("the bias's sums"), want.1.expect("column sums"));
+                let want_db = want.1.expect("column sums");
                 (bits(&d) == bits(&want.0)).then_some(()).ok_or(format!("{what}: d"))?;
                 (bits(&db) == bits(&want_db)).then_some(()).ok_or(format!("{what}: bias"))
             }
