@@ -44,9 +44,10 @@ impl Tensor {
     /// [`adam_step`](Tensor::adam_step) that also checks the gradient in the same pass, so that
     /// a training step need not read it again to know whether the update may stand: the fourth
     /// value is a `[1]` tensor, 0 when every value of `g` is finite and NaN when any is an
-    /// infinity or a NaN. Only on the Cpu; `None` on a GPU, whose shader arithmetic may assume
-    /// finite values (there the gradient's [`max`](Tensor::max) and [`min`](Tensor::min), found
-    /// by bit tests, tell).
+    /// infinity or a NaN. On a GPU the kernel tests the values' bits (its arithmetic may assume
+    /// finite values), and only where the adapter binds nine storage buffers to a kernel (every
+    /// desktop driver; not WebGPU's default limit of eight): elsewhere `None`, and the
+    /// gradient's [`max`](Tensor::max) and [`min`](Tensor::min), found by bit tests, tell.
     ///
     /// ```
     /// use weft_core::{optim_ops::AdamStep, Device, Tensor};
@@ -234,13 +235,22 @@ impl Tensor {
                     p.eps.to_bits(),
                     p.decay.to_bits(),
                 ];
-                ctx.dispatch(
-                    "adam",
-                    "main",
-                    &info,
-                    &[&w.buf, &g.buf, &m.buf, &v.buf, &wo.buf, &mo.buf, &vo.buf],
-                    ctx.grid_1d(n),
-                )?;
+                let mut buffers = vec![&w.buf, &g.buf, &m.buf, &v.buf, &wo.buf, &mo.buf, &vo.buf];
+                // The gradient's check in the same pass where the adapter binds a ninth storage
+                // buffer (every desktop driver; WebGPU's default limit is eight): a `[1]` that
+                // stays 0 unless the kernel meets an infinity or a NaN.
+                let flag = if ctx.limits.max_storage_buffers_per_shader_stage >= 9 {
+                    Some(crate::gpu::fill(ctx, 1, 0)?)
+                } else {
+                    None
+                };
+                buffers.extend(flag.as_ref().map(|f| &f.buf));
+                let entry = if flag.is_some() { "main_checked" } else { "main" };
+                ctx.dispatch("adam", entry, &info, &buffers, ctx.grid_1d(n))?;
+                check = flag.map(|f| {
+                    let f = Storage::Gpu(f.inherit(&[&g]));
+                    Tensor::from_storage(f, &[1], DType::F32, self.device().clone(), None)
+                });
                 // The new state depends on every input's values, so on their index faults too.
                 [wo, mo, vo].map(|o| Storage::Gpu(o.inherit(&[&w, &g, &m, &v])))
             }

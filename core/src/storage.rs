@@ -57,14 +57,14 @@ impl Storage {
         })
     }
 
-    /// `op(self + rhs)` on two layouts of one shape: one pass on the Cpu; on a GPU the sum and
-    /// the op are two kernels.
+    /// `op(self + rhs)` on two layouts of one shape, in one pass.
     pub fn add_unary(&self, op: UnaryOp, la: &Layout, rhs: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, rhs) {
             (Storage::Cpu(a), Storage::Cpu(b)) => Storage::Cpu(cpu::add_unary(op, a, la, b, lb)?),
-            (Storage::Gpu(..), Storage::Gpu(..)) => {
-                let sum = self.binary(BinaryOp::Add, la, rhs, lb)?;
-                sum.unary(op, &Layout::contiguous(la.shape()))?
+            (Storage::Gpu(a), Storage::Gpu(b)) => {
+                gpu::check_layout(op.name(), la)?;
+                gpu::check_layout(op.name(), lb)?;
+                Storage::Gpu(gpu::add_unary(op, a, la, b, lb)?.inherit(&[a, b]))
             }
             (Storage::Meta, Storage::Meta) => Storage::Meta,
             _ => return Err(mismatch("add_unary", self, rhs)),

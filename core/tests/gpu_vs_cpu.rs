@@ -348,6 +348,83 @@ fn the_fused_adam_step_matches_cpu() {
     }
 }
 
+/// Many outputs of runs up to 1,024 long, which a software adapter reduces one invocation per
+/// output (`main_small`) and a GPU by workgroups: sums, extremes and argmax of every view agree
+/// with the Cpu, and a NaN anywhere in a run shows in its max and min.
+#[test]
+fn reductions_of_many_mid_length_runs_match_cpu() {
+    let Some(g) = gpu() else { return };
+    for (shape, axes) in [
+        (vec![300, 257], vec![0]),
+        (vec![257, 300], vec![1]),
+        (vec![2, 1024, 260], vec![1]),
+        (vec![64, 5, 300], vec![0, 1]),
+    ] {
+        for view in [View::Contiguous, View::Transposed, View::Narrowed] {
+            for (name, f) in [
+                ("sum", (|x: &Tensor, a: &[isize]| x.sum(a, false)) as fn(&Tensor, &[isize]) -> Result<Tensor>),
+                ("max", |x, a| x.max(a, false)),
+                ("min", |x, a| x.min(a, false)),
+            ] {
+                let want = f(&make(&shape, view, 5, -2.0, 2.0, &Device::Cpu).unwrap(), &axes).unwrap();
+                let got = f(&make(&shape, view, 5, -2.0, 2.0, &g).unwrap(), &axes).unwrap();
+                assert_eq!(got.dims(), want.dims());
+                assert_close(
+                    &vals(&got),
+                    &vals(&want),
+                    REDUCE_TOL,
+                    &format!("{name} {shape:?} axes {axes:?} {view:?}"),
+                );
+            }
+            let ax = axes[axes.len() - 1];
+            let want = make(&shape, view, 6, -2.0, 2.0, &Device::Cpu).unwrap().argmax(ax, false).unwrap();
+            let got = make(&shape, view, 6, -2.0, 2.0, &g).unwrap().argmax(ax, false).unwrap();
+            assert_eq!(got.to_vec::<u32>().unwrap(), want.to_vec::<u32>().unwrap(), "argmax {shape:?} {view:?}");
+        }
+    }
+    // A NaN at the end of one column's run of 300.
+    let mut x = Tensor::rand(-2.0, 2.0, &[300, 257], 7, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
+    x[299 * 257 + 100] = f32::NAN;
+    let t = Tensor::from_slice(&x, &[300, 257], &g).unwrap();
+    for r in [t.max(&[0], false).unwrap(), t.min(&[0], false).unwrap(), t.sum(&[0], false).unwrap()] {
+        let v = vals(&r);
+        assert!(v[100].is_nan() && v.iter().enumerate().all(|(i, x)| i == 100 || x.is_finite()), "{v:?}");
+    }
+}
+
+/// Adam's pass on a GPU checks the gradient as the Cpu's does: 0 when every value is finite, NaN
+/// when one is an infinity or a NaN, wherever it sits (the first element, the last one past
+/// several rounds of the grid, one in the middle), with the same update as unchecked.
+#[test]
+fn the_adam_step_on_a_gpu_checks_the_gradient_in_its_pass() {
+    let Some(g) = gpu() else { return };
+    let p = weft_core::optim_ops::AdamStep { lr_t: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-7, decay: 1.0 };
+    for n in [1usize, 300, 600_001] {
+        let [w, m] = [1, 3].map(|s| Tensor::rand(-1.0, 1.0, &[n], s, &g).unwrap());
+        let v = Tensor::rand(0.0, 1.0, &[n], 4, &g).unwrap();
+        let good = Tensor::rand(-1.0, 1.0, &[n], 2, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
+        let step = |grad: &[f32]| {
+            let gt = Tensor::from_slice(grad, &[n], &g).unwrap();
+            let (w2, _, _, check) = w.adam_step_checked(&gt, &m, &v, p).unwrap();
+            (vals(&w2), check.expect("lavapipe binds nine storage buffers").to_vec::<f32>().unwrap()[0])
+        };
+        let check_of = |grad: &[f32]| step(grad).1;
+        let (w2, check) = step(&good);
+        assert_eq!(check, 0.0, "n {n}: finite values");
+        let on_cpu = |t: &Tensor| Tensor::from_slice(&vals(t), &[n], &Device::Cpu).unwrap();
+        let gc = Tensor::from_slice(&good, &[n], &Device::Cpu).unwrap();
+        let (want, ..) = on_cpu(&w).adam_step(&gc, &on_cpu(&m), &on_cpu(&v), p).unwrap();
+        assert_close(&w2, &vals(&want), ELEMENTWISE_TOL, "checked adam_step");
+        for at in [0, n / 2, n - 1] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut grad = good.clone();
+                grad[at] = bad;
+                assert!(check_of(&grad).is_nan(), "n {n}: {bad} at {at} was not seen");
+            }
+        }
+    }
+}
+
 #[test]
 fn dropout_masks_are_identical_on_every_backend() {
     let Some(g) = gpu() else { return };

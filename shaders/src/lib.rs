@@ -255,6 +255,13 @@ pub fn source(name: &str) -> Option<String> {
             let expr = BINARY_OPS.iter().find(|(n, _)| *n == variant)?.1;
             BINARY.replace("{{OP}}", expr)
         }
+        // `op(a + b)` in one pass (a dense layer's bias and activation): the binary kernel whose
+        // op applies the unary one, with that op's parameters after the binary info (28, 29).
+        "add_unary" => {
+            let expr = UNARY_OPS.iter().find(|(n, _)| *n == variant)?.1;
+            let un = format!("fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n");
+            format!("{}\n{un}", BINARY.replace("{{OP}}", "un(a + b, param(28u), param(29u))"))
+        }
         "reduce" => {
             let (_, init, combine, with_index) = REDUCE_OPS.iter().find(|r| r.0 == variant)?;
             let index = if *with_index { REDUCE_WITH_INDEX } else { REDUCE_WITHOUT_INDEX };
@@ -303,6 +310,7 @@ pub fn all_kernels() -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     names.extend(UNARY_OPS.iter().map(|(n, _)| format!("unary/{n}")));
     names.extend(BINARY_OPS.iter().map(|(n, _)| format!("binary/{n}")));
+    names.extend(UNARY_OPS.iter().map(|(n, _)| format!("add_unary/{n}")));
     names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
     names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
     names.extend(INDEX_CHECKS.iter().map(|c| format!("index_check/{}", c.0)));

@@ -1,6 +1,6 @@
 //! Launchers for the one-invocation-per-element kernels: unary, binary, where, copy, cast, fill, rand.
 
-use super::{GpuContext, GpuStorage, check_rank, push_dims};
+use super::{GpuContext, GpuStorage, MAX_RANK, check_rank, push_dims};
 use crate::layout::coalesce;
 use crate::ops::{BinaryOp, UnaryOp};
 use crate::{DType, Error, Layout, Result};
@@ -19,6 +19,22 @@ fn strided_info(mut head: Vec<u32>, layouts: &[&Layout]) -> Vec<u32> {
     head
 }
 
+/// The entry point of a unary or binary kernel for its `info` (`head` values before the
+/// coalesced shape, `operands` operands): `contiguous` when every operand is one axis of stride 1,
+/// `rows` (binary only) for two axes, else `main`, which works out every operand's offset axis
+/// by axis.
+fn entry(info: &[u32], head: usize, operands: usize) -> &'static str {
+    let rank = info[1] as usize;
+    let stride = |o: usize| info[head + MAX_RANK * (1 + o)];
+    if rank == 1 && (0..operands).all(|o| stride(o) == 1) {
+        "contiguous"
+    } else if rank == 2 && operands == 2 {
+        "rows"
+    } else {
+        "main"
+    }
+}
+
 /// `op(x)`, contiguous output.
 pub fn unary(op: UnaryOp, s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
     check_rank(op.name(), l)?;
@@ -26,17 +42,36 @@ pub fn unary(op: UnaryOp, s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
     let [p0, p1] = op.params();
     let info = strided_info(vec![l.numel() as u32, 0, l.offset() as u32, p0.to_bits(), p1.to_bits()], &[l]);
     let kernel = format!("unary/{}", op.name());
-    s.ctx.dispatch(&kernel, "main", &info, &[&s.buf, &out.buf], s.ctx.grid_1d(l.numel()))?;
+    s.ctx.dispatch(&kernel, entry(&info, 5, 1), &info, &[&s.buf, &out.buf], s.ctx.grid_1d(l.numel()))?;
     Ok(out)
 }
 
 /// `op(a, b)` for two layouts of one shape.
 pub fn binary(op: BinaryOp, a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
-    check_rank(op.name(), la)?;
+    binary_kernel(&format!("binary/{}", op.name()), op.name(), a, la, b, lb, None)
+}
+
+/// `op(a + b)` for two layouts of one shape, in one pass (a layer's bias and activation).
+pub fn add_unary(op: UnaryOp, a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
+    binary_kernel(&format!("add_unary/{}", op.name()), "add_unary", a, la, b, lb, Some(op.params()))
+}
+
+/// A dispatch of binary.wgsl as `kernel`; `params`: the unary op's of an `add_unary` kernel.
+fn binary_kernel(
+    kernel: &str,
+    name: &'static str,
+    a: &GpuStorage,
+    la: &Layout,
+    b: &GpuStorage,
+    lb: &Layout,
+    params: Option<[f32; 2]>,
+) -> Result<GpuStorage> {
+    check_rank(name, la)?;
     let out = GpuStorage::alloc(&a.ctx, la.numel(), DType::F32)?;
-    let info = strided_info(vec![la.numel() as u32, 0, la.offset() as u32, lb.offset() as u32], &[la, lb]);
-    let kernel = format!("binary/{}", op.name());
-    a.ctx.dispatch(&kernel, "main", &info, &[&a.buf, &b.buf, &out.buf], a.ctx.grid_1d(la.numel()))?;
+    let mut info = strided_info(vec![la.numel() as u32, 0, la.offset() as u32, lb.offset() as u32], &[la, lb]);
+    let at = entry(&info, 4, 2);
+    info.extend(params.into_iter().flatten().map(f32::to_bits));
+    a.ctx.dispatch(kernel, at, &info, &[&a.buf, &b.buf, &out.buf], a.ctx.grid_1d(la.numel()))?;
     Ok(out)
 }
 

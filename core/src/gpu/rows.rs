@@ -8,6 +8,17 @@ use crate::{DType, Layout, Result};
 /// workgroup per chunk (`main`).
 const SMALL_RUN: usize = 64;
 
+/// On a software adapter (lavapipe: workgroups are CPU tasks, and each of `main`'s eight barriers
+/// switches between its 256 invocations), runs up to this long are also reduced one invocation
+/// each when there are at least `SOFTWARE_MIN_OUTPUTS` of them, enough to spread over the CPU's
+/// threads: a bias's gradient, the sum over a batch of 256 rows of 1,024 columns, took 9 ms on
+/// lavapipe as 1,024 workgroups of `main` and 1.2 ms so (a 2-core Xeon). Real GPUs keep `main`,
+/// whose workgroups fill their many cores.
+const SOFTWARE_RUN: usize = 1024;
+
+/// See [`SOFTWARE_RUN`].
+const SOFTWARE_MIN_OUTPUTS: usize = 256;
+
 /// Elements one workgroup of `main` reduces: 32 per invocation. A longer run is cut into chunks
 /// whose partial results are reduced again (see reduce.wgsl), so no invocation loops long (error
 /// and llvmpipe's loop budget) and a long run uses many workgroups.
@@ -35,6 +46,7 @@ pub fn reduce(op: ReduceOp, s: &GpuStorage, l: &Layout, axes: &[usize]) -> Resul
     let n_out: usize = kept.iter().map(|&a| l.shape()[a]).product();
     let kernel = format!("reduce/{}", op.name());
     let arg = op == ReduceOp::ArgMax;
+    let software = s.ctx.info.device_type == wgpu::DeviceType::Cpu;
     let mut pass = Pass {
         values: s.clone(),
         indices: None,
@@ -44,7 +56,8 @@ pub fn reduce(op: ReduceOp, s: &GpuStorage, l: &Layout, axes: &[usize]) -> Resul
     };
     loop {
         let n_red: usize = pass.inner.0.iter().product();
-        let (entry, n_chunks) = if n_red < SMALL_RUN { ("main_small", 1) } else { ("main", n_red.div_ceil(CHUNK)) };
+        let small = n_red < SMALL_RUN || (software && n_red <= SOFTWARE_RUN && n_out >= SOFTWARE_MIN_OUTPUTS);
+        let (entry, n_chunks) = if small { ("main_small", 1) } else { ("main", n_red.div_ceil(CHUNK)) };
         let groups = n_out * n_chunks;
         let out_v = GpuStorage::alloc(&s.ctx, groups, DType::F32)?;
         let out_i = if arg { GpuStorage::alloc(&s.ctx, groups, DType::U32)? } else { out_v.clone() };

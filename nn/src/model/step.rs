@@ -146,9 +146,10 @@ impl Model {
             if mine.iter().all(|v| v.is_finite()) {
                 continue;
             }
-            // A sum may only have overflowed: the largest and smallest value tell (any NaN shows
-            // in both, +inf in the first, -inf in the second).
-            let ends = if c.is_sum() {
+            // A one-value figure (a check, or a sum, which may only have overflowed) does not
+            // say which value: the largest and smallest do (any NaN shows in both, +inf in the
+            // first, -inf in the second).
+            let ends = if c.one_value {
                 // (A gradient left as a product is worked out now, for the message.)
                 let g = grads.resolve(c.var.as_tensor())?.unwrap_or_else(|| c.var.as_tensor().clone());
                 Tensor::concat(&gradient_ends(&g)?, 0)?.to_vec::<f32>()?
@@ -220,20 +221,15 @@ impl<'a> Read<'a> {
 struct GradientCheck<'a> {
     path: &'a str,
     var: &'a Var,
-    /// On the Cpu one `[1]` figure that is finite when the whole gradient is: the optimizer's
-    /// own check where it made one (0 or NaN), else the gradient's sum (a NaN or an infinity
-    /// anywhere makes it NaN or infinite: +inf and -inf meet as NaN). On a GPU, whose shader
-    /// arithmetic may assume there is no NaN or infinity, the largest and smallest value (two
-    /// `[1]` tensors, found by the reductions' bit tests), which go into the step's one read as
-    /// they are (no concat of their own).
+    /// One `[1]` figure that is finite when the whole gradient is: the optimizer's own check
+    /// where it made one (0 or NaN; on a GPU found by bit tests), else on the Cpu the gradient's
+    /// sum (a NaN or an infinity anywhere makes it NaN or infinite: +inf and -inf meet as NaN).
+    /// Else, on a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
+    /// largest and smallest value (two `[1]` tensors, found by the reductions' bit tests), which
+    /// go into the step's one read as they are (no concat of their own).
     figures: Vec<Tensor>,
-}
-
-impl GradientCheck<'_> {
-    /// Whether the figure is a sum (on the Cpu), which may only have overflowed.
-    fn is_sum(&self) -> bool {
-        !self.var.as_tensor().device().is_gpu()
-    }
+    /// Whether `figures` is one value (a check or a sum) rather than the gradient's ends.
+    one_value: bool,
 }
 
 /// Each gradient's check: the optimizer's (`done`, by path) where it made one, else its figures
@@ -250,7 +246,7 @@ fn gradient_figures<'a>(
             .map(|(p, v)| {
                 let gpu = v.as_tensor().device().is_gpu();
                 let figures = match done.remove(p.as_str()) {
-                    Some(c) if !gpu => vec![c],
+                    Some(c) => vec![c],
                     // (A gradient left as a product that the optimizer did not check: worked out.)
                     _ => {
                         let Some(g) = grads.resolve(v)? else {
@@ -259,7 +255,7 @@ fn gradient_figures<'a>(
                         if gpu { gradient_ends(&g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] }
                     }
                 };
-                Ok(GradientCheck { path: p, var: v, figures })
+                Ok(GradientCheck { path: p, var: v, one_value: figures.len() == 1, figures })
             })
             .collect()
     })

@@ -67,8 +67,9 @@ pub trait Optimizer: Send {
     }
     /// The gradients the last `apply` checked in its own pass over them, as (variable path, a
     /// `[1]` tensor: 0 when every value of that variable's gradient was finite, NaN when any was
-    /// not). The training step takes these instead of reading those gradients a second time (on
-    /// the Cpu, Adam's one pass does both); a variable not listed is checked by the step. Only a
+    /// not). The training step takes these instead of reading those gradients a second time
+    /// (Adam's one pass does both, on a GPU where the adapter allows: see
+    /// [`Tensor::adam_step_checked`]); a variable not listed is checked by the step. Only a
     /// gradient used just as `apply` received it may be listed, not one clipped, scaled or
     /// accumulated first. The default lists none.
     fn gradient_checks(&self) -> Vec<(String, Tensor)> {
