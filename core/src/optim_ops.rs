@@ -37,7 +37,7 @@ impl Tensor {
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn adam_step(&self, g: &Tensor, m: &Tensor, v: &Tensor, p: AdamStep) -> Result<(Tensor, Tensor, Tensor)> {
-        let ([w, m, v], _) = self.adam_pass(g, m, v, p)?;
+        let ([w, m, v], _) = self.adam_pass(g, m, v, p, false)?;
         Ok((w, m, v))
     }
 
@@ -70,7 +70,7 @@ impl Tensor {
         v: &Tensor,
         p: AdamStep,
     ) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
-        let ([w, m, v], check) = self.adam_pass(g, m, v, p)?;
+        let ([w, m, v], check) = self.adam_pass(g, m, v, p, true)?;
         Ok((w, m, v, check))
     }
 
@@ -159,8 +159,16 @@ impl Tensor {
         Ok(Some((w, m, v, Some(Tensor::from_storage(c, &[1], DType::F32, dev, None)))))
     }
 
-    /// The new weight, m and v, and on the Cpu the gradient's check.
-    fn adam_pass(&self, g: &Tensor, m: &Tensor, v: &Tensor, p: AdamStep) -> Result<([Tensor; 3], Option<Tensor>)> {
+    /// The new weight, m and v, and the gradient's check: on the Cpu always (it costs nothing
+    /// there), on a GPU when `checked` and the adapter allows it.
+    fn adam_pass(
+        &self,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        p: AdamStep,
+        checked: bool,
+    ) -> Result<([Tensor; 3], Option<Tensor>)> {
         for t in [g, m, v] {
             self.same_device(t, "adam_step")?;
             t.expect_f32("adam_step")?;
@@ -239,7 +247,7 @@ impl Tensor {
                 // The gradient's check in the same pass where the adapter binds a ninth storage
                 // buffer (every desktop driver; WebGPU's default limit is eight): a `[1]` that
                 // stays 0 unless the kernel meets an infinity or a NaN.
-                let flag = if ctx.limits.max_storage_buffers_per_shader_stage >= 9 {
+                let flag = if checked && ctx.limits.max_storage_buffers_per_shader_stage >= 9 {
                     Some(crate::gpu::fill(ctx, 1, 0)?)
                 } else {
                     None

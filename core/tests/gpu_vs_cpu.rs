@@ -128,14 +128,16 @@ proptest! {
         }
     }
 
-    /// A bias added and an activation applied in one pass: the GPU (the sum, then the op) gives
-    /// the Cpu's one-pass values, for a bias over the last axis and a full-shape operand.
+    /// A bias added and an activation applied in one pass: the GPU's one kernel gives the Cpu's
+    /// values, for a bias over the last axis and a full-shape operand.
     #[test]
     fn add_unary_matches_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000, full: bool) {
         use weft_core::ops::UnaryOp;
         let Some(g) = gpu() else { return Ok(()) };
         let rhs_shape = if full { shape.clone() } else { vec![*shape.last().unwrap()] };
-        for op in [UnaryOp::Relu, UnaryOp::GeluTanh, UnaryOp::GeluErf, UnaryOp::Silu, UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Softplus] {
+        // (The last four take parameters, which the GPU's one-pass kernel reads after the binary info.)
+        for op in [UnaryOp::Relu, UnaryOp::GeluTanh, UnaryOp::GeluErf, UnaryOp::Silu, UnaryOp::Sigmoid, UnaryOp::Tanh, UnaryOp::Softplus,
+                   UnaryOp::LeakyRelu(0.2), UnaryOp::Elu(0.7), UnaryOp::Affine { mul: -1.5, add: 0.25 }, UnaryOp::Clamp { lo: -0.5, hi: 1.25 }] {
             let run = |d: &Device| {
                 let x = make(&shape, view, seed, -3.0, 3.0, d).unwrap();
                 x.add_unary(&Tensor::rand(-1.0, 1.0, &rhs_shape, seed + 1, d).unwrap(), op).unwrap()
@@ -394,32 +396,57 @@ fn reductions_of_many_mid_length_runs_match_cpu() {
 
 /// Adam's pass on a GPU checks the gradient as the Cpu's does: 0 when every value is finite, NaN
 /// when one is an infinity or a NaN, wherever it sits (the first element, the last one past
-/// several rounds of the grid, one in the middle), with the same update as unchecked.
+/// several rounds of the grid, one in the middle), and updates every element as the Cpu does,
+/// those after a bad value in an invocation's run included.
 #[test]
 fn the_adam_step_on_a_gpu_checks_the_gradient_in_its_pass() {
     let Some(g) = gpu() else { return };
     let p = weft_core::optim_ops::AdamStep { lr_t: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-7, decay: 1.0 };
+    let same = |got: &[f32], want: &[f32], what: &str| {
+        assert_eq!(got.len(), want.len());
+        for (i, (x, y)) in got.iter().zip(want).enumerate() {
+            assert!(
+                x == y || (x.is_nan() && y.is_nan()) || (x - y).abs() <= ELEMENTWISE_TOL * y.abs().max(1.0),
+                "{what}: at {i} {x} vs {y}"
+            );
+        }
+    };
     for n in [1usize, 300, 600_001] {
-        let [w, m] = [1, 3].map(|s| Tensor::rand(-1.0, 1.0, &[n], s, &g).unwrap());
-        let v = Tensor::rand(0.0, 1.0, &[n], 4, &g).unwrap();
+        let state: Vec<Vec<f32>> = [(1, -1.0), (3, -1.0), (4, 0.0)]
+            .map(|(seed, lo)| Tensor::rand(lo, 1.0, &[n], seed, &Device::Cpu).unwrap().to_vec::<f32>().unwrap())
+            .into();
         let good = Tensor::rand(-1.0, 1.0, &[n], 2, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
-        let step = |grad: &[f32]| {
-            let gt = Tensor::from_slice(grad, &[n], &g).unwrap();
-            let (w2, _, _, check) = w.adam_step_checked(&gt, &m, &v, p).unwrap();
-            (vals(&w2), check.expect("lavapipe binds nine storage buffers").to_vec::<f32>().unwrap()[0])
+        let step = |grad: &[f32], dev: &Device| {
+            let [w, m, v] = [0, 1, 2].map(|i| Tensor::from_slice(&state[i], &[n], dev).unwrap());
+            let gt = Tensor::from_slice(grad, &[n], dev).unwrap();
+            let (w2, m2, v2, check) = w.adam_step_checked(&gt, &m, &v, p).unwrap();
+            ([w2, m2, v2].map(|t| vals(&t)), check.map(|c| c.to_vec::<f32>().unwrap()[0]))
         };
-        let check_of = |grad: &[f32]| step(grad).1;
-        let (w2, check) = step(&good);
-        assert_eq!(check, 0.0, "n {n}: finite values");
-        let on_cpu = |t: &Tensor| Tensor::from_slice(&vals(t), &[n], &Device::Cpu).unwrap();
-        let gc = Tensor::from_slice(&good, &[n], &Device::Cpu).unwrap();
-        let (want, ..) = on_cpu(&w).adam_step(&gc, &on_cpu(&m), &on_cpu(&v), p).unwrap();
-        assert_close(&w2, &vals(&want), ELEMENTWISE_TOL, "checked adam_step");
+        let mut grads = vec![(good.clone(), false)];
         for at in [0, n / 2, n - 1] {
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
                 let mut grad = good.clone();
                 grad[at] = bad;
-                assert!(check_of(&grad).is_nan(), "n {n}: {bad} at {at} was not seen");
+                grads.push((grad, true));
+            }
+        }
+        for (grad, is_bad) in grads {
+            let (got, check) = step(&grad, &g);
+            let (want, _) = step(&grad, &Device::Cpu);
+            for (x, y) in got.iter().zip(&want) {
+                same(x, y, &format!("n {n}, a bad value: {is_bad}"));
+            }
+            let Some(check) = check else {
+                // An adapter that binds eight storage buffers a stage runs the unchecked pass; CI's
+                // lavapipe binds more.
+                assert!(std::env::var("CI").is_err(), "no check from Adam's pass on the GPU");
+                eprintln!("skipped the check: this adapter runs Adam's pass unchecked");
+                return;
+            };
+            if is_bad {
+                assert!(check.is_nan(), "n {n}: a bad value was not seen");
+            } else {
+                assert_eq!(check, 0.0, "n {n}: finite values");
             }
         }
     }

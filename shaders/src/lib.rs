@@ -188,10 +188,11 @@ const INDEX_CHECKS: &[(&str, &str)] = &[
     ("u32", "return vec2(v, 1u);"),
 ];
 
-/// The register-blocked matmul for a `tm x tn` block per invocation: the template with its
-/// setup, inner step and stores written out as named scalars. `None` outside 1..=16.
-pub fn matmul_direct_source(tm: usize, tn: usize) -> Option<String> {
-    if !(1..=16).contains(&tm) || !(1..=16).contains(&tn) {
+/// The register-blocked matmul for a `tm x tn` block per invocation in workgroups of `wx x wy`
+/// invocations (16 x 16 or 64 x 1): the template with its setup, inner step and stores written
+/// out as named scalars. `None` for a block outside 1..=16 or another workgroup shape.
+pub fn matmul_direct_source(tm: usize, tn: usize, (wx, wy): (usize, usize)) -> Option<String> {
+    if !(1..=16).contains(&tm) || !(1..=16).contains(&tn) || ![(16, 16), (64, 1)].contains(&(wx, wy)) {
         return None;
     }
     let mut setup = Vec::new();
@@ -199,7 +200,7 @@ pub fn matmul_direct_source(tm: usize, tn: usize) -> Option<String> {
         setup.push(format!("    let ra_{i} = a_base + min(row0 + {i}u, m - 1u) * a_rs;"));
     }
     for j in 0..tn {
-        setup.push(format!("    let cb_{j} = b_base + min(col0 + {}u, n - 1u) * b_cs;", 16 * j));
+        setup.push(format!("    let cb_{j} = b_base + min(col0 + {}u, n - 1u) * b_cs;", wx * j));
     }
     for i in 0..tm {
         let row: Vec<String> = (0..tn).map(|j| format!("var c_{i}_{j} = 0.0;")).collect();
@@ -219,12 +220,14 @@ pub fn matmul_direct_source(tm: usize, tn: usize) -> Option<String> {
     let mut store = Vec::new();
     for i in 0..tm {
         for j in 0..tn {
-            let (r, col) = (format!("row0 + {i}u"), format!("col0 + {}u", 16 * j));
+            let (r, col) = (format!("row0 + {i}u"), format!("col0 + {}u", wx * j));
             store.push(format!("    if ({r} < m && {col} < n) {{ c[out + ({r}) * n + {col}] = c_{i}_{j}; }}"));
         }
     }
     Some(
         MATMUL_DIRECT
+            .replace("{{WX}}", &wx.to_string())
+            .replace("{{WY}}", &wy.to_string())
             .replace("{{TM}}", &tm.to_string())
             .replace("{{TN}}", &tn.to_string())
             .replace("{{SETUP}}", &setup.join("\n"))
@@ -285,9 +288,13 @@ pub fn source(name: &str) -> Option<String> {
         "matmul" if variant == "tiled" => MATMUL.to_string(),
         "matmul" if variant == "tiled_vec4" => MATMUL_VEC4.to_string(),
         "matmul" => {
-            // `direct8x8`, `direct16x16`: the register block is part of the name.
-            let (tm, tn) = variant.strip_prefix("direct")?.split_once('x')?;
-            matmul_direct_source(tm.parse().ok()?, tn.parse().ok()?)?
+            // `direct8x8`, `rows1x4`: the workgroup's shape and the register block are in the name.
+            let (block, wg) = match variant.strip_prefix("direct") {
+                Some(block) => (block, (16, 16)),
+                None => (variant.strip_prefix("rows")?, (64, 1)),
+            };
+            let (tm, tn) = block.split_once('x')?;
+            matmul_direct_source(tm.parse().ok()?, tn.parse().ok()?, wg)?
         }
         "index" if variant.is_empty() => INDEX.to_string(),
         "index_add" if variant.is_empty() => INDEX_ADD.to_string(),
@@ -323,6 +330,8 @@ pub fn all_kernels() -> Vec<String> {
             "matmul/direct4x4",
             "matmul/direct8x8",
             "matmul/direct16x16",
+            "matmul/rows1x4",
+            "matmul/rows4x4",
         ]
         .map(String::from),
     );

@@ -64,7 +64,9 @@ fn main_checked(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let h = hyper();
     var bad = false;
     for (var i = linear_id(gid, nwg); i < info[0]; i = i + grid_size(nwg)) {
-        bad = bad || !is_finite_(update(i, h));
+        // (Updated first: `||` would skip the update once `bad` is set.)
+        let gi = update(i, h);
+        bad = bad || !is_finite_(gi);
     }
     if (bad) {
         atomicStore(&check[0], 0x7fc00000u);

@@ -2,7 +2,10 @@
 // workgroup memory and no barriers.
 //
 // Each invocation computes a TM x TN block of C: rows row0 + i (i < TM) and columns
-// col0 + 16*j (j < TN), so neighbouring invocations read neighbouring columns of B. For every k
+// col0 + WX*j (j < TN), so neighbouring invocations read neighbouring columns of B. Workgroups
+// are WX x WY invocations: 16 x 16 (`directTMxTN`), or 64 x 1 (`rowsTMxTN`: a product of a
+// few rows, as inference on one sample or a decoder's next token makes, fills a whole block
+// instead of one row of a 16 x 16 one, where the other 15 rows would only repeat the first). For every k
 // it loads TM values of A and TN of B straight from the buffers and does TM*TN multiply-adds
 // into the accumulators c_i_j. Indices past the edge are clamped to the last row or column, so
 // the inner loop has no branches; those results are not written.
@@ -24,7 +27,7 @@
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size({{WX}}, {{WY}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let m = info[0];
     let n = info[1];
@@ -36,8 +39,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let a_cs = info[6];
     let b_rs = info[7];
     let b_cs = info[8];
-    let row0 = wid.y * 16u * {{TM}}u + lid.y * {{TM}}u;
-    let col0 = wid.x * 16u * {{TN}}u + lid.x;
+    let row0 = wid.y * {{WY}}u * {{TM}}u + lid.y * {{TM}}u;
+    let col0 = wid.x * {{WX}}u * {{TN}}u + lid.x;
     // Where each row of A and column of B starts (clamped to the matrix).
 {{SETUP}}
     for (var kk = 0u; kk < k; kk = kk + 1u) {

@@ -12,7 +12,8 @@
 // of the length rather than the length, a long run is spread over many workgroups, and every
 // loop stays far below llvmpipe's budget (it silently stops all loops of an invocation after
 // 65,535 iterations in total; a one-workgroup reduction of 8M elements used to hit it).
-// `main_small` (short runs): one invocation per output element walks its run alone.
+// `main_small` (short runs, and on a software adapter runs up to 1,024 with many outputs, where
+// `main`'s barriers are context switches): one invocation per output element walks its run alone.
 //
 // The host splices in the initial value and `combine` (of `acc`, `ai`, `v`, `vi`), which define
 // the reduction. max, min and argmax propagate NaN (tested on the bits: WGSL may assume there is

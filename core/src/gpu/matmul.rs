@@ -34,6 +34,10 @@ pub const MATMUL_VARIANTS: &[MatmulVariant] = &[
     MatmulVariant { kernel: "matmul/direct4x4", tile_m: 64, tile_n: 64, vec4: false },
     MatmulVariant { kernel: "matmul/direct8x8", tile_m: 128, tile_n: 128, vec4: false },
     MatmulVariant { kernel: "matmul/direct16x16", tile_m: 256, tile_n: 256, vec4: false },
+    // Products of a few rows (a sample's inference, a decoder's next token): the others' tiles
+    // would repeat their first row 15 or more times.
+    MatmulVariant { kernel: "matmul/rows1x4", tile_m: 1, tile_n: 256, vec4: false },
+    MatmulVariant { kernel: "matmul/rows4x4", tile_m: 4, tile_n: 256, vec4: false },
 ];
 
 /// Rankings by adapter, fastest first, so virtual devices on one adapter tune once.
@@ -233,4 +237,27 @@ fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVarian
         start += count;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever order an adapter ranks them in, a product of a few rows goes to a variant whose
+    /// tile it fills at least halfway (a row variant below 32 rows), and a large one does not.
+    #[test]
+    fn a_product_of_few_rows_takes_a_row_variant() {
+        let mut ranked = MATMUL_VARIANTS.to_vec();
+        for turn in 0..ranked.len() {
+            ranked.rotate_left(1);
+            for (m, want_rows) in [(1, true), (3, true), (8, true), (31, true), (32, false), (512, false)] {
+                let (la, lb) = (Layout::contiguous(&[m, 384]), Layout::contiguous(&[384, 1536]));
+                let v = choose(&ranked, &la, &lb);
+                assert!(2 * m >= v.tile_m, "turn {turn}: {m} rows got {}", v.kernel);
+                if want_rows {
+                    assert!(v.kernel.starts_with("matmul/rows"), "turn {turn}: {m} rows got {}", v.kernel);
+                }
+            }
+        }
+    }
 }

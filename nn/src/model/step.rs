@@ -102,7 +102,7 @@ impl Model {
             })
             .collect();
         let out = self.update(&vars, &grads, updates).and_then(|()| {
-            // The optimizer's own pass may have checked gradients already (Adam on the Cpu):
+            // The optimizer's own pass may have checked gradients already (Adam):
             // those are not read a second time.
             let done = self.parts()?.0.gradient_checks();
             let read = Read::new(losses, k, checked(done)?)?;
