@@ -440,8 +440,8 @@ fn the_adam_step_on_a_gpu_checks_the_gradient_in_its_pass() {
                 // An adapter that binds eight storage buffers a stage runs the unchecked pass; CI's
                 // lavapipe binds more.
                 assert!(std::env::var("CI").is_err(), "no check from Adam's pass on the GPU");
-                eprintln!("skipped the check: this adapter runs Adam's pass unchecked");
-                return;
+                eprintln!("not checked: this adapter runs Adam's pass unchecked");
+                continue;
             };
             if is_bad {
                 assert!(check.is_nan(), "n {n}: a bad value was not seen");

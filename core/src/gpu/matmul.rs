@@ -27,7 +27,7 @@ pub struct MatmulVariant {
     pub vec4: bool,
 }
 
-/// Every matmul kernel, smallest tile first.
+/// Every matmul kernel (the first is the autotuner's reference).
 pub const MATMUL_VARIANTS: &[MatmulVariant] = &[
     MatmulVariant { kernel: "matmul/tiled", tile_m: 64, tile_n: 64, vec4: false },
     MatmulVariant { kernel: "matmul/tiled_vec4", tile_m: 64, tile_n: 64, vec4: true },
@@ -115,17 +115,27 @@ fn vec4_ok(la: &Layout, lb: &Layout) -> bool {
         && aligned(lb)
 }
 
+/// Products of this many rows or more never take a row variant (a tile under [`FEW_ROWS`] rows
+/// high: `rows1x4`, `rows4x4`). Those reuse no value through workgroup memory; on a large GPU
+/// they may still win the autotuner's one timing by filling more of it, but a large product
+/// belongs to a tile that reuses its loads.
+const FEW_ROWS: usize = 64;
+
 /// The variant for these layouts: the best-ranked one that applies and whose tile the `m x n`
-/// output fills at least halfway in both directions, else the applicable one with the smallest tile.
+/// output fills at least halfway in both directions, else the applicable one whose tiles cover
+/// the output with the least padding (the best-ranked of those).
 fn choose(ranked: &[MatmulVariant], la: &Layout, lb: &Layout) -> MatmulVariant {
     let r = la.rank();
     let (m, n) = (la.shape()[r - 2], lb.shape()[r - 1]);
-    let usable = |v: &&MatmulVariant| !v.vec4 || vec4_ok(la, lb);
+    let usable = |v: &&MatmulVariant| (!v.vec4 || vec4_ok(la, lb)) && (v.tile_m >= FEW_ROWS || m < FEW_ROWS);
+    // (A tall output only 10 wide, a classifier's logits, is no row variant's: its 256-wide
+    // tile would pad the output's columns 25 times.)
+    let padded = |v: &&MatmulVariant| m.next_multiple_of(v.tile_m) * n.next_multiple_of(v.tile_n);
     ranked
         .iter()
         .filter(usable)
         .find(|v| 2 * m >= v.tile_m && 2 * n >= v.tile_n)
-        .or_else(|| ranked.iter().filter(usable).min_by_key(|v| v.tile_m * v.tile_n))
+        .or_else(|| ranked.iter().filter(usable).min_by_key(padded))
         .copied()
         .unwrap_or(MATMUL_VARIANTS[0])
 }
@@ -243,19 +253,32 @@ fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVarian
 mod tests {
     use super::*;
 
-    /// Whatever order an adapter ranks them in, a product of a few rows goes to a variant whose
-    /// tile it fills at least halfway (a row variant below 32 rows), and a large one does not.
+    /// Whatever order an adapter ranks them in, a product of 1 to 31 rows goes to a row variant
+    /// (32 to 63 rows: to either kind, as ranked), and neither a product of 64 rows or more nor a
+    /// tall narrow one (10 or 1 columns) does.
     #[test]
     fn a_product_of_few_rows_takes_a_row_variant() {
         let mut ranked = MATMUL_VARIANTS.to_vec();
         for turn in 0..ranked.len() {
             ranked.rotate_left(1);
-            for (m, want_rows) in [(1, true), (3, true), (8, true), (31, true), (32, false), (512, false)] {
-                let (la, lb) = (Layout::contiguous(&[m, 384]), Layout::contiguous(&[384, 1536]));
+            for (m, n, want_rows) in [
+                (1, 1536, Some(true)),
+                (3, 1536, Some(true)),
+                (8, 1536, Some(true)),
+                (31, 1536, Some(true)),
+                (32, 1536, None),
+                (63, 1536, None),
+                (64, 1536, Some(false)),
+                (512, 1536, Some(false)),
+                (1, 10, Some(true)),
+                (1024, 10, Some(false)),
+                (1024, 1, Some(false)),
+            ] {
+                let (la, lb) = (Layout::contiguous(&[m, 384]), Layout::contiguous(&[384, n]));
                 let v = choose(&ranked, &la, &lb);
-                assert!(2 * m >= v.tile_m, "turn {turn}: {m} rows got {}", v.kernel);
-                if want_rows {
-                    assert!(v.kernel.starts_with("matmul/rows"), "turn {turn}: {m} rows got {}", v.kernel);
+                assert!(2 * m >= v.tile_m || m < 32, "turn {turn}: {m} x {n} got {}", v.kernel);
+                if let Some(want) = want_rows {
+                    assert_eq!(v.kernel.starts_with("matmul/rows"), want, "turn {turn}: {m} x {n} got {}", v.kernel);
                 }
             }
         }

@@ -5,7 +5,7 @@ use crate::ops::ReduceOp;
 use crate::{DType, Layout, Result};
 
 /// Runs shorter than this are reduced by one invocation each (`main_small`); longer runs get a
-/// workgroup per chunk (`main`), but on a software adapter (see [`SOFTWARE_RUN`]).
+/// workgroup per chunk (`main`), except some on a software adapter (see [`SOFTWARE_RUN`]).
 const SMALL_RUN: usize = 64;
 
 /// On a software adapter (lavapipe: workgroups are CPU tasks, and each of `main`'s eight barriers
