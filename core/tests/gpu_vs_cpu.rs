@@ -394,6 +394,45 @@ fn reductions_of_many_mid_length_runs_match_cpu() {
     }
 }
 
+/// Softmax and layer norm over rows short enough for one invocation each (`main_short`: up to 32
+/// on any adapter, up to 1,024 among many rows on a software one) and over rows given to a
+/// workgroup each: the Cpu's values for every view, and a row holding a NaN or an infinity comes
+/// out all NaN while the other rows stay finite.
+#[test]
+fn softmax_and_layer_norm_of_short_and_long_rows_match_cpu() {
+    let Some(g) = gpu() else { return };
+    for shape in [vec![300, 11], vec![4, 32], vec![70, 1000], vec![5, 1000], vec![2, 150, 64]] {
+        for view in [View::Contiguous, View::Transposed, View::Narrowed] {
+            let n = *shape.last().unwrap();
+            for poison in [None, Some(f32::NAN), Some(f32::INFINITY)] {
+                let run = |dev: &Device| -> Vec<Vec<f32>> {
+                    let mut x = vals(&make(&shape, view, 3, -20.0, 20.0, &Device::Cpu).unwrap());
+                    if let Some(p) = poison {
+                        x[n + 1] = p; // in the second row
+                    }
+                    let x = Tensor::from_slice(&x, &shape, dev).unwrap();
+                    let gamma = Tensor::rand(0.5, 1.5, &[n], 4, dev).unwrap();
+                    let beta = Tensor::rand(-0.5, 0.5, &[n], 5, dev).unwrap();
+                    let ramp = Tensor::arange(0.0, n as f32, 1.0, dev).unwrap().mul_scalar(0.37).unwrap();
+                    let ln = x.add(&ramp).unwrap().layer_norm(&gamma, &beta, 1e-5).unwrap();
+                    [x.softmax(-1).unwrap(), x.log_softmax(-1).unwrap(), ln].iter().map(vals).collect()
+                };
+                let (want, got) = (run(&Device::Cpu), run(&g));
+                for (name, (w, gt)) in ["softmax", "log_softmax", "layer_norm"].iter().zip(want.iter().zip(&got)) {
+                    let what = format!("{name} {shape:?} {view:?} {poison:?}");
+                    let row = |v: &[f32], r: usize| v[r * n..(r + 1) * n].to_vec();
+                    if poison.is_some() {
+                        assert!(row(gt, 1).iter().all(|v| v.is_nan()), "{what}: the poisoned row");
+                        assert!(row(gt, 0).iter().all(|v| v.is_finite()), "{what}: the first row");
+                    }
+                    let finite = |v: &[f32]| v.iter().map(|x| if x.is_nan() { 0.0 } else { *x }).collect::<Vec<f32>>();
+                    assert_close(&finite(gt), &finite(w), REDUCE_TOL, &what);
+                }
+            }
+        }
+    }
+}
+
 /// Adam's pass on a GPU checks the gradient as the Cpu's does: 0 when every value is finite, NaN
 /// when one is an infinity or a NaN, wherever it sits (the first element, the last one past
 /// several rounds of the grid, one in the middle), and updates every element as the Cpu does,

@@ -69,3 +69,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
     }
 }
+
+// `main_short`, the host's choice for short rows (see gpu/rows.rs): one invocation per row, the
+// same three passes, no workgroup memory and no barriers.
+@compute @workgroup_size(256)
+fn main_short(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let n = info[1];
+    let stride = info[4];
+    for (var row = linear_id(gid, nwg); row < info[0]; row = row + grid_size(nwg)) {
+        let base = strided_offset(row, info[2], 6u, 14u, info[3]);
+        var s = 0.0;
+        for (var j = 0u; j < n; j = j + 1u) {
+            s = s + x_buf[base + j * stride];
+        }
+        let mean = s / f32(n);
+        var q = 0.0;
+        for (var j = 0u; j < n; j = j + 1u) {
+            let d = x_buf[base + j * stride] - mean;
+            q = q + d * d;
+        }
+        let rstd = inverseSqrt(q / f32(n) + param(5u));
+        let bad = is_nan_(mean) || is_nan_(q);
+        let nan = select(q, mean, is_nan_(mean));
+        for (var j = 0u; j < n; j = j + 1u) {
+            let y = (x_buf[base + j * stride] - mean) * rstd * gamma[j] + beta[j];
+            y_buf[row * n + j] = select(y, nan, bad);
+        }
+    }
+}

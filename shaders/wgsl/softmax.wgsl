@@ -65,3 +65,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
     }
 }
+
+// `main_short`, the host's choice for short rows (see gpu/rows.rs): one invocation per row walks
+// it three times alone, with no workgroup memory and no barriers (a workgroup of 256 for a row
+// of 11 scores, an attention's over 11 tokens, leaves 245 idle through 16 barriers).
+@compute @workgroup_size(256)
+fn main_short(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let n = info[1];
+    let stride = info[4];
+    for (var row = linear_id(gid, nwg); row < info[0]; row = row + grid_size(nwg)) {
+        let base = strided_offset(row, info[2], 5u, 13u, info[3]);
+        var m = -3.4028235e38;
+        for (var j = 0u; j < n; j = j + 1u) {
+            m = max_(m, x_buf[base + j * stride]);
+        }
+        var s = 0.0;
+        for (var j = 0u; j < n; j = j + 1u) {
+            s = s + exp(x_buf[base + j * stride] - m);
+        }
+        for (var j = 0u; j < n; j = j + 1u) {
+            let v = x_buf[base + j * stride];
+            y_buf[row * n + j] = select({{OUT}}, m, is_nan_(m));
+        }
+    }
+}

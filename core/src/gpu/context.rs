@@ -24,7 +24,7 @@ const MAX_OUTSTANDING: usize = 1024;
 
 /// Workgroups of a one-dimensional kernel: 262,144 invocations fill the largest GPUs, and few
 /// workgroups keep lavapipe's per-workgroup cost (it runs them as CPU tasks) negligible.
-const MAX_1D_GROUPS: usize = 1024;
+pub(super) const MAX_1D_GROUPS: usize = 1024;
 
 /// A compiled kernel entry point and its bind group layout, fetched once rather than per dispatch.
 struct Kernel {

@@ -96,6 +96,27 @@ pub fn reduce(op: ReduceOp, s: &GpuStorage, l: &Layout, axes: &[usize]) -> Resul
     }
 }
 
+/// Rows at most this long are worked by one invocation each (`main_short` of softmax.wgsl and
+/// layer_norm.wgsl) on any adapter: a workgroup of 256 per row would leave most of it idle
+/// through every barrier.
+const SHORT_ROW: usize = 32;
+
+/// On a software adapter (lavapipe), rows up to this long too, when there are at least
+/// [`SOFTWARE_MIN_OUTPUTS`] of them: there each barrier is a context switch. A tiny decoder's
+/// training step (rows of 11 scores and of 64 features) ran 1.3x as fast so, on a 2-core Xeon.
+const SOFTWARE_SHORT_ROW: usize = 1024;
+
+/// The entry point for `rows` rows of `n` values on `ctx`: `main_short` (one invocation per
+/// row) or `main` (one workgroup per row). An invocation of `main_short` loops three times over
+/// each of its rows, so rows stay few enough per invocation for llvmpipe's loop budget (65,535
+/// iterations, see `CHUNK`).
+fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> &'static str {
+    let software = ctx.info.device_type == wgpu::DeviceType::Cpu;
+    let short = n <= SHORT_ROW || (software && n <= SOFTWARE_SHORT_ROW && rows >= SOFTWARE_MIN_OUTPUTS);
+    let per_invocation = rows.div_ceil(256 * super::context::MAX_1D_GROUPS);
+    if short && per_invocation * 3 * n <= 1 << 15 { "main_short" } else { "main" }
+}
+
 /// `info` head shared by the row kernels: rows, row length, outer rank, offset, last stride.
 fn row_info(l: &Layout) -> (Vec<u32>, usize) {
     let r = l.rank();
@@ -121,7 +142,10 @@ pub fn softmax(s: &GpuStorage, l: &Layout, log: bool) -> Result<GpuStorage> {
     let (mut info, rows) = row_info(l);
     push_outer(&mut info, l);
     let kernel = if log { "softmax/log" } else { "softmax/softmax" };
-    s.ctx.dispatch(kernel, "main", &info, &[&s.buf, &out.buf], s.ctx.grid_for(rows))?;
+    let n = l.shape()[l.rank() - 1];
+    let entry = row_entry(&s.ctx, rows, n);
+    let grid = if entry == "main" { s.ctx.grid_for(rows) } else { s.ctx.grid_1d(rows) };
+    s.ctx.dispatch(kernel, entry, &info, &[&s.buf, &out.buf], grid)?;
     Ok(out)
 }
 
@@ -135,6 +159,9 @@ pub fn layer_norm(s: &GpuStorage, l: &Layout, gamma: &GpuStorage, beta: &GpuStor
     let (mut info, rows) = row_info(l);
     info.push(eps.to_bits());
     push_outer(&mut info, l);
-    s.ctx.dispatch("layer_norm", "main", &info, &[&s.buf, &gamma.buf, &beta.buf, &out.buf], s.ctx.grid_for(rows))?;
+    let n = l.shape()[l.rank() - 1];
+    let entry = row_entry(&s.ctx, rows, n);
+    let grid = if entry == "main" { s.ctx.grid_for(rows) } else { s.ctx.grid_1d(rows) };
+    s.ctx.dispatch("layer_norm", entry, &info, &[&s.buf, &gamma.buf, &beta.buf, &out.buf], grid)?;
     Ok(out)
 }
