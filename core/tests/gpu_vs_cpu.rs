@@ -395,39 +395,58 @@ fn reductions_of_many_mid_length_runs_match_cpu() {
 }
 
 /// Softmax and layer norm over rows short enough for one invocation each (`main_short`: up to 32
-/// on any adapter, up to 1,024 among many rows on a software one) and over rows given to a
-/// workgroup each: the Cpu's values for every view, and a row holding a NaN or an infinity comes
-/// out all NaN while the other rows stay finite.
+/// on any adapter, up to 1,024 among at least 256 rows on a software one) and over rows given to a
+/// workgroup each: the Cpu's values for every view of the input (strided, offset, broadcast), a
+/// row holding a NaN or an infinity comes out all NaN while the other rows stay finite, and rows
+/// of values near 100 with a small spread normalise as on the Cpu (a plain running sum of 1,000
+/// of them rounds its mean by more than the tolerance allows the normalised values).
 #[test]
 fn softmax_and_layer_norm_of_short_and_long_rows_match_cpu() {
     let Some(g) = gpu() else { return };
-    for shape in [vec![300, 11], vec![4, 32], vec![70, 1000], vec![5, 1000], vec![2, 150, 64]] {
-        for view in [View::Contiguous, View::Transposed, View::Narrowed] {
-            let n = *shape.last().unwrap();
-            for poison in [None, Some(f32::NAN), Some(f32::INFINITY)] {
-                let run = |dev: &Device| -> Vec<Vec<f32>> {
-                    let mut x = vals(&make(&shape, view, 3, -20.0, 20.0, &Device::Cpu).unwrap());
-                    if let Some(p) = poison {
-                        x[n + 1] = p; // in the second row
-                    }
-                    let x = Tensor::from_slice(&x, &shape, dev).unwrap();
-                    let gamma = Tensor::rand(0.5, 1.5, &[n], 4, dev).unwrap();
-                    let beta = Tensor::rand(-0.5, 0.5, &[n], 5, dev).unwrap();
-                    let ramp = Tensor::arange(0.0, n as f32, 1.0, dev).unwrap().mul_scalar(0.37).unwrap();
-                    let ln = x.add(&ramp).unwrap().layer_norm(&gamma, &beta, 1e-5).unwrap();
-                    [x.softmax(-1).unwrap(), x.log_softmax(-1).unwrap(), ln].iter().map(vals).collect()
-                };
-                let (want, got) = (run(&Device::Cpu), run(&g));
-                for (name, (w, gt)) in ["softmax", "log_softmax", "layer_norm"].iter().zip(want.iter().zip(&got)) {
-                    let what = format!("{name} {shape:?} {view:?} {poison:?}");
-                    let row = |v: &[f32], r: usize| v[r * n..(r + 1) * n].to_vec();
-                    if poison.is_some() {
-                        assert!(row(gt, 1).iter().all(|v| v.is_nan()), "{what}: the poisoned row");
-                        assert!(row(gt, 0).iter().all(|v| v.is_finite()), "{what}: the first row");
-                    }
-                    let finite = |v: &[f32]| v.iter().map(|x| if x.is_nan() { 0.0 } else { *x }).collect::<Vec<f32>>();
-                    assert_close(&finite(gt), &finite(w), REDUCE_TOL, &what);
-                }
+    let check = |what: &str, x: &dyn Fn(&Device) -> Tensor, poisoned: bool| {
+        let run = |dev: &Device| -> Vec<Vec<f32>> {
+            let x = x(dev);
+            let n = *x.dims().last().unwrap();
+            let gamma = Tensor::rand(0.5, 1.5, &[n], 4, dev).unwrap();
+            let beta = Tensor::rand(-0.5, 0.5, &[n], 5, dev).unwrap();
+            let ln = x.layer_norm(&gamma, &beta, 1e-5).unwrap();
+            [x.softmax(-1).unwrap(), x.log_softmax(-1).unwrap(), ln].iter().map(vals).collect()
+        };
+        let (want, got) = (run(&Device::Cpu), run(&g));
+        let n = *x(&Device::Cpu).dims().last().unwrap();
+        for (name, (w, gt)) in ["softmax", "log_softmax", "layer_norm"].iter().zip(want.iter().zip(&got)) {
+            let what = format!("{name} {what}");
+            let row = |v: &[f32], r: usize| v[r * n..(r + 1) * n].to_vec();
+            if poisoned {
+                assert!(row(gt, 1).iter().all(|v| v.is_nan()), "{what}: the poisoned row");
+                assert!(row(gt, 0).iter().all(|v| v.is_finite()), "{what}: the first row");
+            }
+            let finite = |v: &[f32]| v.iter().map(|x| if x.is_nan() { 0.0 } else { *x }).collect::<Vec<f32>>();
+            assert_close(&finite(gt), &finite(w), REDUCE_TOL, &what);
+        }
+    };
+    for shape in [vec![300, 11], vec![4, 32], vec![256, 1000], vec![70, 1000], vec![5, 1000], vec![2, 150, 64]] {
+        for view in [View::Contiguous, View::Transposed, View::Narrowed, View::Broadcast] {
+            check(&format!("{shape:?} {view:?}"), &|d| make(&shape, view, 3, -20.0, 20.0, d).unwrap(), false);
+        }
+        let n = *shape.last().unwrap();
+        for p in [f32::NAN, f32::INFINITY] {
+            let mut x = vals(&Tensor::rand(-20.0, 20.0, &shape, 6, &Device::Cpu).unwrap());
+            x[n + 1] = p; // in the second row
+            check(&format!("{shape:?} with {p}"), &|d| Tensor::from_slice(&x, &shape, d).unwrap(), true);
+        }
+        // Near 100 with a spread of 1, against layer norm worked out in f64 on the host (the Cpu's
+        // f32 mean is off by its own rounding, which the small spread magnifies as much).
+        let x = vals(&Tensor::rand(99.5, 100.5, &shape, 7, &Device::Cpu).unwrap());
+        let t = Tensor::from_slice(&x, &shape, &g).unwrap();
+        let (ones, zeros) = (Tensor::ones(&[n], &g).unwrap(), Tensor::zeros(&[n], &g).unwrap());
+        let got = vals(&t.layer_norm(&ones, &zeros, 1e-5).unwrap());
+        for (r, (row, out)) in x.chunks(n).zip(got.chunks(n)).enumerate() {
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+            for (&v, &o) in row.iter().zip(out) {
+                let want = (v as f64 - mean) / (var + 1e-5).sqrt();
+                assert!((o as f64 - want).abs() < 1e-4, "layer_norm {shape:?} near 100, row {r}: got {o}, want {want}");
             }
         }
     }

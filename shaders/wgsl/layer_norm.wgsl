@@ -1,6 +1,7 @@
 // layer_norm.wgsl: y = (x - mean) / sqrt(var + eps) * gamma + beta over the last axis.
 //
-// One workgroup per row. The invocations stride over the row to sum x, combine the sums in
+// `main`: one workgroup per row (`main_short`, below: one invocation per row, for short rows).
+// The invocations stride over the row to sum x, combine the sums in
 // workgroup memory (a tree of halvings) to get the mean, then do the same for the squared
 // deviations to get the variance (two passes: more stable than E[x^2] - E[x]^2), and finally
 // write the normalised row. x is read through its strides; gamma and beta are contiguous.
@@ -71,18 +72,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 
 // `main_short`, the host's choice for short rows (see gpu/rows.rs): one invocation per row, the
-// same three passes, no workgroup memory and no barriers.
+// same three passes, no workgroup memory and no barriers. Its sum runs one value at a time, so it
+// sums each value's difference from the row's first: a row of values near 1000 then loses no more
+// to rounding than one near 0 (a NaN or an infinity still spoils the sum).
 @compute @workgroup_size(256)
 fn main_short(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let n = info[1];
     let stride = info[4];
     for (var row = linear_id(gid, nwg); row < info[0]; row = row + grid_size(nwg)) {
         let base = strided_offset(row, info[2], 6u, 14u, info[3]);
+        let x0 = x_buf[base];
         var s = 0.0;
         for (var j = 0u; j < n; j = j + 1u) {
-            s = s + x_buf[base + j * stride];
+            s = s + (x_buf[base + j * stride] - x0);
         }
-        let mean = s / f32(n);
+        let mean = x0 + s / f32(n);
         var q = 0.0;
         for (var j = 0u; j < n; j = j + 1u) {
             let d = x_buf[base + j * stride] - mean;

@@ -1,6 +1,7 @@
 // softmax.wgsl: softmax or log-softmax over the last axis, numerically stable.
 //
-// One workgroup per row. The 256 invocations stride over the row three times: to find the row
+// `main`: one workgroup per row (`main_short`, below: one invocation per row, for short rows).
+// The 256 invocations stride over the row three times: to find the row
 // maximum, to sum exp(x - max), and to write the result; between passes they combine their
 // partial max and sum in workgroup memory (a tree of halvings). Subtracting the maximum keeps
 // exp from overflowing. The row is read through its strides; the output is contiguous.

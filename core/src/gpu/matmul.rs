@@ -4,7 +4,9 @@
 //! while lavapipe, which runs invocations as SIMD lanes on the CPU, is several times faster with
 //! large register blocks and no barriers (`directTMxTN`). The first matmul on an adapter times
 //! every variant on one problem, checks each against the others, and ranks them; later calls use
-//! the best-ranked variant whose tile the problem fills at least halfway.
+//! the best-ranked variant whose tile the problem fills at least halfway, else one that pads it
+//! little (`choose`). The row variants (`rowsTMxTN`, 64 x 1 workgroups) serve products of fewer
+//! than 64 rows only.
 
 use super::{GpuContext, GpuStorage};
 use crate::{DType, Error, Layout, Result};
@@ -130,7 +132,9 @@ const FEW_ROWS: usize = 64;
 fn choose(ranked: &[MatmulVariant], la: &Layout, lb: &Layout) -> MatmulVariant {
     let r = la.rank();
     let (m, n) = (la.shape()[r - 2], lb.shape()[r - 1]);
-    let usable = |v: &&MatmulVariant| (!v.vec4 || vec4_ok(la, lb)) && (v.tile_m >= FEW_ROWS || m < FEW_ROWS);
+    // (A variant forced on the device is the ranking's only one, and runs wherever it can.)
+    let forced = ranked.len() == 1;
+    let usable = |v: &&MatmulVariant| (!v.vec4 || vec4_ok(la, lb)) && (v.tile_m >= FEW_ROWS || m < FEW_ROWS || forced);
     // (A tall output only 10 wide, a classifier's logits, is no row variant's: its 256-wide
     // tile would pad the output's columns 25 times.)
     let padded = |v: &&MatmulVariant| m.next_multiple_of(v.tile_m) * n.next_multiple_of(v.tile_n);
@@ -302,5 +306,18 @@ mod tests {
             .collect();
         let (la, lb) = (Layout::contiguous(&[512, 11, 16]), Layout::contiguous(&[512, 16, 11]));
         assert_eq!(choose(&ranked, &la, &lb).kernel, "matmul/direct4x4");
+    }
+
+    /// A variant forced on a device (the ranking's only one) runs every product it can, a row
+    /// variant's of 64 rows or more and a large tile's of a small output included.
+    #[test]
+    fn a_forced_variant_runs_wherever_it_can() {
+        for v in MATMUL_VARIANTS {
+            for (m, n) in [(1, 10), (11, 11), (512, 1536), (1024, 10)] {
+                let (la, lb) = (Layout::contiguous(&[m, 384]), Layout::contiguous(&[384, n]));
+                let want = if v.vec4 && !vec4_ok(&la, &lb) { MATMUL_VARIANTS[0].kernel } else { v.kernel };
+                assert_eq!(choose(&[*v], &la, &lb).kernel, want, "{m} x {n}");
+            }
+        }
     }
 }

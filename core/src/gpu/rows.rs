@@ -10,8 +10,8 @@ const SMALL_RUN: usize = 64;
 
 /// On a software adapter (lavapipe: workgroups are CPU tasks, and each of `main`'s eight barriers
 /// switches between its 256 invocations), runs up to this long are also reduced one invocation
-/// each when there are at least `SOFTWARE_MIN_OUTPUTS` of them, enough to spread over the CPU's
-/// threads: a bias's gradient, the sum over a batch of 256 rows of 1,024 columns, took 9 ms on
+/// each when there are at least `SOFTWARE_MIN_OUTPUTS` of them (256 outputs make one workgroup,
+/// one CPU task, still far quicker than 256 workgroups with their barriers): a bias's gradient, the sum over a batch of 256 rows of 1,024 columns, took 9 ms on
 /// lavapipe as 1,024 workgroups of `main` and 1.2 ms so (a 2-core Xeon). Real GPUs keep `main`,
 /// whose workgroups fill their many cores.
 const SOFTWARE_RUN: usize = 1024;
@@ -107,14 +107,14 @@ const SHORT_ROW: usize = 32;
 const SOFTWARE_SHORT_ROW: usize = 1024;
 
 /// The entry point for `rows` rows of `n` values on `ctx`: `main_short` (one invocation per
-/// row) or `main` (one workgroup per row). An invocation of `main_short` loops three times over
-/// each of its rows, so rows stay few enough per invocation for llvmpipe's loop budget (65,535
-/// iterations, see `CHUNK`).
+/// row) or `main` (one workgroup per row). An invocation of `main_short` runs about `3n + 12`
+/// loop iterations per row (three passes, the row loop, the outer axes' offset), and rows stay
+/// few enough per invocation for llvmpipe's loop budget (65,535 iterations, see `CHUNK`).
 fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> &'static str {
     let software = ctx.info.device_type == wgpu::DeviceType::Cpu;
     let short = n <= SHORT_ROW || (software && n <= SOFTWARE_SHORT_ROW && rows >= SOFTWARE_MIN_OUTPUTS);
     let per_invocation = rows.div_ceil(256 * super::context::MAX_1D_GROUPS);
-    if short && per_invocation * 3 * n <= 1 << 15 { "main_short" } else { "main" }
+    if short && per_invocation * (3 * n + 12) <= 1 << 15 { "main_short" } else { "main" }
 }
 
 /// `info` head shared by the row kernels: rows, row length, outer rank, offset, last stride.
