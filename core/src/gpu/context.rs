@@ -298,6 +298,12 @@ impl GpuContext {
         self.grid_for(n.div_ceil(256).min(MAX_1D_GROUPS))
     }
 
+    /// Whether the adapter is a CPU running the shaders (lavapipe): workgroups are CPU tasks and
+    /// a barrier switches between invocations, so some kernels pick other entry points there.
+    pub(crate) fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
     /// A grid of `groups` workgroups, spread over x and y when x alone would exceed the limit.
     pub(crate) fn grid_for(&self, groups: usize) -> [u32; 3] {
         let max = self.limits.max_compute_workgroups_per_dimension as usize;

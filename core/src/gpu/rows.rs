@@ -11,9 +11,10 @@ const SMALL_RUN: usize = 64;
 /// On a software adapter (lavapipe: workgroups are CPU tasks, and each of `main`'s eight barriers
 /// switches between its 256 invocations), runs up to this long are also reduced one invocation
 /// each when there are at least `SOFTWARE_MIN_OUTPUTS` of them (256 outputs make one workgroup,
-/// one CPU task, still far quicker than 256 workgroups with their barriers): a bias's gradient, the sum over a batch of 256 rows of 1,024 columns, took 9 ms on
-/// lavapipe as 1,024 workgroups of `main` and 1.2 ms so (a 2-core Xeon). Real GPUs keep `main`,
-/// whose workgroups fill their many cores.
+/// one CPU task, still far quicker than 256 workgroups with their barriers): a bias's gradient,
+/// the sum over a batch of 256 rows of 1,024 columns, took 9.8 ms on lavapipe as 1,024
+/// workgroups of `main` and 1.2 ms so (a 2-core Xeon). Real GPUs keep `main`, whose workgroups
+/// fill their many cores.
 const SOFTWARE_RUN: usize = 1024;
 
 /// See [`SOFTWARE_RUN`].
@@ -46,7 +47,7 @@ pub fn reduce(op: ReduceOp, s: &GpuStorage, l: &Layout, axes: &[usize]) -> Resul
     let n_out: usize = kept.iter().map(|&a| l.shape()[a]).product();
     let kernel = format!("reduce/{}", op.name());
     let arg = op == ReduceOp::ArgMax;
-    let software = s.ctx.info.device_type == wgpu::DeviceType::Cpu;
+    let software = s.ctx.is_software();
     let mut pass = Pass {
         values: s.clone(),
         indices: None,
@@ -106,15 +107,19 @@ const SHORT_ROW: usize = 32;
 /// training step (rows of 11 scores and of 64 features) ran 1.3x as fast so, on a 2-core Xeon.
 const SOFTWARE_SHORT_ROW: usize = 1024;
 
-/// The entry point for `rows` rows of `n` values on `ctx`: `main_short` (one invocation per
-/// row) or `main` (one workgroup per row). An invocation of `main_short` runs about `3n + 12`
+/// The entry point and grid for `rows` rows of `n` values on `ctx`: `main_short` (one invocation
+/// per row) or `main` (one workgroup per row). An invocation of `main_short` runs about `3n + 12`
 /// loop iterations per row (three passes, the row loop, the outer axes' offset), and rows stay
 /// few enough per invocation for llvmpipe's loop budget (65,535 iterations, see `CHUNK`).
-fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> &'static str {
-    let software = ctx.info.device_type == wgpu::DeviceType::Cpu;
+fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> (&'static str, [u32; 3]) {
+    let software = ctx.is_software();
     let short = n <= SHORT_ROW || (software && n <= SOFTWARE_SHORT_ROW && rows >= SOFTWARE_MIN_OUTPUTS);
     let per_invocation = rows.div_ceil(256 * super::context::MAX_1D_GROUPS);
-    if short && per_invocation * (3 * n + 12) <= 1 << 15 { "main_short" } else { "main" }
+    if short && per_invocation * (3 * n + 12) <= 1 << 15 {
+        ("main_short", ctx.grid_1d(rows))
+    } else {
+        ("main", ctx.grid_for(rows))
+    }
 }
 
 /// `info` head shared by the row kernels: rows, row length, outer rank, offset, last stride.
@@ -143,8 +148,7 @@ pub fn softmax(s: &GpuStorage, l: &Layout, log: bool) -> Result<GpuStorage> {
     push_outer(&mut info, l);
     let kernel = if log { "softmax/log" } else { "softmax/softmax" };
     let n = l.shape()[l.rank() - 1];
-    let entry = row_entry(&s.ctx, rows, n);
-    let grid = if entry == "main" { s.ctx.grid_for(rows) } else { s.ctx.grid_1d(rows) };
+    let (entry, grid) = row_entry(&s.ctx, rows, n);
     s.ctx.dispatch(kernel, entry, &info, &[&s.buf, &out.buf], grid)?;
     Ok(out)
 }
@@ -160,8 +164,7 @@ pub fn layer_norm(s: &GpuStorage, l: &Layout, gamma: &GpuStorage, beta: &GpuStor
     info.push(eps.to_bits());
     push_outer(&mut info, l);
     let n = l.shape()[l.rank() - 1];
-    let entry = row_entry(&s.ctx, rows, n);
-    let grid = if entry == "main" { s.ctx.grid_for(rows) } else { s.ctx.grid_1d(rows) };
+    let (entry, grid) = row_entry(&s.ctx, rows, n);
     s.ctx.dispatch("layer_norm", entry, &info, &[&s.buf, &gamma.buf, &beta.buf, &out.buf], grid)?;
     Ok(out)
 }

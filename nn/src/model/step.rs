@@ -149,7 +149,7 @@ impl Model {
             // A one-value figure (a check, or a sum, which may only have overflowed) does not
             // say which value: the largest and smallest do (any NaN shows in both, +inf in the
             // first, -inf in the second).
-            let ends = if c.one_value {
+            let ends = if c.one_value() {
                 // (A gradient left as a product is worked out now, for the message.)
                 let g = grads.resolve(c.var.as_tensor())?.unwrap_or_else(|| c.var.as_tensor().clone());
                 Tensor::concat(&gradient_ends(&g)?, 0)?.to_vec::<f32>()?
@@ -228,8 +228,13 @@ struct GradientCheck<'a> {
     /// largest and smallest value (two `[1]` tensors, found by the reductions' bit tests), which
     /// go into the step's one read as they are (no concat of their own).
     figures: Vec<Tensor>,
-    /// Whether `figures` is one value (a check or a sum) rather than the gradient's ends.
-    one_value: bool,
+}
+
+impl GradientCheck<'_> {
+    /// Whether the figure is one value (a check or a sum) rather than the gradient's ends.
+    fn one_value(&self) -> bool {
+        self.figures.len() == 1
+    }
 }
 
 /// Each gradient's check: the optimizer's (`done`, by path) where it made one, else its figures
@@ -255,7 +260,7 @@ fn gradient_figures<'a>(
                         if gpu { gradient_ends(&g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] }
                     }
                 };
-                Ok(GradientCheck { path: p, var: v, one_value: figures.len() == 1, figures })
+                Ok(GradientCheck { path: p, var: v, figures })
             })
             .collect()
     })
