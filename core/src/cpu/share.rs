@@ -12,6 +12,7 @@
 
 use super::crew::Job;
 use crate::Result;
+use crate::subnormals::Mode;
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -29,9 +30,15 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
         (0..n).for_each(f);
         return;
     }
+    // A caller inside a `flushing_subnormals` scope has its pieces run in that mode wherever
+    // they run (its own thread already is).
+    let flush = crate::subnormals::flushing();
     if rayon::current_thread_index().is_some() {
         use rayon::prelude::*;
-        (0..n).into_par_iter().for_each(f);
+        (0..n).into_par_iter().for_each(|i| {
+            let _mode = flush.then(Mode::flush);
+            f(i)
+        });
         return;
     }
     // SAFETY: the pointer is dereferenced only by a thread that claimed a piece, and this
@@ -41,6 +48,7 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let shared = Arc::new(Shared {
         f,
         n,
+        flush,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         panic: Mutex::new(None),
@@ -174,6 +182,8 @@ unsafe impl<T: Send> Sync for Ptr<T> {}
 struct Shared {
     f: *const (dyn Fn(usize) + Sync),
     n: usize,
+    /// Whether the caller flushes subnormals (see `crate::subnormals`).
+    flush: bool,
     next: AtomicUsize,
     done: AtomicUsize,
     /// The first panic's payload, raised again by the caller.
@@ -188,6 +198,7 @@ unsafe impl Sync for Shared {}
 
 impl Job for Shared {
     fn work(&self) {
+        let _mode = self.flush.then(Mode::flush);
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.n {
