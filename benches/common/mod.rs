@@ -109,11 +109,16 @@ pub const MLP_WIDTHS: [usize; 4] = [784, 1024, 1024, 10];
 /// The peers' MLP on `dev` ([`MLP_WIDTHS`]: ReLU between layers), softmax cross-entropy on
 /// logits, Adam 1e-3.
 pub fn mlp(dev: &Device) -> Result<weft::nn::Model> {
+    mlp_of(dev, &MLP_WIDTHS)
+}
+
+/// [`mlp`] of other widths: the input's, then each dense layer's outputs.
+pub fn mlp_of(dev: &Device, widths: &[usize]) -> Result<weft::nn::Model> {
     use weft::nn::layers::Dense;
     use weft::nn::{Activation, Loss, Model, Sequential, optim::Adam};
-    let last = MLP_WIDTHS.len() - 1;
+    let last = widths.len() - 1;
     let net = (1..=last).fold(Sequential::new(), |net, l| {
-        let dense = Dense::new(MLP_WIDTHS[l]);
+        let dense = Dense::new(widths[l]);
         net.add(if l < last { dense.activation(Activation::Relu) } else { dense })
     });
     let mut model = Model::new(net, dev);
