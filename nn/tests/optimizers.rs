@@ -410,7 +410,7 @@ fn moments_decaying_past_the_normal_floats_leave_no_subnormals() {
             assert_eq!(kept, 0, "{name}: {kept} subnormal values in {s}");
         }
     }
-    // (Large enough that weft's helper threads, started inside an optimizer's step, run pieces.)
+    // (Large enough that weft's helper threads run pieces of it.)
     let tiny = Tensor::from_vec(vec![1.2e-38f32; 1 << 20], &[1 << 20], &Device::Cpu).unwrap();
     assert!(tiny.mul_scalar(0.9).unwrap().to_vec::<f32>().unwrap().iter().all(subnormal));
 }

@@ -115,9 +115,6 @@ fn crew() -> Option<&'static Crew> {
 impl Crew {
     /// A helper's life: wait for a loop it has not seen, join it, again.
     fn help(&self) {
-        // (Started by a loop's caller, perhaps inside a scope that flushes subnormals: each job
-        // says its own mode.)
-        crate::subnormals::keep_on_this_thread();
         let mut seen = 0;
         loop {
             let mut spin = Spin::new();

@@ -30,13 +30,13 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
         (0..n).for_each(f);
         return;
     }
-    // A caller inside a `flushing_subnormals` scope has its pieces run in that mode wherever
-    // they run (its own thread already is).
-    let flush = crate::subnormals::flushing();
+    // Every piece runs in the caller's floating-point mode (see `crate::subnormals`), whichever
+    // thread runs it.
+    let mode = Mode::of_this_thread();
     if rayon::current_thread_index().is_some() {
         use rayon::prelude::*;
         (0..n).into_par_iter().for_each(|i| {
-            let _mode = flush.then(Mode::flush);
+            let _mode = mode.enter();
             f(i)
         });
         return;
@@ -48,7 +48,7 @@ pub(crate) fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let shared = Arc::new(Shared {
         f,
         n,
-        flush,
+        mode,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         panic: Mutex::new(None),
@@ -182,8 +182,8 @@ unsafe impl<T: Send> Sync for Ptr<T> {}
 struct Shared {
     f: *const (dyn Fn(usize) + Sync),
     n: usize,
-    /// Whether the caller flushes subnormals (see `crate::subnormals`).
-    flush: bool,
+    /// The caller's floating-point mode, which every piece runs in.
+    mode: Mode,
     next: AtomicUsize,
     done: AtomicUsize,
     /// The first panic's payload, raised again by the caller.
@@ -198,7 +198,7 @@ unsafe impl Sync for Shared {}
 
 impl Job for Shared {
     fn work(&self) {
-        let _mode = self.flush.then(Mode::flush);
+        let _mode = self.mode.enter();
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.n {

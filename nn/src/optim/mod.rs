@@ -6,5 +6,5 @@ mod rules;
 mod schedule;
 
 pub use adaptive::{Adagrad, Adamax, Lion, Nadam};
-pub use rules::{Adam, AdamW, Optimizer, RMSprop, Sgd};
+pub use rules::{Adam, AdamW, Optimizer, RMSprop, Sgd, on_the_cpu_flushing};
 pub use schedule::LearningRate;

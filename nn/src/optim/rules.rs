@@ -299,8 +299,8 @@ impl Base {
     /// `rule(base, path, weight, grad, lr)` for the new weight of each variable.
     ///
     /// The step is staged: new weights and slots are all computed first and only then put in
-    /// place, so a step that fails part way changes no weight, slot or counter. Its Cpu work
-    /// flushes subnormal values to zero ([`flushing_subnormals`]): a moment decaying toward 0
+    /// place, so a step that fails part way changes no weight, slot or counter. On the Cpu it
+    /// flushes subnormal values to zero ([`on_the_cpu_flushing`]): a moment decaying toward 0
     /// would otherwise slow every later update many times over.
     pub(super) fn step(
         &mut self,
@@ -308,7 +308,7 @@ impl Base {
         grads: &GradStore,
         mut rule: impl FnMut(&mut Base, &str, &Tensor, Grad<'_>, f32) -> Result<Tensor>,
     ) -> Result<()> {
-        flushing_subnormals(|| {
+        on_the_cpu_flushing(params, || {
             no_grad(|| {
                 self.checks = None;
                 // A gradient left as a product goes to the rule as one when it is used as given;
@@ -451,6 +451,13 @@ impl Base {
             })
         })
     }
+}
+
+/// `f` in a [`flushing_subnormals`] scope where the variables are on the Cpu (a GPU's kernels
+/// keep their own mode, and a program on a GPU alone need not start the Cpu's threads): the
+/// optimizers' steps, the built-in ones and a coordinated one over shards.
+pub fn on_the_cpu_flushing<R>(params: &[(String, Var)], f: impl FnOnce() -> R) -> R {
+    if params.iter().any(|(_, v)| v.device() == &weft_core::Device::Cpu) { flushing_subnormals(f) } else { f() }
 }
 
 macro_rules! optimizer_common {
