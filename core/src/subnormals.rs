@@ -4,7 +4,7 @@
 //! Why: a moment whose gradient stays 0 (the weights of a ReLU unit that never fires, an
 //! embedding row no batch holds) decays geometrically, Adam's first moment by 0.9 a step, and
 //! within some hundreds of steps it sits a few units above 0 among the subnormals (under
-//! 1.2e-38), where a tenth of it rounds back to a unit: it never leaves. On x86 every operation
+//! 1.2e-38), where 0.9 of it rounds back to itself: it never leaves. On x86 every operation
 //! that reads or makes a subnormal takes a microcode assist of about a hundred cycles, and the
 //! update, which otherwise runs at the speed of memory, ran 10 to 25 times slower from then on.
 //! Measured on a 2-core Xeon (MLPs on random data, Adam, a `jax.jit` step as the yardstick, in
@@ -15,12 +15,17 @@
 //! How: on x86-64 the thread's MXCSR gets its flush-to-zero and denormals-are-zero bits for the
 //! scope's length. Every loop of weft's (`cpu::share`) hands the pieces other threads run the
 //! calling thread's mode, set or cleared, whatever mode those threads had; a library product,
-//! whose own threads would not take it, runs on the calling thread in a scope. So what an op
-//! computes does not depend on which thread ran which piece. Elsewhere (ARM cores handle
-//! subnormals at full speed) values are kept as they are.
+//! whose own threads would not take it, runs on the calling thread when that thread flushes. So
+//! what an op computes does not depend on which thread ran which piece. Threads weft starts from
+//! a thread that flushes (rayon's pool, whose start the scope makes first; the in-host ranks of
+//! a split model, started before any step) would flush for life, as on Linux a thread starts in
+//! its parent's mode. Elsewhere than x86-64 (ARM cores handle subnormals at full speed) values
+//! are kept as they are.
 //!
-//! (Rust assumes the default floating-point mode: the mode changes only around whole kernels,
-//! whose values go through memory, so no value computed in one mode is used as if from the other.)
+//! (Formally, changing DAZ is undefined behaviour in Rust, which assumes the default mode: the
+//! compiler may fold or move register-only float arithmetic across the change. XLA and crates
+//! such as `no_denormals` rely on the same thing; here the mode changes only around whole loops,
+//! whose values go through memory, which no operation moves across.)
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -31,16 +36,17 @@ thread_local! {
 }
 
 /// MXCSR's flush-to-zero (bit 15: subnormal results become 0) and denormals-are-zero (bit 6:
-/// subnormal inputs read as 0) bits.
-#[cfg(target_arch = "x86_64")]
-const FLUSH: u32 = 0x8040;
+/// subnormal inputs read as 0) bits; none elsewhere than x86-64.
+const FLUSH: u32 = if cfg!(target_arch = "x86_64") { 0x8040 } else { 0 };
 
-/// Runs `f` with subnormal f32 inputs and results flushed to zero on x86-64: on this thread, in
-/// every piece of weft's Cpu loops that other threads run for it, and in the libraries' products
-/// (on this thread). The thread's mode is put back after, a panic included. An optimizer's
-/// update of Cpu variables runs in such a scope; results there may differ from the same ops
-/// outside it, and from another CPU's, by values under 1.2e-38. Rayon's global pool is started
-/// first (on Linux a thread starts in its parent's mode), so call `set_num_threads` before.
+/// Runs `f` with subnormal inputs and results (f32 and f64) flushed to zero on x86-64: on this
+/// thread, in every piece of weft's Cpu loops that other threads run for it, and in the
+/// libraries' products (on this thread). The thread's mode is put back after, a panic included.
+/// An optimizer's update of Cpu variables runs in such a scope; its results may differ from the
+/// same ops outside it, and from another CPU's, wherever a subnormal input or result met (a value
+/// under 1.2e-38 read as 0 can change a quotient or a comparison by much more). Rayon's global
+/// pool is started first (on Linux a thread starts in its parent's mode), so call
+/// `set_num_threads` before.
 ///
 /// ```
 /// use weft_core::{Device, Tensor, flushing_subnormals};
@@ -65,28 +71,24 @@ pub(crate) fn flushing() -> bool {
     ON.with(Cell::get)
 }
 
-/// A thread's mode: whether it is in a scope, and (x86-64) its MXCSR's flush bits.
+/// A thread's mode: whether it is in a scope, and its MXCSR's flush bits (0 elsewhere than
+/// x86-64).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Mode {
     on: bool,
-    #[cfg(target_arch = "x86_64")]
     bits: u32,
 }
 
 impl Mode {
-    const FLUSHING: Mode = Mode {
-        on: true,
-        #[cfg(target_arch = "x86_64")]
-        bits: FLUSH,
-    };
+    const FLUSHING: Mode = Mode { on: true, bits: FLUSH };
 
     /// This thread's mode, for the pieces of a loop it hands to other threads.
     pub(crate) fn of_this_thread() -> Mode {
-        Mode {
-            on: flushing(),
-            #[cfg(target_arch = "x86_64")]
-            bits: x86::read() & FLUSH,
-        }
+        #[cfg(target_arch = "x86_64")]
+        let bits = x86::read() & FLUSH;
+        #[cfg(not(target_arch = "x86_64"))]
+        let bits = 0;
+        Mode { on: flushing(), bits }
     }
 
     /// This mode on this thread until the guard drops, when the thread's own comes back.
@@ -97,22 +99,27 @@ impl Mode {
         if before.bits != self.bits {
             x86::set_flush_bits(self.bits);
         }
-        Guard { before, now: self, _here: PhantomData }
+        Guard { before, _here: PhantomData }
+    }
+
+    /// Whether a thread in this mode flushes subnormals (never, elsewhere than x86-64).
+    pub(crate) fn flushes(self) -> bool {
+        self.bits != 0
     }
 }
 
 /// Puts a thread's mode back when dropped (on the thread that made it: not `Send`).
 pub(crate) struct Guard {
     before: Mode,
-    now: Mode,
     _here: PhantomData<*const ()>,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
         ON.with(|c| c.set(self.before.on));
+        // (Whatever ran inside may have changed the bits too: compared with the register.)
         #[cfg(target_arch = "x86_64")]
-        if self.before.bits != self.now.bits {
+        if x86::read() & FLUSH != self.before.bits {
             x86::set_flush_bits(self.before.bits);
         }
     }
@@ -133,8 +140,9 @@ mod x86 {
     pub(super) fn set_flush_bits(bits: u32) {
         let csr = (read() & !super::FLUSH) | (bits & super::FLUSH);
         // SAFETY: loads 4 bytes from a local holding the register with only FTZ and DAZ changed,
-        // which every x86-64 CPU supports (SSE2); no reserved bit is set. (It may clear MXCSR's
-        // status flags' meaning for nothing: weft never reads them.)
+        // which every x86-64 CPU supports (SSE2); no reserved bit is set. (Not `preserves_flags`:
+        // Rust counts MXCSR's exception flags as flags, and this rewrites them, with the values
+        // just read.)
         unsafe { std::arch::asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack)) };
     }
 }
@@ -178,8 +186,23 @@ mod tests {
     }
 
     /// The modes the pieces of one of weft's loops ran in, and how many pieces a thread other
-    /// than the caller ran (each piece waits a little, so that the other threads take some).
+    /// than the caller ran (each piece waits a little, so that the other threads take some): up
+    /// to 8 loops, until another thread ran a piece (a helper that looked while another test's
+    /// loop was on offer joined that one, and never sees this one), every loop's modes kept.
     fn modes_of_pieces() -> (Vec<Mode>, usize) {
+        let mut all = (Vec::new(), 0);
+        for _ in 0..8 {
+            let (modes, others) = modes_of_one_loop();
+            all.0.extend(modes);
+            all.1 += others;
+            if all.1 > 0 {
+                break;
+            }
+        }
+        all
+    }
+
+    fn modes_of_one_loop() -> (Vec<Mode>, usize) {
         let me = std::thread::current().id();
         let seen = std::sync::Mutex::new((Vec::new(), 0));
         crate::cpu::par_chunks_mut(&mut [0u8; 48], 1, |_, _| {

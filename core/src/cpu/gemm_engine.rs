@@ -269,8 +269,9 @@ impl Product {
     /// # Safety
     /// As [`Product::run`].
     unsafe fn run_library(&self, engine: Engine, threads: usize) {
-        // The library's threads would not take a `flushing_subnormals` scope's mode: this one has it.
-        let threads = if crate::subnormals::flushing() { 1 } else { threads };
+        // The library's threads would not take this thread's mode where it flushes subnormals
+        // (see `crate::subnormals`): this thread alone.
+        let threads = if crate::subnormals::Mode::of_this_thread().flushes() { 1 } else { threads };
         match engine {
             Engine::Portable => unsafe {
                 gemm::gemm(

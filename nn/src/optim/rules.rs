@@ -453,11 +453,11 @@ impl Base {
     }
 }
 
-/// `f` in a [`flushing_subnormals`] scope where the variables are on the Cpu (a GPU's kernels
-/// keep their own mode, and a program on a GPU alone need not start the Cpu's threads): the
-/// optimizers' steps, the built-in ones and a coordinated one over shards.
+/// `f` in a [`flushing_subnormals`] scope where any of the variables is on the Cpu (a GPU's
+/// kernels keep their own mode, and a program on a GPU alone need not start the Cpu's threads):
+/// how the optimizers' steps run, the built-in ones and a coordinated one over shards.
 pub fn on_the_cpu_flushing<R>(params: &[(String, Var)], f: impl FnOnce() -> R) -> R {
-    if params.iter().any(|(_, v)| v.device() == &weft_core::Device::Cpu) { flushing_subnormals(f) } else { f() }
+    if params.iter().any(|(_, v)| matches!(v.device(), weft_core::Device::Cpu)) { flushing_subnormals(f) } else { f() }
 }
 
 macro_rules! optimizer_common {
