@@ -2,7 +2,7 @@
 //! `backward` sorts the graph from the loss, walks it in reverse, and asks each op for the
 //! gradients of its inputs, adding them up when a tensor is used more than once.
 
-use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
+use crate::ops::{BinaryOp, GradFrom, ReduceOp, UnaryOp};
 use crate::slice_grads::SliceGrad;
 use crate::{DType, Error, Result, Tensor, TensorId};
 use std::cell::Cell;
@@ -522,8 +522,23 @@ pub(crate) fn reads_output_only(op: UnaryOp) -> bool {
 }
 
 /// The gradient of `op`'s input `x` given its output `out` and the output's gradient `g` (`None`
-/// for the ops with none).
+/// for the ops with none): in one pass for the activations ([`Tensor::unary_backward`]), else
+/// as the tensor ops of [`composed_unary_grad`].
 pub(crate) fn unary_grad(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+    if let Some(from) = op.fused_grad()
+        && g.dtype() == DType::F32
+    {
+        let v = if from == GradFrom::Output { out } else { x };
+        if v.dtype() == DType::F32 && v.dims() == g.dims() {
+            return Ok(Some(v.unary_backward(op, g)?));
+        }
+    }
+    composed_unary_grad(op, x, out, g)
+}
+
+/// [`unary_grad`] as tensor ops, a pass each (the activations' one-pass gradients give these
+/// values to the bit on the Cpu: a test holds them to it).
+pub(crate) fn composed_unary_grad(op: UnaryOp, x: &Tensor, out: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
     use UnaryOp as U;
     Ok(Some(match op {
         U::Identity => g.clone(),

@@ -35,6 +35,7 @@ mod subnormals;
 mod tensor;
 mod threads;
 pub mod trace;
+mod unary_grads;
 mod var;
 
 pub use backprop::{GradStore, no_grad};

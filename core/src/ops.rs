@@ -2,6 +2,7 @@
 //! one_hot, dropout...) is composed from these, so a new backend only has to provide this list.
 
 use crate::fast_exp::exp;
+pub use crate::unary_grads::GradFrom;
 
 /// Elementwise unary ops; the parameterised ones carry their scalars.
 #[derive(Debug, Clone, Copy, PartialEq)]

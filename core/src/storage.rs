@@ -71,6 +71,21 @@ impl Storage {
         })
     }
 
+    /// `g * op'(self)` on two layouts of one shape, in one pass (`self` is the op's input, or
+    /// its output where `UnaryOp::fused_grad` says so).
+    pub fn unary_grad(&self, op: UnaryOp, lv: &Layout, g: &Storage, lg: &Layout) -> Result<Storage> {
+        Ok(match (self, g) {
+            (Storage::Cpu(v), Storage::Cpu(g)) => Storage::Cpu(cpu::unary_grad(op, v, lv, g, lg)?),
+            (Storage::Gpu(v), Storage::Gpu(g)) => {
+                gpu::check_layout(op.name(), lv)?;
+                gpu::check_layout(op.name(), lg)?;
+                Storage::Gpu(gpu::unary_grad(op, v, lv, g, lg)?.inherit(&[v, g]))
+            }
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("unary_backward", self, g)),
+        })
+    }
+
     /// `mask != 0 ? a : b`; `self` is the mask.
     pub fn where_cond(&self, lm: &Layout, a: &Storage, la: &Layout, b: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, a, b) {

@@ -147,6 +147,27 @@ proptest! {
         }
     }
 
+    /// An activation's input gradient in one pass (`unary_grad/<op>`): the GPU's kernel gives
+    /// the Cpu's values for every op that has one, on real views (the op's input or output, and
+    /// the output's gradient).
+    #[test]
+    fn unary_backward_matches_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000) {
+        use weft_core::ops::{GradFrom, UnaryOp};
+        let Some(g) = gpu() else { return Ok(()) };
+        for op in [UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::GeluTanh, UnaryOp::GeluErf, UnaryOp::Silu,
+                   UnaryOp::Erf, UnaryOp::Softsign, UnaryOp::Softplus, UnaryOp::LogSigmoid, UnaryOp::Mish, UnaryOp::Relu6,
+                   UnaryOp::HardSigmoid, UnaryOp::HardSilu, UnaryOp::LeakyRelu(0.2), UnaryOp::Elu(0.7)] {
+            let run = |d: &Device| {
+                let x = make(&shape, view, seed, -7.0, 7.0, d).unwrap();
+                let v = if op.fused_grad() == Some(GradFrom::Output) { x.unary(op).unwrap() } else { x };
+                let grad = make(&shape, view, seed + 1, -2.0, 2.0, d).unwrap();
+                v.unary_backward(op, &grad).unwrap()
+            };
+            let (got, want) = (run(&g), run(&Device::Cpu));
+            assert_close(&vals(&got), &vals(&want), ELEMENTWISE_TOL, &format!("unary_backward {op:?} {shape:?} {view:?}"));
+        }
+    }
+
     #[test]
     fn binary_ops_broadcast_like_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000, bcast_axis in 0usize..3) {
         let Some(g) = gpu() else { return Ok(()) };

@@ -95,6 +95,57 @@ pub const UNARY_OPS: &[(&str, &str)] = &[
     ("clamp", "select(min(max(x, p0), p1), x, is_nan_(x))"),
 ];
 
+/// The activations' one-pass input gradients (`unary_grad/<op>`): the body of
+/// `dun(x, p0, p1)`, the op's derivative at `x` (its input, or for tanh and sigmoid its output),
+/// in the operations of the Cpu's `UnaryOp::grad_factor`; a NaN `x` gives NaN.
+pub const UNARY_GRADS: &[(&str, &str)] = &[
+    ("relu", "return select(select(0.0, 1.0, x > 0.0), x, is_nan_(x));"),
+    ("tanh", "return x * x * -1.0 + 1.0;"),
+    ("sigmoid", "return x * (x * -1.0 + 1.0);"),
+    (
+        "gelu_tanh",
+        "let x2 = x * x;
+    let s = 1.0 / (1.0 + exp(-(x * (x2 * 0.044715 + 1.0) * 1.5957692)));
+    let du = x2 * 0.10703222 + 0.7978846;
+    return select(s + x * (s * (s * -1.0 + 1.0)) * du * 2.0, x, is_nan_(x));",
+    ),
+    (
+        "gelu_erf",
+        "let cdf = erf_(x * 0.70710677) * 0.5 + 0.5;
+    let pdf = exp(x * x * -0.5) * 0.3989423;
+    return select(cdf + x * pdf, x, is_nan_(x));",
+    ),
+    (
+        "silu",
+        "let s = 1.0 / (1.0 + exp(-x));
+    return select(s * (x * (s * -1.0 + 1.0) + 1.0), x, is_nan_(x));",
+    ),
+    ("erf", "return select(exp(-(x * x)) * 1.1283792, x, is_nan_(x));"),
+    ("softsign", "let d = abs(x) + 1.0;\n    return 1.0 / (d * d);"),
+    ("softplus", "return select(1.0 / (1.0 + exp(-x)), x, is_nan_(x));"),
+    ("log_sigmoid", "return select(1.0 / (1.0 + exp(-x)) * -1.0 + 1.0, x, is_nan_(x));"),
+    (
+        "mish",
+        "let t = tanh_(max(x, 0.0) + log(1.0 + exp(-abs(x))));
+    let s = 1.0 / (1.0 + exp(-x));
+    return select(t + x * (t * t * -1.0 + 1.0) * s, x, is_nan_(x));",
+    ),
+    ("relu6", "return select(select(0.0, 1.0, x > 0.0 && x < 6.0), x, is_nan_(x));"),
+    ("hard_sigmoid", "return select(select(0.0, 1.0 / 6.0, x > -3.0 && x < 3.0), x, is_nan_(x));"),
+    (
+        "hard_silu",
+        "let inside = select(0.0, 1.0, x > -3.0 && x < 3.0);
+    let hs = min(max((x + 3.0) * (1.0 / 6.0), 0.0), 1.0);
+    return select(hs + inside * x * (1.0 / 6.0), x, is_nan_(x));",
+    ),
+    ("leaky_relu", "return select(select(0.0, 1.0, x >= 0.0) * (1.0 - p0) + p0, x, is_nan_(x));"),
+    (
+        "elu",
+        "let pos = select(0.0, 1.0, x > 0.0);
+    return select(pos + (pos * -1.0 + 1.0) * (exp(min(x, 0.0)) * p0), x, is_nan_(x));",
+    ),
+];
+
 /// Binary ops: name and WGSL expression of `a` and `b`.
 pub const BINARY_OPS: &[(&str, &str)] = &[
     ("add", "a + b"),
@@ -265,6 +316,13 @@ pub fn source(name: &str) -> Option<String> {
             let un = format!("fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n");
             format!("{}\n{un}", BINARY.replace("{{OP}}", "un(a + b, param(28u), param(29u))"))
         }
+        // `b * op'(a)` in one pass (an activation's input gradient): the binary kernel whose op
+        // multiplies the output's gradient `b` by the derivative at `a`, parameters as add_unary's.
+        "unary_grad" => {
+            let body = UNARY_GRADS.iter().find(|(n, _)| *n == variant)?.1;
+            let dun = format!("fn dun(x: f32, p0: f32, p1: f32) -> f32 {{\n    {body}\n}}\n");
+            format!("{}\n{dun}", BINARY.replace("{{OP}}", "b * dun(a, param(28u), param(29u))"))
+        }
         "reduce" => {
             let (_, init, combine, with_index) = REDUCE_OPS.iter().find(|r| r.0 == variant)?;
             let index = if *with_index { REDUCE_WITH_INDEX } else { REDUCE_WITHOUT_INDEX };
@@ -318,6 +376,7 @@ pub fn all_kernels() -> Vec<String> {
     names.extend(UNARY_OPS.iter().map(|(n, _)| format!("unary/{n}")));
     names.extend(BINARY_OPS.iter().map(|(n, _)| format!("binary/{n}")));
     names.extend(UNARY_OPS.iter().map(|(n, _)| format!("add_unary/{n}")));
+    names.extend(UNARY_GRADS.iter().map(|(n, _)| format!("unary_grad/{n}")));
     names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
     names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
     names.extend(INDEX_CHECKS.iter().map(|c| format!("index_check/{}", c.0)));

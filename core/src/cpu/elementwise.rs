@@ -329,6 +329,47 @@ pub fn add_unary(op: UnaryOp, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &
     Ok(f32_storage(out))
 }
 
+/// `g * op'(v)` for every element, in one pass: the input gradient of a unary op from `v` (its
+/// input, or its output where `UnaryOp::fused_grad` says so) and its output's gradient `g`.
+pub fn unary_grad(op: UnaryOp, v: &CpuStorage, lv: &Layout, g: &CpuStorage, lg: &Layout) -> Result<CpuStorage> {
+    let (x, y) = (v.f32s("unary_backward")?, g.f32s("unary_backward")?);
+    let r = rows(&[lv, lg]);
+    let mut out = try_take(lv.numel())?;
+    macro_rules! go {
+        ($f:expr) => {
+            run(&mut out, lv.numel(), &r, [x, y], |[p, q]| q * $f.grad_factor(p))
+        };
+    }
+    // One loop per op, as `unary`'s (an op without a one-pass gradient is refused by the caller).
+    macro_rules! each {
+        ($($v:ident),*) => {
+            match op {
+                $(UnaryOp::$v => go!(UnaryOp::$v),)*
+                UnaryOp::LeakyRelu(a) => go!(UnaryOp::LeakyRelu(a)),
+                UnaryOp::Elu(a) => go!(UnaryOp::Elu(a)),
+                other => go!(other),
+            }
+        };
+    }
+    each!(
+        Relu,
+        Tanh,
+        Sigmoid,
+        GeluTanh,
+        GeluErf,
+        Silu,
+        Erf,
+        Softsign,
+        Softplus,
+        LogSigmoid,
+        Mish,
+        Relu6,
+        HardSigmoid,
+        HardSilu
+    );
+    Ok(f32_storage(out))
+}
+
 /// `v = op(v + bias)` for each row of `bias.len()` values of `v`, in place: a convolution's or a
 /// dense layer's bias and activation applied to its output rows while they are in cache (the
 /// same bits as [`add_unary`]).

@@ -38,7 +38,7 @@ pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad};
 pub use dense_grads::act_bias_grads;
 #[cfg(target_arch = "x86_64")]
 pub use dense_grads_product::act_bias_grads_of_product;
-pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, where_cond};
+pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, unary_grad, where_cond};
 pub(crate) use fma_peak::fma_peak;
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use matmul::{matmul, matmul_add_unary};

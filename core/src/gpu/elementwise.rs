@@ -56,6 +56,11 @@ pub fn add_unary(op: UnaryOp, a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &
     binary_kernel(&format!("add_unary/{}", op.name()), "add_unary", a, la, b, lb, Some(op.params()))
 }
 
+/// `g * op'(v)` in one pass (see `cpu::unary_grad`): binary.wgsl as `unary_grad/<op>`.
+pub fn unary_grad(op: UnaryOp, v: &GpuStorage, lv: &Layout, g: &GpuStorage, lg: &Layout) -> Result<GpuStorage> {
+    binary_kernel(&format!("unary_grad/{}", op.name()), "unary_backward", v, lv, g, lg, Some(op.params()))
+}
+
 /// A dispatch of binary.wgsl as `kernel`; `params`: the unary op's of an `add_unary` kernel.
 fn binary_kernel(
     kernel: &str,

@@ -13,7 +13,7 @@ mod rows;
 
 pub use context::{Activity, GpuContext};
 pub(crate) use conv::{conv2d, pool2d, pool2d_grad};
-pub(crate) use elementwise::{add_unary, binary, cast, copy_into, fill, rand_uniform, unary, where_cond};
+pub(crate) use elementwise::{add_unary, binary, cast, copy_into, fill, rand_uniform, unary, unary_grad, where_cond};
 pub(crate) use index::{gather, index_add, index_check, index_select, scatter_add};
 pub(crate) use matmul::matmul;
 pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul_ranking};

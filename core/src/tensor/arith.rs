@@ -172,6 +172,34 @@ impl Tensor {
         Ok(Tensor::from_storage(storage, &shape, self.dtype(), self.device().clone(), Some(node)))
     }
 
+    /// The input gradient of the unary op `op` in one pass: `g * op'(v)` elementwise, where `v`
+    /// (`self`) is the op's input, or its output for tanh and sigmoid (see
+    /// [`UnaryOp::fused_grad`]), and `g` the output's gradient, of `self`'s shape. Autograd takes
+    /// this path for the activations; no graph is recorded through it. `Err` for an op without a
+    /// one-pass gradient, or for another shape, dtype or device.
+    ///
+    /// ```
+    /// # use weft_core::{Device, Tensor, ops::UnaryOp};
+    /// let x = Tensor::from_vec(vec![-1f32, 0.5, 2.0], &[3], &Device::Cpu)?;
+    /// let g = Tensor::from_vec(vec![1f32, 1.0, 3.0], &[3], &Device::Cpu)?;
+    /// assert_eq!(x.unary_backward(UnaryOp::Relu, &g)?.to_vec::<f32>()?, vec![0.0, 1.0, 3.0]);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn unary_backward(&self, op: UnaryOp, g: &Tensor) -> Result<Tensor> {
+        let what = "unary_backward";
+        self.same_device(g, what)?;
+        self.expect_f32(what)?;
+        g.expect_f32(what)?;
+        if self.dims() != g.dims() {
+            return Err(Error::ShapeMismatch { op: what, lhs: self.dims().to_vec(), rhs: g.dims().to_vec() });
+        }
+        if op.fused_grad().is_none() {
+            return Err(Error::invalid(what, format!("{op:?} has no one-pass gradient (see UnaryOp::fused_grad)")));
+        }
+        let storage = self.storage().unary_grad(op, self.layout(), &g.storage(), g.layout())?;
+        Ok(Tensor::from_storage(storage, self.dims(), DType::F32, self.device().clone(), None))
+    }
+
     /// x * mul + add, in one kernel.
     pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
         self.unary(UnaryOp::Affine { mul, add })
