@@ -2,7 +2,7 @@
 //! ([`Tensor::unary_backward`](crate::Tensor::unary_backward)): `g * f'(v)`, with `f'` read from
 //! the op's input, or for tanh and sigmoid from its output.
 //!
-//! Why: written as tensor ops, a GELU's gradient was 13 ops (a Mish's 12, an ELU's 8), each a
+//! Why: written as tensor ops, a GELU's gradient was 13 ops (a Mish's 9, an ELU's 8), each a
 //! pass over the activations that wrote a temporary as large: on a GPU as many dispatches and
 //! buffers, on the Cpu as many trips through memory. Each factor here runs the operations of
 //! that chain in its order, without fused multiply-adds, so on the Cpu the values are the
@@ -42,8 +42,8 @@ fn inside(x: f32, lo: f32, hi: f32) -> f32 {
 
 impl UnaryOp {
     /// Whether weft works this op's input gradient out in one pass, and from which value; `None`
-    /// for the ops whose gradient is one or two plain ops anyway (exp, log, the powers, affine,
-    /// ...) or has none.
+    /// for the others, whose gradients stay tensor ops (exp's, log's and affine's are one op;
+    /// clamp's, the powers' and the reciprocals' a few) or which have none (step, sign).
     pub fn fused_grad(self) -> Option<GradFrom> {
         use UnaryOp::*;
         match self {
@@ -55,10 +55,11 @@ impl UnaryOp {
     }
 
     /// The op's derivative at `v` (the value [`fused_grad`](Self::fused_grad) names: the input,
-    /// or the output for tanh and sigmoid); NaN where `v` is NaN; `v` itself for an op without a
-    /// one-pass gradient. At a kink the flat side's slope (0), as JAX's.
+    /// or the output for tanh and sigmoid); NaN where `v` is NaN. At relu's, relu6's and hard
+    /// sigmoid's kinks the flat side's slope (0), as JAX's; leaky relu's is 1 at 0, elu's alpha.
+    /// Only for ops with a one-pass gradient (`v` itself for the others).
     #[inline(always)]
-    pub fn grad_factor(self, v: f32) -> f32 {
+    pub(crate) fn grad_factor(self, v: f32) -> f32 {
         use UnaryOp::*;
         let x = v;
         match self {
@@ -119,25 +120,103 @@ mod tests {
     use crate::ops::UnaryOp;
     use crate::{Device, Result, Tensor};
 
-    /// Every op with a one-pass gradient.
-    const OPS: [UnaryOp; 16] = [
-        UnaryOp::Relu,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::GeluTanh,
-        UnaryOp::GeluErf,
-        UnaryOp::Silu,
-        UnaryOp::Erf,
-        UnaryOp::Softsign,
-        UnaryOp::Softplus,
-        UnaryOp::LogSigmoid,
-        UnaryOp::Mish,
-        UnaryOp::Relu6,
-        UnaryOp::HardSigmoid,
-        UnaryOp::HardSilu,
-        UnaryOp::LeakyRelu(0.2),
-        UnaryOp::Elu(1.3),
-    ];
+    /// One of every op (leaky relu and elu with two parameters each).
+    fn every_op() -> Vec<UnaryOp> {
+        use UnaryOp::*;
+        /// (Names every variant: a new op fails to compile here until the list below has it.)
+        fn _listed(op: UnaryOp) {
+            match op {
+                Identity
+                | Neg
+                | Abs
+                | Exp
+                | Log
+                | Sqrt
+                | Rsqrt
+                | Square
+                | Recip
+                | Tanh
+                | Sigmoid
+                | Relu
+                | GeluTanh
+                | GeluErf
+                | Silu
+                | Sin
+                | Cos
+                | Step
+                | Sign
+                | Erf
+                | Softsign
+                | Softplus
+                | LogSigmoid
+                | Mish
+                | Relu6
+                | HardSigmoid
+                | HardSilu
+                | LeakyRelu(_)
+                | Elu(_)
+                | Affine { .. }
+                | Powf(_)
+                | Clamp { .. } => {}
+            }
+        }
+        vec![
+            Identity,
+            Neg,
+            Abs,
+            Exp,
+            Log,
+            Sqrt,
+            Rsqrt,
+            Square,
+            Recip,
+            Tanh,
+            Sigmoid,
+            Relu,
+            GeluTanh,
+            GeluErf,
+            Silu,
+            Sin,
+            Cos,
+            Step,
+            Sign,
+            Erf,
+            Softsign,
+            Softplus,
+            LogSigmoid,
+            Mish,
+            Relu6,
+            HardSigmoid,
+            HardSilu,
+            LeakyRelu(0.2),
+            LeakyRelu(-0.5),
+            Elu(1.3),
+            Elu(0.5),
+            Affine { mul: 2.0, add: 1.0 },
+            Powf(2.5),
+            Clamp { lo: -1.0, hi: 1.0 },
+        ]
+    }
+
+    /// Every op with a one-pass gradient has a GPU kernel, and the ops whose gradient autograd
+    /// reads from their output (`reads_output_only`) are ones whose one pass reads the output, or
+    /// relu (whose output's step is its input's): an input-reading formula given the output
+    /// would be silently wrong.
+    #[test]
+    fn every_one_pass_gradient_has_a_kernel_and_reads_what_autograd_gives() {
+        for op in every_op() {
+            if op.fused_grad().is_some() {
+                let kernel = format!("unary_grad/{}", op.name());
+                assert!(weft_shaders::source(&kernel).is_some(), "no WGSL kernel {kernel}");
+            }
+            if crate::backprop::reads_output_only(op) {
+                let ok = matches!(op.fused_grad(), None | Some(GradFrom::Output)) || op == UnaryOp::Relu;
+                assert!(ok, "{op:?}: autograd gives its output, the one pass reads its input");
+            }
+        }
+        let fused = every_op().into_iter().filter(|op| op.fused_grad().is_some()).count();
+        assert_eq!(fused, weft_shaders::UNARY_GRADS.len() + 2, "a kernel per op (two ops twice in the list)");
+    }
 
     /// The one-pass gradient of every activation gives the bits of the tensor ops it replaced
     /// (any NaN for a NaN), over ordinary values, the kinks, tiny and huge ones, the infinities
@@ -152,7 +231,7 @@ mod tests {
         let gs: Vec<f32> = (0..n).map(|i| [1.0, -0.37, 2.5e-3, 0.0, -7.5][i % 5]).collect();
         let x = Tensor::from_vec(xs, &[n], &dev)?;
         let g = Tensor::from_vec(gs, &[n], &dev)?;
-        for op in OPS {
+        for op in every_op().into_iter().filter(|op| op.fused_grad().is_some()) {
             let out = x.unary(op)?;
             let v = if op.fused_grad() == Some(GradFrom::Output) { &out } else { &x };
             let got = v.unary_backward(op, &g)?.to_vec::<f32>()?;

@@ -564,3 +564,47 @@ fn casts_round_trip_on_gpu() {
         }
     }
 }
+
+/// The one-pass activation gradients on a GPU at the values a proptest rarely draws: the kinks
+/// (0, ±3, 6), ±0, values where the exponentials overflow or vanish (±30, ±95), and a NaN; the
+/// output's gradient a row broadcast down the columns (a contiguous input and a stride-0 gradient,
+/// as a bias-like gradient reaches it). The Cpu's values, NaN where it gives NaN.
+#[test]
+fn unary_backward_at_kinks_and_far_values_matches_cpu() {
+    use weft_core::ops::{GradFrom, UnaryOp};
+    let Some(g) = gpu() else { return };
+    let xs: Vec<f32> =
+        vec![0.0, -0.0, 3.0, -3.0, 6.0, 2.9, 6.1, -2.9, 30.0, -30.0, 95.0, -95.0, 1e-3, -1e-3, 0.5, f32::NAN];
+    let n = xs.len();
+    for op in [
+        UnaryOp::Relu,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::GeluTanh,
+        UnaryOp::GeluErf,
+        UnaryOp::Silu,
+        UnaryOp::Erf,
+        UnaryOp::Softsign,
+        UnaryOp::Softplus,
+        UnaryOp::LogSigmoid,
+        UnaryOp::Mish,
+        UnaryOp::Relu6,
+        UnaryOp::HardSigmoid,
+        UnaryOp::HardSilu,
+        UnaryOp::LeakyRelu(0.2),
+        UnaryOp::Elu(0.7),
+    ] {
+        let run = |d: &Device| {
+            let x = Tensor::from_vec(xs.iter().cycle().take(3 * n).copied().collect(), &[3, n], d).unwrap();
+            let v = if op.fused_grad() == Some(GradFrom::Output) { x.unary(op).unwrap() } else { x };
+            let row = Tensor::from_vec((0..n).map(|i| [1.0f32, -0.5, 2.0][i % 3]).collect(), &[1, n], d).unwrap();
+            v.unary_backward(op, &row.broadcast_to(&[3, n]).unwrap()).unwrap()
+        };
+        let (got, want) = (vals(&run(&g)), vals(&run(&Device::Cpu)));
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            let x = xs[i % n];
+            let close = (a - b).abs() <= ELEMENTWISE_TOL * b.abs().max(1.0) || (a.is_nan() && b.is_nan());
+            assert!(close, "unary_backward {op:?} at x = {x}: GPU {a}, Cpu {b}");
+        }
+    }
+}

@@ -100,8 +100,8 @@ pub const UNARY_OPS: &[(&str, &str)] = &[
 /// in the operations of the Cpu's `UnaryOp::grad_factor`; a NaN `x` gives NaN.
 pub const UNARY_GRADS: &[(&str, &str)] = &[
     ("relu", "return select(select(0.0, 1.0, x > 0.0), x, is_nan_(x));"),
-    ("tanh", "return x * x * -1.0 + 1.0;"),
-    ("sigmoid", "return x * (x * -1.0 + 1.0);"),
+    ("tanh", "return select(x * x * -1.0 + 1.0, x, is_nan_(x));"),
+    ("sigmoid", "return select(x * (x * -1.0 + 1.0), x, is_nan_(x));"),
     (
         "gelu_tanh",
         "let x2 = x * x;
@@ -121,7 +121,7 @@ pub const UNARY_GRADS: &[(&str, &str)] = &[
     return select(s * (x * (s * -1.0 + 1.0) + 1.0), x, is_nan_(x));",
     ),
     ("erf", "return select(exp(-(x * x)) * 1.1283792, x, is_nan_(x));"),
-    ("softsign", "let d = abs(x) + 1.0;\n    return 1.0 / (d * d);"),
+    ("softsign", "let d = abs(x) + 1.0;\n    return select(1.0 / (d * d), x, is_nan_(x));"),
     ("softplus", "return select(1.0 / (1.0 + exp(-x)), x, is_nan_(x));"),
     ("log_sigmoid", "return select(1.0 / (1.0 + exp(-x)) * -1.0 + 1.0, x, is_nan_(x));"),
     (

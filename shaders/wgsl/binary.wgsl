@@ -5,7 +5,7 @@
 // two strided offsets; the host splices in the expression `{{OP}}` of `a` and `b`.
 //
 // info: [numel, rank, a_offset, b_offset, shape[8], a_strides[8], b_strides[8]], and for add_unary
-// the unary op's two parameters after them (28, 29).
+// and unary_grad the unary op's two parameters after them (28, 29).
 
 @group(0) @binding(1) var<storage, read> a_buf: array<f32>;
 @group(0) @binding(2) var<storage, read> b_buf: array<f32>;

@@ -61,7 +61,7 @@ pub fn unary_grad(op: UnaryOp, v: &GpuStorage, lv: &Layout, g: &GpuStorage, lg: 
     binary_kernel(&format!("unary_grad/{}", op.name()), "unary_backward", v, lv, g, lg, Some(op.params()))
 }
 
-/// A dispatch of binary.wgsl as `kernel`; `params`: the unary op's of an `add_unary` kernel.
+/// A dispatch of binary.wgsl as `kernel`; `params`: the unary op's of an `add_unary` or `unary_grad` kernel.
 fn binary_kernel(
     kernel: &str,
     name: &'static str,
