@@ -773,19 +773,11 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
             vec![Some(g.sub(&out.exp()?.mul(&s)?)?)]
         }
         Op::LayerNorm { x, gamma, eps, .. } => {
-            let n = *x.dims().last().unwrap_or(&1) as f32;
-            let mean = x.mean(&[-1], true)?;
-            let xc = x.sub(&mean)?;
-            let rstd = xc.square()?.mean(&[-1], true)?.add_scalar(*eps)?.rsqrt()?;
-            let xhat = xc.mul(&rstd)?;
-            let rows: Vec<isize> = (0..x.rank() as isize - 1).collect();
-            let dgamma = g.mul(&xhat)?.sum(&rows, false)?;
-            let dbeta = g.sum(&rows, false)?;
-            let dxhat = g.mul(gamma)?;
-            let m1 = dxhat.sum(&[-1], true)?.mul_scalar(1.0 / n)?;
-            let m2 = dxhat.mul(&xhat)?.sum(&[-1], true)?.mul_scalar(1.0 / n)?;
-            let dx = dxhat.sub(&m1)?.sub(&xhat.mul(&m2)?)?.mul(&rstd)?;
-            vec![Some(dx), Some(dgamma), Some(dbeta)]
+            if let Some((dx, gxhat)) = x.layer_norm_grad(gamma, g, *eps)? {
+                let rows: Vec<isize> = (0..x.rank() as isize - 1).collect();
+                return Ok(vec![Some(dx), Some(gxhat.sum(&rows, false)?), Some(g.sum(&rows, false)?)]);
+            }
+            composed_layer_norm_grad(x, gamma, *eps, g)?.into_iter().map(Some).collect()
         }
         Op::IndexSelect(x, ids, axis) => vec![Some(g.index_add(x.dims(), *axis, ids)?), None],
         Op::Gather(x, ids, axis) => vec![Some(g.scatter_add(x.dims(), *axis, ids)?), None],
@@ -807,6 +799,24 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
         }
         Op::Custom { backward, .. } => backward(g)?,
     })
+}
+
+/// Layer norm's backward as tensor ops (`[dx, dgamma, dbeta]`), where the device has no one-op
+/// form (a GPU); the Cpu's one op (`Tensor::layer_norm_grad`) gives these values to rounding.
+pub(crate) fn composed_layer_norm_grad(x: &Tensor, gamma: &Tensor, eps: f32, g: &Tensor) -> Result<Vec<Tensor>> {
+    let n = *x.dims().last().unwrap_or(&1) as f32;
+    let mean = x.mean(&[-1], true)?;
+    let xc = x.sub(&mean)?;
+    let rstd = xc.square()?.mean(&[-1], true)?.add_scalar(eps)?.rsqrt()?;
+    let xhat = xc.mul(&rstd)?;
+    let rows: Vec<isize> = (0..x.rank() as isize - 1).collect();
+    let dgamma = g.mul(&xhat)?.sum(&rows, false)?;
+    let dbeta = g.sum(&rows, false)?;
+    let dxhat = g.mul(gamma)?;
+    let m1 = dxhat.sum(&[-1], true)?.mul_scalar(1.0 / n)?;
+    let m2 = dxhat.mul(&xhat)?.sum(&[-1], true)?.mul_scalar(1.0 / n)?;
+    let dx = dxhat.sub(&m1)?.sub(&xhat.mul(&m2)?)?.mul(&rstd)?;
+    Ok(vec![dx, dgamma, dbeta])
 }
 
 fn reduced_axes(x: &Tensor, out: &Tensor) -> Vec<isize> {

@@ -86,6 +86,25 @@ impl Storage {
         })
     }
 
+    /// Layer norm's backward in one op where the backend has it (the Cpu): `(dx, g * xhat)` for
+    /// the input `self`, `gamma` and the output's gradient `g`; `None` elsewhere (autograd then
+    /// composes it from tensor ops).
+    pub fn layer_norm_grad(
+        &self,
+        lx: &Layout,
+        (gamma, lgamma): (&Storage, &Layout),
+        (g, lg): (&Storage, &Layout),
+        eps: f32,
+    ) -> Result<Option<(Storage, Storage)>> {
+        Ok(match (self, gamma, g) {
+            (Storage::Cpu(x), Storage::Cpu(w), Storage::Cpu(g)) => {
+                let (dx, q) = cpu::layer_norm_grad((x, lx), (w, lgamma), (g, lg), eps)?;
+                Some((Storage::Cpu(dx), Storage::Cpu(q)))
+            }
+            _ => None,
+        })
+    }
+
     /// `mask != 0 ? a : b`; `self` is the mask.
     pub fn where_cond(&self, lm: &Layout, a: &Storage, la: &Layout, b: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, a, b) {

@@ -20,6 +20,7 @@ mod matmul;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod matmul_adam;
 mod norm;
+mod norm_grad;
 #[cfg(target_arch = "x86_64")]
 mod pack_room;
 mod packed_gemm;
@@ -43,6 +44,7 @@ pub(crate) use fma_peak::fma_peak;
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use matmul::{matmul, matmul_add_unary};
 pub use norm::{layer_norm, softmax};
+pub use norm_grad::layer_norm_grad;
 pub use pool::HostBuf;
 pub use pool::take as take_host_vec;
 pub use pooling::{pool2d, pool2d_grad};

@@ -36,6 +36,25 @@ impl Tensor {
         self.along_axis(axis, |x| x.softmax_last(true))
     }
 
+    /// Layer norm's backward in one op where the device has it (the Cpu): the input's gradient
+    /// and `g * xhat` (whose sums over the rows are gamma's gradient), for this input, `gamma`
+    /// (`[last]`) and the output's gradient `g` (this shape); `None` elsewhere.
+    pub(crate) fn layer_norm_grad(&self, gamma: &Tensor, g: &Tensor, eps: f32) -> Result<Option<(Tensor, Tensor)>> {
+        if [self, gamma, g].iter().any(|t| t.dtype() != DType::F32) || g.dims() != self.dims() {
+            return Ok(None);
+        }
+        let out = self.storage().layer_norm_grad(
+            self.layout(),
+            (&gamma.storage(), gamma.layout()),
+            (&g.storage(), g.layout()),
+            eps,
+        )?;
+        Ok(out.map(|(dx, q)| {
+            let t = |s| Tensor::from_storage(s, self.dims(), DType::F32, self.device().clone(), None);
+            (t(dx), t(q))
+        }))
+    }
+
     /// Layer normalisation over the last axis: `(x - mean) / sqrt(var + eps) * gamma + beta`,
     /// with `gamma` and `beta` of shape `[last]`. One fused kernel forward.
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
