@@ -775,7 +775,7 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
         Op::LayerNorm { x, gamma, eps, .. } => {
             if let Some((dx, gxhat)) = x.layer_norm_grad(gamma, g, *eps)? {
                 let rows: Vec<isize> = (0..x.rank() as isize - 1).collect();
-                return Ok(vec![Some(dx), Some(gxhat.sum(&rows, false)?), Some(g.sum(&rows, false)?)]);
+                return Ok(vec![Some(dx), when(1, &|| gxhat.sum(&rows, false))?, when(2, &|| g.sum(&rows, false))?]);
             }
             composed_layer_norm_grad(x, gamma, *eps, g)?.into_iter().map(Some).collect()
         }

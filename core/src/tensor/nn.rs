@@ -40,7 +40,11 @@ impl Tensor {
     /// and `g * xhat` (whose sums over the rows are gamma's gradient), for this input, `gamma`
     /// (`[last]`) and the output's gradient `g` (this shape); `None` elsewhere.
     pub(crate) fn layer_norm_grad(&self, gamma: &Tensor, g: &Tensor, eps: f32) -> Result<Option<(Tensor, Tensor)>> {
-        if [self, gamma, g].iter().any(|t| t.dtype() != DType::F32) || g.dims() != self.dims() {
+        let n = self.dims().last().copied();
+        if [self, gamma, g].iter().any(|t| t.dtype() != DType::F32)
+            || g.dims() != self.dims()
+            || n.is_none_or(|n| gamma.dims() != [n])
+        {
             return Ok(None);
         }
         let out = self.storage().layer_norm_grad(
