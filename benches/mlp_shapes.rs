@@ -32,7 +32,7 @@ fn parse(shape: &str) -> Result<(usize, Vec<usize>)> {
 
 fn main() -> Result<()> {
     weft::set_num_threads(0)?;
-    let shapes = std::env::var("WEFT_MLP_SHAPES").unwrap_or_else(|_| SHAPES.replace(' ', ""));
+    let shapes = std::env::var("WEFT_MLP_SHAPES").unwrap_or_else(|_| SHAPES.to_string());
     let secs: f64 = std::env::var("WEFT_MLP_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
     let dev = Device::Cpu;
     for shape in shapes.split(',').filter(|s| !s.is_empty()) {

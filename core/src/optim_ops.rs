@@ -246,9 +246,10 @@ impl Tensor {
                 let mut buffers = vec![&w.buf, &g.buf, &m.buf, &v.buf, &wo.buf, &mo.buf, &vo.buf];
                 // The gradient's check in the same pass where the adapter binds a ninth storage
                 // buffer (every desktop driver; WebGPU's default limit is eight): a `[1]` that
-                // stays 0 unless the kernel meets an infinity or a NaN.
+                // stays 0 unless the kernel meets an infinity or a NaN (written with the queue's
+                // next submit, as any upload: no dispatch of its own).
                 let flag = if checked && ctx.limits.max_storage_buffers_per_shader_stage >= 9 {
-                    Some(crate::gpu::fill(ctx, 1, 0)?)
+                    Some(GpuStorage::from_bytes(ctx, &0f32.to_le_bytes())?)
                 } else {
                     None
                 };

@@ -117,6 +117,65 @@ impl CoordinatedOptimizer {
         self
     }
 
+    /// `apply`'s work: the gradients all-reduced over the data ranks (and the replicated ones
+    /// over the model ranks), the global norm over every rank, a step skipped where it is not
+    /// finite, the clipping, then the inner optimizer.
+    fn reduce_clip_apply(&mut self, params: &[(String, Var)], grads: &GradStore) -> Result<()> {
+        no_grad(|| {
+            let mut vars: Vec<(&String, &Var)> = Vec::new();
+            let mut gs: Vec<Tensor> = Vec::new();
+            for (path, var) in params {
+                if let Some(g) = grads.get(var) {
+                    vars.push((path, var));
+                    gs.push(g.clone());
+                }
+            }
+            if self.data.world_size() > 1 {
+                gs = Self::all_reduce_many(self.data.as_ref(), &gs, ReduceKind::Sum)?;
+            }
+            let is_split: Vec<bool> = vars.iter().map(|(p, _)| self.split.contains(*p)).collect();
+            if self.model.world_size() > 1 {
+                let idx: Vec<usize> = (0..gs.len()).filter(|&i| !is_split[i]).collect();
+                let rep: Vec<Tensor> = idx.iter().map(|&i| gs[i].clone()).collect();
+                for (i, g) in idx.into_iter().zip(Self::all_reduce_many(self.model.as_ref(), &rep, ReduceKind::Mean)?) {
+                    gs[i] = g;
+                }
+            }
+            // Squared norm: split parts summed over the ranks, replicated ones counted once.
+            let dev = gs.first().map(|g| g.device().clone()).unwrap_or(weft_core::Device::Cpu);
+            let (mut split_sq, mut rep_sq) = (Tensor::zeros(&[], &dev)?, Tensor::zeros(&[], &dev)?);
+            for (g, s) in gs.iter().zip(&is_split) {
+                let sq = g.square()?.sum_all()?;
+                if *s { split_sq = split_sq.add(&sq)? } else { rep_sq = rep_sq.add(&sq)? }
+            }
+            let n = self.model.world_size() as f32;
+            let both = Tensor::stack(&[split_sq, rep_sq.mul_scalar(1.0 / n)?], 0)?;
+            let total = self.model.all_reduce(&both, ReduceKind::Sum)?.sum_all()?.to_scalar::<f32>()?;
+            if let Some((flag, store)) = &self.recorder
+                && flag.load(Ordering::Relaxed)
+            {
+                *store.lock().unwrap_or_else(|p| p.into_inner()) =
+                    vars.iter().map(|(p, _)| p.to_string()).zip(gs.iter().cloned()).collect();
+            }
+            self.last_skipped = !total.is_finite();
+            if self.last_skipped {
+                self.skipped += 1;
+                return Ok(());
+            }
+            let norm = total.sqrt();
+            if let Some(c) = self.clip
+                && norm > c
+            {
+                gs = gs.iter().map(|g| g.mul_scalar(c / norm)).collect::<Result<_>>()?;
+            }
+            let mut store = GradStore::default();
+            for ((_, var), g) in vars.iter().zip(gs) {
+                store.insert(var.as_tensor(), g);
+            }
+            self.inner.apply(params, &store)
+        })
+    }
+
     /// One all-reduce for many tensors: flattened, joined, reduced, and cut back.
     fn all_reduce_many(comm: &dyn Collectives, ts: &[Tensor], kind: ReduceKind) -> Result<Vec<Tensor>> {
         if ts.is_empty() {
@@ -139,63 +198,7 @@ impl Optimizer for CoordinatedOptimizer {
     fn apply(&mut self, params: &[(String, Var)], grads: &GradStore) -> Result<()> {
         // (In the mode of the inner optimizer's step, so that the clipping here flushes as a
         // single device's does.)
-        weft_nn::optim::on_the_cpu_flushing(params, || {
-            no_grad(|| {
-                let mut vars: Vec<(&String, &Var)> = Vec::new();
-                let mut gs: Vec<Tensor> = Vec::new();
-                for (path, var) in params {
-                    if let Some(g) = grads.get(var) {
-                        vars.push((path, var));
-                        gs.push(g.clone());
-                    }
-                }
-                if self.data.world_size() > 1 {
-                    gs = Self::all_reduce_many(self.data.as_ref(), &gs, ReduceKind::Sum)?;
-                }
-                let is_split: Vec<bool> = vars.iter().map(|(p, _)| self.split.contains(*p)).collect();
-                if self.model.world_size() > 1 {
-                    let idx: Vec<usize> = (0..gs.len()).filter(|&i| !is_split[i]).collect();
-                    let rep: Vec<Tensor> = idx.iter().map(|&i| gs[i].clone()).collect();
-                    for (i, g) in
-                        idx.into_iter().zip(Self::all_reduce_many(self.model.as_ref(), &rep, ReduceKind::Mean)?)
-                    {
-                        gs[i] = g;
-                    }
-                }
-                // Squared norm: split parts summed over the ranks, replicated ones counted once.
-                let dev = gs.first().map(|g| g.device().clone()).unwrap_or(weft_core::Device::Cpu);
-                let (mut split_sq, mut rep_sq) = (Tensor::zeros(&[], &dev)?, Tensor::zeros(&[], &dev)?);
-                for (g, s) in gs.iter().zip(&is_split) {
-                    let sq = g.square()?.sum_all()?;
-                    if *s { split_sq = split_sq.add(&sq)? } else { rep_sq = rep_sq.add(&sq)? }
-                }
-                let n = self.model.world_size() as f32;
-                let both = Tensor::stack(&[split_sq, rep_sq.mul_scalar(1.0 / n)?], 0)?;
-                let total = self.model.all_reduce(&both, ReduceKind::Sum)?.sum_all()?.to_scalar::<f32>()?;
-                if let Some((flag, store)) = &self.recorder
-                    && flag.load(Ordering::Relaxed)
-                {
-                    *store.lock().unwrap_or_else(|p| p.into_inner()) =
-                        vars.iter().map(|(p, _)| p.to_string()).zip(gs.iter().cloned()).collect();
-                }
-                self.last_skipped = !total.is_finite();
-                if self.last_skipped {
-                    self.skipped += 1;
-                    return Ok(());
-                }
-                let norm = total.sqrt();
-                if let Some(c) = self.clip
-                    && norm > c
-                {
-                    gs = gs.iter().map(|g| g.mul_scalar(c / norm)).collect::<Result<_>>()?;
-                }
-                let mut store = GradStore::default();
-                for ((_, var), g) in vars.iter().zip(gs) {
-                    store.insert(var.as_tensor(), g);
-                }
-                self.inner.apply(params, &store)
-            })
-        })
+        weft_nn::optim::on_the_cpu_flushing(params, || self.reduce_clip_apply(params, grads))
     }
     delegate_state!(inner);
     fn last_step_skipped(&self) -> bool {

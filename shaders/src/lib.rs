@@ -97,52 +97,53 @@ pub const UNARY_OPS: &[(&str, &str)] = &[
 
 /// The activations' one-pass input gradients (`unary_grad/<op>`): the body of
 /// `dun(x, p0, p1)`, the op's derivative at `x` (its input, or for tanh and sigmoid its output),
-/// in the operations of the Cpu's `UnaryOp::grad_factor`; a NaN `x` gives NaN.
+/// in the operations of the Cpu's `UnaryOp::grad_factor`. The kernel makes a NaN `x`'s gradient
+/// NaN around every one (WGSL may assume there is none, so comparisons alone would drop it).
 pub const UNARY_GRADS: &[(&str, &str)] = &[
-    ("relu", "return select(select(0.0, 1.0, x > 0.0), x, is_nan_(x));"),
-    ("tanh", "return select(x * x * -1.0 + 1.0, x, is_nan_(x));"),
-    ("sigmoid", "return select(x * (x * -1.0 + 1.0), x, is_nan_(x));"),
+    ("relu", "return select(0.0, 1.0, x > 0.0);"),
+    ("tanh", "return x * x * -1.0 + 1.0;"),
+    ("sigmoid", "return x * (x * -1.0 + 1.0);"),
     (
         "gelu_tanh",
         "let x2 = x * x;
     let s = 1.0 / (1.0 + exp(-(x * (x2 * 0.044715 + 1.0) * 1.5957692)));
     let du = x2 * 0.10703222 + 0.7978846;
-    return select(s + x * (s * (s * -1.0 + 1.0)) * du * 2.0, x, is_nan_(x));",
+    return s + x * (s * (s * -1.0 + 1.0)) * du * 2.0;",
     ),
     (
         "gelu_erf",
         "let cdf = erf_(x * 0.70710677) * 0.5 + 0.5;
     let pdf = exp(x * x * -0.5) * 0.3989423;
-    return select(cdf + x * pdf, x, is_nan_(x));",
+    return cdf + x * pdf;",
     ),
     (
         "silu",
         "let s = 1.0 / (1.0 + exp(-x));
-    return select(s * (x * (s * -1.0 + 1.0) + 1.0), x, is_nan_(x));",
+    return s * (x * (s * -1.0 + 1.0) + 1.0);",
     ),
-    ("erf", "return select(exp(-(x * x)) * 1.1283792, x, is_nan_(x));"),
-    ("softsign", "let d = abs(x) + 1.0;\n    return select(1.0 / (d * d), x, is_nan_(x));"),
-    ("softplus", "return select(1.0 / (1.0 + exp(-x)), x, is_nan_(x));"),
-    ("log_sigmoid", "return select(1.0 / (1.0 + exp(-x)) * -1.0 + 1.0, x, is_nan_(x));"),
+    ("erf", "return exp(-(x * x)) * 1.1283792;"),
+    ("softsign", "let d = abs(x) + 1.0;\n    return 1.0 / (d * d);"),
+    ("softplus", "return 1.0 / (1.0 + exp(-x));"),
+    ("log_sigmoid", "return 1.0 / (1.0 + exp(-x)) * -1.0 + 1.0;"),
     (
         "mish",
         "let t = tanh_(max(x, 0.0) + log(1.0 + exp(-abs(x))));
     let s = 1.0 / (1.0 + exp(-x));
-    return select(t + x * (t * t * -1.0 + 1.0) * s, x, is_nan_(x));",
+    return t + x * (t * t * -1.0 + 1.0) * s;",
     ),
-    ("relu6", "return select(select(0.0, 1.0, x > 0.0 && x < 6.0), x, is_nan_(x));"),
-    ("hard_sigmoid", "return select(select(0.0, 1.0 / 6.0, x > -3.0 && x < 3.0), x, is_nan_(x));"),
+    ("relu6", "return select(0.0, 1.0, x > 0.0 && x < 6.0);"),
+    ("hard_sigmoid", "return select(0.0, 1.0 / 6.0, x > -3.0 && x < 3.0);"),
     (
         "hard_silu",
         "let inside = select(0.0, 1.0, x > -3.0 && x < 3.0);
     let hs = min(max((x + 3.0) * (1.0 / 6.0), 0.0), 1.0);
-    return select(hs + inside * x * (1.0 / 6.0), x, is_nan_(x));",
+    return hs + inside * x * (1.0 / 6.0);",
     ),
-    ("leaky_relu", "return select(select(0.0, 1.0, x >= 0.0) * (1.0 - p0) + p0, x, is_nan_(x));"),
+    ("leaky_relu", "return select(0.0, 1.0, x >= 0.0) * (1.0 - p0) + p0;"),
     (
         "elu",
         "let pos = select(0.0, 1.0, x > 0.0);
-    return select(pos + (pos * -1.0 + 1.0) * (exp(min(x, 0.0)) * p0), x, is_nan_(x));",
+    return pos + (pos * -1.0 + 1.0) * (exp(min(x, 0.0)) * p0);",
     ),
 ];
 
@@ -321,7 +322,7 @@ pub fn source(name: &str) -> Option<String> {
         "unary_grad" => {
             let body = UNARY_GRADS.iter().find(|(n, _)| *n == variant)?.1;
             let dun = format!("fn dun(x: f32, p0: f32, p1: f32) -> f32 {{\n    {body}\n}}\n");
-            format!("{}\n{dun}", BINARY.replace("{{OP}}", "b * dun(a, param(28u), param(29u))"))
+            format!("{}\n{dun}", BINARY.replace("{{OP}}", "b * select(dun(a, param(28u), param(29u)), a, is_nan_(a))"))
         }
         "reduce" => {
             let (_, init, combine, with_index) = REDUCE_OPS.iter().find(|r| r.0 == variant)?;

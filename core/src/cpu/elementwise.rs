@@ -10,7 +10,7 @@
 use super::{CpuStorage, f32_storage, try_take};
 use crate::layout::coalesce;
 use crate::ops::{BinaryOp, UnaryOp};
-use crate::{DType, Layout, Result};
+use crate::{DType, Error, Layout, Result};
 use half::f16;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -347,7 +347,7 @@ pub fn unary_grad(op: UnaryOp, v: &CpuStorage, lv: &Layout, g: &CpuStorage, lg: 
                 $(UnaryOp::$v => go!(UnaryOp::$v),)*
                 UnaryOp::LeakyRelu(a) => go!(UnaryOp::LeakyRelu(a)),
                 UnaryOp::Elu(a) => go!(UnaryOp::Elu(a)),
-                other => go!(other),
+                other => return Err(Error::invalid("unary_backward", format!("{other:?} has no one-pass gradient"))),
             }
         };
     }

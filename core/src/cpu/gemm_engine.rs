@@ -271,7 +271,7 @@ impl Product {
     unsafe fn run_library(&self, engine: Engine, threads: usize) {
         // The library's threads would not take this thread's mode where it flushes subnormals
         // (see `crate::subnormals`): this thread alone.
-        let threads = if crate::subnormals::Mode::of_this_thread().flushes() { 1 } else { threads };
+        let threads = if threads > 1 && crate::subnormals::Mode::of_this_thread().flushes() { 1 } else { threads };
         match engine {
             Engine::Portable => unsafe {
                 gemm::gemm(

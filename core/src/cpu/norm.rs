@@ -16,7 +16,7 @@ use crate::{Layout, Result};
 use std::mem::MaybeUninit;
 
 /// Rows per task are grouped to about this many elements.
-const TASK: usize = 1 << 14;
+pub(super) const TASK: usize = 1 << 14;
 
 /// Most rows taken side by side, pass by pass.
 const SIDE: usize = 16;

@@ -160,8 +160,9 @@ const K_RUN: usize = 16_384;
 /// `a @ b` for `[batch.., m, k]` and `[batch.., k, n]` layouts with one batch shape.
 pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
     let ranked = match a.ctx.forced_matmul() {
-        // A forced vec4 kernel still falls back to the plain tiled one on layouts it cannot read.
-        Some(v) => vec![v, MATMUL_VARIANTS[0]],
+        // A ranking of one, so that `choose` runs it wherever it can; a vec4 kernel still falls
+        // back to the plain tiled one on layouts it cannot read (`choose`'s default).
+        Some(v) => vec![v],
         None => matmul_ranking(&a.ctx)?,
     };
     let r = la.rank();

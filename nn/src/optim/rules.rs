@@ -306,149 +306,157 @@ impl Base {
         &mut self,
         params: &[(String, Var)],
         grads: &GradStore,
+        rule: impl FnMut(&mut Base, &str, &Tensor, Grad<'_>, f32) -> Result<Tensor>,
+    ) -> Result<()> {
+        on_the_cpu_flushing(params, || self.staged_step(params, grads, rule))
+    }
+
+    /// [`step`](Self::step)'s work, in its floating-point mode.
+    fn staged_step(
+        &mut self,
+        params: &[(String, Var)],
+        grads: &GradStore,
         mut rule: impl FnMut(&mut Base, &str, &Tensor, Grad<'_>, f32) -> Result<Tensor>,
     ) -> Result<()> {
-        on_the_cpu_flushing(params, || {
-            no_grad(|| {
-                self.checks = None;
-                // A gradient left as a product goes to the rule as one when it is used as given;
-                // else it is worked out here, like any other.
-                let mut products: Vec<(&String, &Var, (&Tensor, &Tensor))> = Vec::new();
-                let mut pairs: Vec<(&String, &Var, Tensor)> = Vec::new();
-                for (path, var) in params {
-                    let resolved;
-                    let g = match (grads.get(var), grads.product(var)) {
-                        (None, Some((l, r))) if self.uses_as_given() => {
-                            let (a, b) = (l.dims(), r.dims());
-                            if a.len() != 2 || b.len() != 2 || a[1] != b[0] || [a[0], b[1]] != var.dims() {
-                                return Err(Error::invalid(
-                                    "optimizer",
-                                    format!("{path}: gradient {a:?} @ {b:?} for a variable of shape {:?}", var.dims()),
-                                ));
-                            }
-                            products.push((path, var, (l, r)));
-                            continue;
-                        }
-                        (None, Some(_)) => {
-                            resolved = grads.resolve(var)?;
-                            resolved.as_ref()
-                        }
-                        (g, _) => g,
-                    };
-                    if let Some(g) = g {
-                        if g.dims() != var.dims() {
+        no_grad(|| {
+            self.checks = None;
+            // A gradient left as a product goes to the rule as one when it is used as given;
+            // else it is worked out here, like any other.
+            let mut products: Vec<(&String, &Var, (&Tensor, &Tensor))> = Vec::new();
+            let mut pairs: Vec<(&String, &Var, Tensor)> = Vec::new();
+            for (path, var) in params {
+                let resolved;
+                let g = match (grads.get(var), grads.product(var)) {
+                    (None, Some((l, r))) if self.uses_as_given() => {
+                        let (a, b) = (l.dims(), r.dims());
+                        if a.len() != 2 || b.len() != 2 || a[1] != b[0] || [a[0], b[1]] != var.dims() {
                             return Err(Error::invalid(
                                 "optimizer",
-                                format!(
-                                    "{path}: gradient of shape {:?} for a variable of shape {:?}",
-                                    g.dims(),
-                                    var.dims()
-                                ),
+                                format!("{path}: gradient {a:?} @ {b:?} for a variable of shape {:?}", var.dims()),
                             ));
                         }
-                        pairs.push((path, var, g.clone()));
+                        products.push((path, var, (l, r)));
+                        continue;
+                    }
+                    (None, Some(_)) => {
+                        resolved = grads.resolve(var)?;
+                        resolved.as_ref()
+                    }
+                    (g, _) => g,
+                };
+                if let Some(g) = g {
+                    if g.dims() != var.dims() {
+                        return Err(Error::invalid(
+                            "optimizer",
+                            format!(
+                                "{path}: gradient of shape {:?} for a variable of shape {:?}",
+                                g.dims(),
+                                var.dims()
+                            ),
+                        ));
+                    }
+                    pairs.push((path, var, g.clone()));
+                }
+            }
+            let mut staged = self.clone();
+            let updates_before = self.iterations;
+            if let Some(n) = self.accumulate {
+                // Keras: this call's gradients join the sum; only every n-th call updates, with
+                // the mean (clipped and applied as one step's gradients would be).
+                let mut sums = Vec::with_capacity(pairs.len());
+                for (path, _, g) in &pairs {
+                    sums.push(match self.slots.get(path.as_str()).and_then(|s| s.get("accumulated_gradient")) {
+                        Some(acc) => acc.add(g)?,
+                        None => g.clone(),
+                    });
+                }
+                if self.pending + 1 < n {
+                    for ((path, _, _), sum) in pairs.iter().zip(sums) {
+                        staged.set_slot(path, "accumulated_gradient", sum);
+                    }
+                    staged.pending += 1;
+                    let same = params.iter().map(|(p, v)| (p.as_str(), v, v.as_tensor().clone())).collect();
+                    let sets = staged.track_average(same, updates_before)?;
+                    for (var, value) in sets {
+                        var.set(&value)?;
+                    }
+                    *self = staged;
+                    return Ok(());
+                }
+                for (p, sum) in pairs.iter_mut().zip(sums) {
+                    staged.set_slot(p.0, "accumulated_gradient", Tensor::zeros(sum.dims(), sum.device())?);
+                    p.2 = sum.mul_scalar(1.0 / n as f32)?;
+                }
+                staged.pending = 0;
+            }
+            // Keras' clipnorm: each gradient scaled to a norm of at most c (on the device:
+            // g * c / max(|g|, c)); clipvalue: each value clamped to [-c, c].
+            if let Some(c) = self.clip_norm {
+                for p in pairs.iter_mut() {
+                    let norm = p.2.square()?.sum_all()?.sqrt()?;
+                    p.2 = p.2.mul_scalar(c)?.div(&norm.clamp(c, f32::INFINITY)?)?;
+                }
+            }
+            if let Some(c) = self.clip_value {
+                for p in pairs.iter_mut() {
+                    p.2 = p.2.clamp(-c, c)?;
+                }
+            }
+            if let Some(clip) = self.clip_global_norm
+                && let Some((_, _, first)) = pairs.first()
+            {
+                // On the device, with nothing read back: every gradient times clip / norm when
+                // the norm is past the bound, else times exactly 1 (a division of clip by itself
+                // need not be 1 on a GPU).
+                let dev = first.device().clone();
+                let mut sq = Tensor::zeros(&[], &dev)?;
+                for (_, _, g) in &pairs {
+                    sq = sq.add(&g.square()?.sum_all()?)?;
+                }
+                let norm = sq.sqrt()?;
+                let scale = Tensor::where_cond(
+                    &norm.cmp_scalar(BinaryOp::Gt, clip)?,
+                    &Tensor::scalar(clip, &dev)?.div(&norm)?,
+                    &Tensor::scalar(1.0, &dev)?,
+                )?;
+                for p in pairs.iter_mut() {
+                    p.2 = p.2.mul(&scale)?;
+                }
+            }
+            // A rule's own check stands for the step's only when it saw the gradients as given.
+            staged.checks = self.uses_as_given().then(Vec::new);
+            let lr = self.lr();
+            let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
+            let given = pairs.iter().map(|(p, v, g)| (*p, *v, Grad::Tensor(g)));
+            for (path, var, g) in given.chain(products.iter().map(|&(p, v, (l, r))| (p, v, Grad::Product(l, r)))) {
+                let mut w = var.as_tensor().clone();
+                // Keras matches the names given against the variable's own name (`kernel`).
+                let name = path.rsplit('/').next().unwrap_or(path.as_str());
+                staged.decay = 1.0;
+                if self.weight_decay != 0.0 && !self.exclude_from_decay.iter().any(|e| name.contains(e.as_str())) {
+                    if self.folds_decay {
+                        // One pass over the weights, not two (the same bits: w * decay first).
+                        staged.decay = 1.0 - lr * self.weight_decay;
+                    } else {
+                        w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
                     }
                 }
-                let mut staged = self.clone();
-                let updates_before = self.iterations;
-                if let Some(n) = self.accumulate {
-                    // Keras: this call's gradients join the sum; only every n-th call updates, with
-                    // the mean (clipped and applied as one step's gradients would be).
-                    let mut sums = Vec::with_capacity(pairs.len());
-                    for (path, _, g) in &pairs {
-                        sums.push(match self.slots.get(path.as_str()).and_then(|s| s.get("accumulated_gradient")) {
-                            Some(acc) => acc.add(g)?,
-                            None => g.clone(),
-                        });
-                    }
-                    if self.pending + 1 < n {
-                        for ((path, _, _), sum) in pairs.iter().zip(sums) {
-                            staged.set_slot(path, "accumulated_gradient", sum);
-                        }
-                        staged.pending += 1;
-                        let same = params.iter().map(|(p, v)| (p.as_str(), v, v.as_tensor().clone())).collect();
-                        let sets = staged.track_average(same, updates_before)?;
-                        for (var, value) in sets {
-                            var.set(&value)?;
-                        }
-                        *self = staged;
-                        return Ok(());
-                    }
-                    for (p, sum) in pairs.iter_mut().zip(sums) {
-                        staged.set_slot(p.0, "accumulated_gradient", Tensor::zeros(sum.dims(), sum.device())?);
-                        p.2 = sum.mul_scalar(1.0 / n as f32)?;
-                    }
-                    staged.pending = 0;
-                }
-                // Keras' clipnorm: each gradient scaled to a norm of at most c (on the device:
-                // g * c / max(|g|, c)); clipvalue: each value clamped to [-c, c].
-                if let Some(c) = self.clip_norm {
-                    for p in pairs.iter_mut() {
-                        let norm = p.2.square()?.sum_all()?.sqrt()?;
-                        p.2 = p.2.mul_scalar(c)?.div(&norm.clamp(c, f32::INFINITY)?)?;
-                    }
-                }
-                if let Some(c) = self.clip_value {
-                    for p in pairs.iter_mut() {
-                        p.2 = p.2.clamp(-c, c)?;
-                    }
-                }
-                if let Some(clip) = self.clip_global_norm
-                    && let Some((_, _, first)) = pairs.first()
-                {
-                    // On the device, with nothing read back: every gradient times clip / norm when
-                    // the norm is past the bound, else times exactly 1 (a division of clip by itself
-                    // need not be 1 on a GPU).
-                    let dev = first.device().clone();
-                    let mut sq = Tensor::zeros(&[], &dev)?;
-                    for (_, _, g) in &pairs {
-                        sq = sq.add(&g.square()?.sum_all()?)?;
-                    }
-                    let norm = sq.sqrt()?;
-                    let scale = Tensor::where_cond(
-                        &norm.cmp_scalar(BinaryOp::Gt, clip)?,
-                        &Tensor::scalar(clip, &dev)?.div(&norm)?,
-                        &Tensor::scalar(1.0, &dev)?,
-                    )?;
-                    for p in pairs.iter_mut() {
-                        p.2 = p.2.mul(&scale)?;
-                    }
-                }
-                // A rule's own check stands for the step's only when it saw the gradients as given.
-                staged.checks = self.uses_as_given().then(Vec::new);
-                let lr = self.lr();
-                let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
-                let given = pairs.iter().map(|(p, v, g)| (*p, *v, Grad::Tensor(g)));
-                for (path, var, g) in given.chain(products.iter().map(|&(p, v, (l, r))| (p, v, Grad::Product(l, r)))) {
-                    let mut w = var.as_tensor().clone();
-                    // Keras matches the names given against the variable's own name (`kernel`).
-                    let name = path.rsplit('/').next().unwrap_or(path.as_str());
-                    staged.decay = 1.0;
-                    if self.weight_decay != 0.0 && !self.exclude_from_decay.iter().any(|e| name.contains(e.as_str())) {
-                        if self.folds_decay {
-                            // One pass over the weights, not two (the same bits: w * decay first).
-                            staged.decay = 1.0 - lr * self.weight_decay;
-                        } else {
-                            w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
-                        }
-                    }
-                    updated.insert(path.as_str(), rule(&mut staged, path, &w, g, lr)?);
-                }
-                // Every value (new weights, averages) is worked out before any variable is set.
-                let values = params
-                    .iter()
-                    .map(|(p, v)| {
-                        let t = updated.remove(p.as_str()).unwrap_or_else(|| v.as_tensor().clone());
-                        (p.as_str(), v, t)
-                    })
-                    .collect();
-                for (var, value) in staged.track_average(values, updates_before)? {
-                    var.set(&value)?;
-                }
-                staged.iterations += 1;
-                *self = staged;
-                Ok(())
-            })
+                updated.insert(path.as_str(), rule(&mut staged, path, &w, g, lr)?);
+            }
+            // Every value (new weights, averages) is worked out before any variable is set.
+            let values = params
+                .iter()
+                .map(|(p, v)| {
+                    let t = updated.remove(p.as_str()).unwrap_or_else(|| v.as_tensor().clone());
+                    (p.as_str(), v, t)
+                })
+                .collect();
+            for (var, value) in staged.track_average(values, updates_before)? {
+                var.set(&value)?;
+            }
+            staged.iterations += 1;
+            *self = staged;
+            Ok(())
         })
     }
 }
