@@ -25,6 +25,7 @@ mod einsum;
 mod error;
 mod fast_exp;
 pub mod gpu;
+mod grad_bound;
 pub mod layout;
 pub mod ops;
 pub mod optim_ops;

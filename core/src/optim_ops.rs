@@ -2,9 +2,11 @@
 //! They take and return plain tensors (no autograd): optimizers call them under `no_grad`.
 
 use crate::cpu;
+mod in_place;
 use crate::gpu::GpuStorage;
 use crate::storage::Storage;
 use crate::{DType, Error, Result, Tensor};
+pub use in_place::AdamGrad;
 
 /// Hyper-parameters of one Adam step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -147,7 +149,9 @@ impl Tensor {
             return Ok(None);
         };
         let ins = [ws.f32s("adam_step")?, ms.f32s("adam_step")?, vs.f32s("adam_step")?];
-        let Some((outs, check)) = cpu::matmul_adam::matmul_adam((&ls, lhs.layout()), (&rs, rhs.layout()), ins, p)?
+        let state = cpu::matmul_adam::State::Read(ins);
+        let Some((Some(outs), check)) =
+            cpu::matmul_adam::matmul_adam((&ls, lhs.layout()), (&rs, rhs.layout()), state, p)?
         else {
             return Ok(None);
         };

@@ -49,6 +49,21 @@ pub fn chunk(ins: [&[f32]; 4], out: Outs<'_>, p: &AdamStep, stream: bool) -> f32
     unsafe { block_loop()(&Block::row(ins, out, stream), p) }
 }
 
+/// [`chunk`] written over its inputs: each of `w`, `m` and `v` takes its new values (all four
+/// of one length), with the same operations, so the same bits, as into fresh outputs. The
+/// moments are stored as usual: their lines were just read, so a streaming store saves nothing.
+/// Returns the gradient's check.
+pub fn chunk_in_place(w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], p: &AdamStep) -> f32 {
+    let n = w.len();
+    assert!(g.len() == n && m.len() == n && v.len() == n);
+    let (w, m, v) = (w.as_mut_ptr(), m.as_mut_ptr(), v.as_mut_ptr());
+    let block = Block { w, g: g.as_ptr(), m, v, wo: w, mo: m, vo: v, rows: 1, cols: n, rs: n, gs: n, stream: false };
+    // SAFETY: one row of `n` values in every slice (checked above); each output is its own
+    // input, borrowed mutably (so nothing else reads it), and every loop reads an element's
+    // inputs before it writes that element; `block_loop` is one this CPU runs.
+    unsafe { block_loop()(&block, p) }
+}
+
 /// The new (weight, m, v) of one vector of elements, and `g - g` added to the `check` vector:
 /// [`one`]'s operations in its order, without fused multiply-adds (the same bits).
 macro_rules! update {
@@ -63,7 +78,8 @@ macro_rules! update {
 }
 
 /// A block of a row-major variable for a [`BlockLoop`]: `rows` rows of `cols` values, `rs` apart
-/// in the weights, the moments and the outputs, `gs` apart in the gradient.
+/// in the weights, the moments and the outputs, `gs` apart in the gradient. Each output may be
+/// its own input (an update in place): the loops read an element's inputs before writing it.
 pub(crate) struct Block {
     pub w: *const f32,
     pub g: *const f32,
@@ -85,7 +101,7 @@ pub(crate) struct Block {
 ///
 /// # Safety
 /// The CPU runs the loop (see [`block_loop`]); every row of every pointer holds `cols` values;
-/// the outputs overlap nothing else.
+/// the outputs overlap nothing else, except that each may be its own input.
 pub(crate) type BlockLoop = unsafe fn(&Block, &AdamStep) -> f32;
 
 /// The widest block loop this CPU has: the same bits whichever it is.
@@ -307,6 +323,16 @@ mod tests {
                     for (g, want) in got.into_iter().zip([w, m, v]) {
                         prop_assert!(same(g, want), "{} element {}: {} against {}", name, i, g, want);
                     }
+                }
+            }
+            // In place: the same bits and check as into fresh outputs.
+            let [mut w, g, mut m, mut v] = [0, 1, 2, 3].map(|k| ins[k].clone());
+            let check = chunk_in_place(&mut w, &g, &mut m, &mut v, &p);
+            prop_assert_eq!(check.is_nan(), bad.is_some());
+            for i in 0..n {
+                let want = one(ins[0][i], ins[1][i], ins[2][i], ins[3][i], &p);
+                for (got, want) in [w[i], m[i], v[i]].into_iter().zip([want.0, want.1, want.2]) {
+                    prop_assert!(same(got, want), "in place, element {}: {} against {}", i, got, want);
                 }
             }
         }

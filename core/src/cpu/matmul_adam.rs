@@ -72,36 +72,67 @@ impl Finish for Finisher {
     }
 }
 
-/// The new weight, m and v (each `m x n`, row-major) after one Adam step whose gradient is
-/// `lhs @ rhs` (2-D layouts), and the gradient's check (0, or NaN when any value is an infinity
-/// or a NaN); `None` when the product is not one weft's own kernel runs (the caller multiplies,
-/// then updates). `w`, `m` and `v` hold the variable's values in rows.
+/// The variable's values and moments as a fused step gets them: read, with the new values
+/// written to fresh buffers, or written over in place.
+pub(crate) enum State<'a> {
+    /// Read only (the new values come back).
+    Read([&'a [f32]; 3]),
+    /// Written over (nothing comes back but the check).
+    InPlace([&'a mut [f32]; 3]),
+}
+
+/// What a fused step gives: the new weight, m and v where the state was read (`None` in
+/// place), and the gradient's check.
+pub(crate) type Stepped = (Option<[Vec<f32>; 3]>, f32);
+
+/// One Adam step whose gradient is `lhs @ rhs` (2-D layouts) for a row-major `m x n` variable
+/// whose weight, m and v `state` holds: the new weight, m and v where `state` is read (`None`
+/// in place), and the gradient's check (0, or NaN when any value is an infinity or a NaN);
+/// `None` when the product is not one weft's own kernel runs (nothing is written: the caller
+/// multiplies, then updates).
 pub(crate) fn matmul_adam(
     (lhs, la): (&CpuStorage, &Layout),
     (rhs, lb): (&CpuStorage, &Layout),
-    [w, m, v]: [&[f32]; 3],
+    mut state: State<'_>,
     p: &AdamStep,
-) -> Result<Option<([Vec<f32>; 3], f32)>> {
+) -> Result<Option<Stepped>> {
     let (x, y) = (lhs.f32s("adam_step")?, rhs.f32s("adam_step")?);
     let Some(mut product) = Product::of_matrices("adam_step", (x, la), (y, lb))? else { return Ok(None) };
     let (rows, n, k) = (product.m, product.n, product.k);
     let size = rows * n;
-    if !on_weft(engine(), rows, n, k) || [w, m, v].iter().any(|s| s.len() < size) {
+    let short = match &state {
+        State::Read(s) => s.iter().any(|s| s.len() < size),
+        State::InPlace(s) => s.iter().any(|s| s.len() < size),
+    };
+    if !on_weft(engine(), rows, n, k) || short {
         return Ok(None);
     }
-    let (mut wo, mut mo, mut vo) = (try_take(size)?, try_take(size)?, try_take(size)?);
     // The earlier chunks' sums of a long `k` wait here; one chunk needs no room at all.
     let mut sums = if k_chunk(k) < k { try_take(size)? } else { Vec::new() };
+    let mut outs = None;
+    let ([w, m, v], [wo, mo, vo]) = match &mut state {
+        State::Read(ins) => {
+            let mut o = [try_take(size)?, try_take(size)?, try_take(size)?];
+            let at = o.each_mut().map(|o| o.as_mut_ptr());
+            outs = Some(o);
+            (ins.map(|s| s.as_ptr()), at)
+        }
+        State::InPlace(s) => {
+            let at = s.each_mut().map(|s| s.as_mut_ptr());
+            (at.map(|a| a.cast_const()), at)
+        }
+    };
     let fin = Finisher {
-        w: w.as_ptr(),
-        m: m.as_ptr(),
-        v: v.as_ptr(),
-        wo: wo.as_mut_ptr(),
-        mo: mo.as_mut_ptr(),
-        vo: vo.as_mut_ptr(),
+        w,
+        m,
+        v,
+        wo,
+        mo,
+        vo,
         n,
         p: *p,
-        stream: size >= 1 << 18,
+        // In place the moments' lines were just read: a streaming store would save nothing.
+        stream: outs.is_some() && size >= 1 << 18,
         run: block_loop(),
         bad: AtomicBool::new(false),
     };
@@ -111,16 +142,15 @@ pub(crate) fn matmul_adam(
     let threads = product.threads();
     // SAFETY: on_weft: the CPU runs weft's kernel; every element the strides reach lies inside
     // x and y (the extent check); `sums` has room for the output when k takes several chunks;
-    // the finisher's pointers hold `size` values each.
+    // the finisher's pointers hold `size` values each, and in place each output is its own
+    // input, borrowed mutably here (a block's elements are read before they are written).
     unsafe { run_finishing(&product, None, &fin, threads) }?;
-    // SAFETY: every output block was finished once, which wrote each of its elements in all three.
-    unsafe {
-        wo.set_len(size);
-        mo.set_len(size);
-        vo.set_len(size);
+    if let Some(o) = outs.as_mut() {
+        // SAFETY: every output block was finished once, which wrote each of its elements in all three.
+        o.iter_mut().for_each(|o| unsafe { o.set_len(size) });
     }
     let check = if fin.bad.load(Ordering::Relaxed) { f32::NAN } else { 0.0 };
-    Ok(Some(([wo, mo, vo], check)))
+    Ok(Some((outs, check)))
 }
 
 #[cfg(test)]
@@ -186,7 +216,7 @@ mod tests {
             let ran = super::matmul_adam(
                 (&cpu(&lhs), lhs.layout()),
                 (&cpu(&rhs), rhs.layout()),
-                [&w.to_vec::<f32>().unwrap(), &m.to_vec::<f32>().unwrap(), &v.to_vec::<f32>().unwrap()],
+                super::State::Read([&w.to_vec::<f32>().unwrap(), &m.to_vec::<f32>().unwrap(), &v.to_vec::<f32>().unwrap()]),
                 &p,
             ).unwrap();
             let weft = super::on_weft(super::engine(), a, b, k);

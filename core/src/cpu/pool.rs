@@ -74,7 +74,8 @@ fn recycle(v: Vec<f32>) {
 pub struct HostBuf {
     data: Vec<f32>,
     /// Packed copies of the data as a right matrix (inference products; see `packed_gemm`):
-    /// storage is never written after it is made, so they stay true while it lives.
+    /// storage is written after it is made only through `values_mut`, which drops them, so
+    /// they stay true while they are kept.
     rhs: super::packed_gemm::RhsCache,
 }
 
@@ -102,6 +103,14 @@ impl HostBuf {
         key: super::packed_gemm::Key,
     ) -> Result<std::sync::Arc<super::packed_gemm::PackedRhs>> {
         self.rhs.get(&self.data, key)
+    }
+
+    /// The values, to be written in place by the buffer's one holder (an optimizer's update of
+    /// a storage nothing else can see: `optim_ops::adam_step_in_place`): the packed copies
+    /// made from the old values go.
+    pub(crate) fn values_mut(&mut self) -> &mut [f32] {
+        self.rhs = Default::default();
+        &mut self.data
     }
 
     /// How many right-matrix layouts of this storage are remembered (for tests).

@@ -36,7 +36,8 @@ impl TensorId {
 
 pub(crate) struct TensorInner {
     pub(crate) id: TensorId,
-    /// Shared by all views; replaced in place only by `Var::set`.
+    /// Shared by all views; replaced in place only by `Var::set`. Its buffer is written only
+    /// where no other cell holds it (`Var::adam_step_in_place`).
     pub(crate) storage: Arc<RwLock<Storage>>,
     pub(crate) layout: Layout,
     pub(crate) dtype: DType,
@@ -168,9 +169,11 @@ impl Tensor {
         }))
     }
 
-    /// A tensor holding this one's current values. Storage is never written in place, only
-    /// replaced (by `Var::set`), so this costs no copy, and later updates of a variable do not
-    /// reach the snapshot. Used to keep the best weights seen during training.
+    /// A tensor holding this one's current values. Storage is replaced (by `Var::set`), and
+    /// written in place only where nothing else holds its buffer (an optimizer's update:
+    /// `Var::adam_step_in_place`), which a snapshot does: so this costs no copy, and later
+    /// updates of a variable do not reach the snapshot. Used to keep the best weights seen
+    /// during training.
     pub fn snapshot(&self) -> Tensor {
         Tensor(Arc::new(TensorInner {
             id: TensorId::new(),
@@ -181,6 +184,29 @@ impl Tensor {
             op: None,
             is_var: false,
         }))
+    }
+
+    /// Identities of what this tensor reads: its storage cell (shared by its views, `detach` and
+    /// the variable it may be) and the cell's buffer on the Cpu (shared by snapshots), else 0.
+    /// Two tensors with no identity in common read different memory. An optimizer that updates
+    /// variables in place asks this of the gradients it has yet to read.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// let a = Tensor::zeros(&[2, 3], &Device::Cpu)?;
+    /// let [cell, buffer] = a.buffer_ids();
+    /// assert_eq!(a.t()?.buffer_ids()[0], cell);
+    /// assert_eq!(a.snapshot().buffer_ids()[1], buffer);
+    /// assert_ne!(a.snapshot().buffer_ids()[0], cell);
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn buffer_ids(&self) -> [usize; 2] {
+        let cell = Arc::as_ptr(&self.0.storage) as *const () as usize;
+        let buffer = match &*self.0.storage.read().unwrap_or_else(|p| p.into_inner()) {
+            Storage::Cpu(crate::cpu::CpuStorage::F32(b)) => Arc::as_ptr(b) as *const () as usize,
+            _ => 0,
+        };
+        [cell, buffer]
     }
 
     /// The elements in row-major order, copied to the host. `T` must match the dtype.

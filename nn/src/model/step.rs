@@ -3,12 +3,16 @@
 //!
 //! The step reads back its losses and one or two figures per gradient, and refuses a step whose
 //! loss or gradient is not finite. When the optimizer can [`fork`](Optimizer::fork) (every
-//! built-in one can) and the model is on one device, the update is applied *before* that read:
+//! built-in one can) and the model is on one GPU, the update is applied *before* that read:
 //! the device runs forward, backward and update as one stream of work, with no wait in between,
 //! and a step that then turns out to fail is undone on the host by putting back the variables'
-//! tensors and the optimizer as they were (storage is never written in place, so keeping them
-//! costs no copy). Otherwise (a user's optimizer without `fork`, a model split over devices,
-//! whose coordinated optimizer skips bad steps itself) the figures are checked first.
+//! tensors and the optimizer as they were (keeping them holds their buffers, so the update
+//! writes new ones: no copy is made). Otherwise (on the Cpu, where reading first costs no wait;
+//! a user's optimizer without `fork`; a model split over devices, whose coordinated optimizer
+//! skips bad steps itself) the figures are checked first, and the optimizer may write its update
+//! over the weights' own buffers (Adam does: `Var::adam_step_in_place`). On the Cpu a dense
+//! layer's weight gradient left as a product is checked by a bound, not worked out
+//! (`GradStore::product_surely_finite`).
 
 use super::Model;
 use crate::optim::Optimizer;
@@ -80,13 +84,19 @@ impl Model {
         let k = figs.len();
         let wanted = !counts.is_empty();
         let metrics = |m: &Model| m.count_metrics(&heads, &preds, &labels, wanted);
-        let forked = if self.tp.is_none() { self.parts()?.0.fork() } else { None };
+        // On the Cpu, reading the figures first costs no wait, and lets the optimizer write its
+        // update over the weights' own buffers (nothing kept to undo it holds them).
+        let on_gpu = loss.device().is_gpu() || vars.iter().any(|(_, v)| v.device().is_gpu());
+        let forked = if self.tp.is_none() && on_gpu { self.parts()?.0.fork() } else { None };
         let Some(optimizer_before) = forked else {
             // Everything that can fail runs before the update: the figures are read and checked
             // (which also reports a bad label or id found on a GPU), and the metrics counted.
             let read = Read::new(losses, k, checked(Vec::new())?)?;
             let figures = self.read_figures(&read, &grads)?;
             let batch = metrics(self)?;
+            // The step's graph goes before the update: views of the weights in it would hold
+            // their buffers (and make the update copy them).
+            drop((read, preds, loss));
             self.update(&vars, &grads, updates)?;
             add_counts(counts, batch);
             return Ok(figures);
@@ -146,9 +156,9 @@ impl Model {
             if mine.iter().all(|v| v.is_finite()) {
                 continue;
             }
-            // A one-value figure (a check, or a sum, which may only have overflowed) does not
-            // say which value: the largest and smallest do (any NaN shows in both, +inf in the
-            // first, -inf in the second).
+            // A one-value figure (a check, or the Cpu's infinity for a gradient it could not
+            // tell finite) does not say which value: the largest and smallest do (any NaN shows
+            // in both, +inf in the first, -inf in the second).
             let ends = if c.one_value() {
                 // (A gradient left as a product is worked out now, for the message.)
                 let g = grads.resolve(c.var.as_tensor())?.unwrap_or_else(|| c.var.as_tensor().clone());
@@ -222,11 +232,12 @@ struct GradientCheck<'a> {
     path: &'a str,
     var: &'a Var,
     /// One `[1]` figure that is finite when the whole gradient is: the optimizer's own check
-    /// where it made one (0 or NaN; on a GPU found by bit tests), else on the Cpu the gradient's
-    /// sum (a NaN or an infinity anywhere makes it NaN or infinite: +inf and -inf meet as NaN).
-    /// Else, on a GPU, whose shader arithmetic may assume there is no NaN or infinity, the
-    /// largest and smallest value (two `[1]` tensors, found by the reductions' bit tests), which
-    /// go into the step's one read as they are (no concat of their own).
+    /// where it made one (0 or NaN; on a GPU found by bit tests). On the Cpu none where the
+    /// host tells the gradient finite without an op (`GradStore::surely_finite`), else an
+    /// infinity (unknown: the read then looks at the values). Else, on a GPU, whose shader
+    /// arithmetic may assume there is no NaN or infinity, the largest and smallest value (two
+    /// `[1]` tensors, found by the reductions' bit tests), which go into the step's one read as
+    /// they are (no concat of their own).
     figures: Vec<Tensor>,
 }
 
@@ -252,12 +263,17 @@ fn gradient_figures<'a>(
                 let gpu = v.as_tensor().device().is_gpu();
                 let figures = match done.remove(p.as_str()) {
                     Some(c) => vec![c],
+                    // On the Cpu, told on the host with no op (a product by a bound, not worked
+                    // out: `GradStore::surely_finite`): nothing to read. Where that cannot tell,
+                    // an infinity has the read below look at the gradient's values.
+                    _ if !gpu && grads.surely_finite(v)? => Vec::new(),
+                    _ if !gpu => vec![Tensor::full(f32::INFINITY, &[1], v.device())?],
                     // (A gradient left as a product that the optimizer did not check: worked out.)
                     _ => {
                         let Some(g) = grads.resolve(v)? else {
                             return Err(Error::invalid("fit", format!("the gradient of {p} went missing")));
                         };
-                        if gpu { gradient_ends(&g)?.into() } else { vec![g.sum_all()?.reshape(&[1])?] }
+                        gradient_ends(&g)?.into()
                     }
                 };
                 Ok(GradientCheck { path: p, var: v, figures })

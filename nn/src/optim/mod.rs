@@ -2,6 +2,7 @@
 //! inspectable with `slot`, and reads its learning-rate schedule at every step.
 
 mod adaptive;
+mod in_place;
 mod rules;
 mod schedule;
 

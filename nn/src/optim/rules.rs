@@ -59,7 +59,8 @@ pub trait Optimizer: Send {
     /// puts back in its place when a step it has already applied turns out to fail (a loss or
     /// gradient that is not finite, read back after the update). It must share no mutable state
     /// with `self` (a wrapper copies itself, not only what it wraps); slots may share their
-    /// tensors, since storage is never written in place, so this copies no data. `None`, the
+    /// tensors, so this copies no data (a slot held twice is never written in place: see
+    /// `Var::adam_step_in_place`). `None`, the
     /// default, makes the model read the step's figures back and check them before the update
     /// instead: on a GPU, a wait in mid-step.
     fn fork(&self) -> Option<Box<dyn Optimizer>> {
@@ -155,6 +156,11 @@ pub(super) struct Base {
     /// The last step's gradient checks made by the rule itself (see
     /// [`Optimizer::gradient_checks`]); `None` when the step changed the gradients first.
     pub(super) checks: Option<Vec<(String, Tensor)>>,
+    /// Whether the rule may leave the variable it is called for to be written in place at the
+    /// step's end (see `in_place.rs`); set by the step for each variable.
+    pub(super) may_defer: bool,
+    /// The updates the rules left to be written in place at the step's end.
+    pub(super) deferred: Vec<super::in_place::Deferred>,
 }
 
 impl Base {
@@ -299,7 +305,9 @@ impl Base {
     /// `rule(base, path, weight, grad, lr)` for the new weight of each variable.
     ///
     /// The step is staged: new weights and slots are all computed first and only then put in
-    /// place, so a step that fails part way changes no weight, slot or counter. On the Cpu it
+    /// place, so a step that fails part way changes no weight, slot or counter. An update a rule
+    /// may write over the old buffers (Adam's on the Cpu) is left to that end too
+    /// (`in_place.rs`). On the Cpu it
     /// flushes subnormal values to zero ([`on_the_cpu_flushing`]): a moment decaying toward 0
     /// would otherwise slow every later update many times over.
     pub(super) fn step(
@@ -425,6 +433,8 @@ impl Base {
             }
             // A rule's own check stands for the step's only when it saw the gradients as given.
             staged.checks = self.uses_as_given().then(Vec::new);
+            staged.deferred = Vec::new();
+            let buffers = super::in_place::Buffers::of(params, self);
             let lr = self.lr();
             let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
             let given = pairs.iter().map(|(p, v, g)| (*p, *v, Grad::Tensor(g)));
@@ -441,7 +451,12 @@ impl Base {
                         w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
                     }
                 }
-                updated.insert(path.as_str(), rule(&mut staged, path, &w, g, lr)?);
+                staged.may_defer = buffers.may_defer(var, g);
+                let deferred = staged.deferred.len();
+                let new = rule(&mut staged, path, &w, g, lr)?;
+                if staged.deferred.len() == deferred {
+                    updated.insert(path.as_str(), new);
+                }
             }
             // Every value (new weights, averages) is worked out before any variable is set.
             let values = params
@@ -451,11 +466,15 @@ impl Base {
                     (p.as_str(), v, t)
                 })
                 .collect();
-            for (var, value) in staged.track_average(values, updates_before)? {
+            let sets = staged.track_average(values, updates_before)?;
+            staged.iterations += 1;
+            let deferred = std::mem::take(&mut staged.deferred);
+            // The old state goes first, so that the slots the deferred updates write are held once.
+            *self = staged;
+            self.write_deferred(params, deferred)?;
+            for (var, value) in sets {
                 var.set(&value)?;
             }
-            staged.iterations += 1;
-            *self = staged;
             Ok(())
         })
     }
@@ -731,6 +750,10 @@ impl Adam {
         }
         // One fused pass: m' = m + (g - m)(1 - b1), v' = v + (g² - v)(1 - b2), w' = w - lr_t m' / (sqrt(v') + eps).
         let step = AdamStep { lr_t, beta1: b1, beta2: b2, eps, decay };
+        // Written in place at the step's end where it may be (the slots made above).
+        if b.defer(path, w, g, [&m, &v], step) {
+            return Ok(w.clone());
+        }
         // A gradient left as a product (a dense layer's x^T @ dy) is summed inside the same pass.
         let (w, m, v, check) = match g {
             Grad::Tensor(g) => w.adam_step_checked(g, &m, &v, step)?,

@@ -1,0 +1,128 @@
+//! Adam's updates written over the variables' and moments' own buffers, at the end of the
+//! optimizer's step (see [`Var::adam_step_in_place`] for when a buffer may be written).
+//!
+//! Why at the end: a step changes nothing unless it all succeeds (see `Base::step`). A rule that
+//! may write in place only leaves its update here ([`Base::defer`]); the other rules then work
+//! their new values out, and only once every one has, and the old state is dropped (so that the
+//! moments' handles are held once), are these written ([`Base::write_deferred`]). What is left
+//! to fail then is what an update out of place, taken where a buffer turns out to be shared,
+//! can: running out of memory.
+//!
+//! Why only some: a variable is written in place only where no gradient still to be read reads
+//! any variable's buffers (a gradient `dy @ w^T` of another variable would read the new `w`),
+//! and without EMA (whose first average is a snapshot of the weights) or gradient accumulation
+//! (whose summed gradient the step has not checked). A training step on the Cpu checks every
+//! gradient before the update, so what is written is known finite; one that keeps copies to
+//! undo the step (on a GPU) holds the buffers, which are then updated out of place as before.
+
+use super::rules::{Base, Grad};
+use std::collections::{HashMap, HashSet};
+use weft_core::optim_ops::{AdamGrad, AdamStep};
+use weft_core::{Device, Error, Result, Tensor, Var};
+
+/// An Adam update left for the step's end.
+#[derive(Clone)]
+pub(super) struct Deferred {
+    path: String,
+    grad: Operands,
+    step: AdamStep,
+}
+
+/// A deferred update's gradient, as the rule received it.
+#[derive(Clone)]
+enum Operands {
+    Tensor(Tensor),
+    Product(Tensor, Tensor),
+}
+
+/// The buffers of a step's variables, which no gradient of a deferred update may read.
+pub(super) struct Buffers {
+    ids: HashSet<usize>,
+    /// Whether the optimizer's settings allow deferring at all.
+    open: bool,
+}
+
+impl Buffers {
+    /// The buffers of `params`, for a step of `base`'s settings.
+    pub(super) fn of(params: &[(String, Var)], base: &Base) -> Self {
+        let open = base.ema.is_none() && base.accumulate.is_none();
+        let ids = if open {
+            params.iter().flat_map(|(_, v)| v.buffer_ids()).filter(|&id| id != 0).collect()
+        } else {
+            HashSet::new()
+        };
+        Buffers { ids, open }
+    }
+
+    /// Whether the update of `var` with gradient `g` may be left to be written in place.
+    pub(super) fn may_defer(&self, var: &Var, g: Grad<'_>) -> bool {
+        let reads = |t: &Tensor| t.buffer_ids().iter().any(|id| self.ids.contains(id));
+        self.open
+            && matches!(var.device(), Device::Cpu)
+            && match g {
+                Grad::Tensor(t) => !reads(t),
+                Grad::Product(l, r) => !reads(l) && !reads(r),
+            }
+    }
+}
+
+impl Base {
+    /// Leave Adam's update of the variable at `path` (weight `w`, moments `m` and `v`, already
+    /// in the slots) for the step's end, where the step allows it for this variable and the
+    /// moments have its shape (else the rule's own pass reports them now): whether it did.
+    pub(super) fn defer(&mut self, path: &str, w: &Tensor, g: Grad<'_>, [m, v]: [&Tensor; 2], step: AdamStep) -> bool {
+        if !self.may_defer || m.dims() != w.dims() || v.dims() != w.dims() {
+            return false;
+        }
+        let grad = match g {
+            Grad::Tensor(t) => Operands::Tensor(t.clone()),
+            Grad::Product(l, r) => Operands::Product(l.clone(), r.clone()),
+        };
+        self.deferred.push(Deferred { path: path.to_string(), grad, step });
+        true
+    }
+
+    /// Write the deferred updates: in place where the buffers allow, else out of place (new
+    /// tensors set as a rule's would be). The slots stay in place whatever happens.
+    pub(super) fn write_deferred(&mut self, params: &[(String, Var)], deferred: Vec<Deferred>) -> Result<()> {
+        if deferred.is_empty() {
+            return Ok(());
+        }
+        let vars: HashMap<&str, &Var> = params.iter().map(|(p, v)| (p.as_str(), v)).collect();
+        for d in deferred {
+            let var = vars.get(d.path.as_str()).copied();
+            let slots = self.slots.get_mut(&d.path);
+            let (Some(var), Some(slots)) = (var, slots) else {
+                return Err(Error::invalid("optimizer", format!("{}: its update lost its variable or slots", d.path)));
+            };
+            let (Some(mut m), Some(mut v)) = (slots.remove("m"), slots.remove("v")) else {
+                return Err(Error::invalid("optimizer", format!("{}: its update lost its moments", d.path)));
+            };
+            let out = write(var, &d, &mut m, &mut v);
+            slots.insert("m".into(), m);
+            slots.insert("v".into(), v);
+            self.note_check(&d.path, out?);
+        }
+        Ok(())
+    }
+}
+
+/// One deferred update: in place, or out of place where a buffer is shared after all (another
+/// thread took a snapshot, say); the gradient's check.
+fn write(var: &Var, d: &Deferred, m: &mut Tensor, v: &mut Tensor) -> Result<Option<Tensor>> {
+    let grad = match &d.grad {
+        Operands::Tensor(g) => AdamGrad::Tensor(g),
+        Operands::Product(l, r) => AdamGrad::Product(l, r),
+    };
+    if let Some(check) = var.adam_step_in_place(grad, m, v, d.step)? {
+        return Ok(Some(check));
+    }
+    let w = var.as_tensor();
+    let (w, new_m, new_v, check) = match &d.grad {
+        Operands::Tensor(g) => w.adam_step_checked(g, m, v, d.step)?,
+        Operands::Product(l, r) => w.adam_step_of_product(l, r, m, v, d.step)?,
+    };
+    var.set(&w)?;
+    (*m, *v) = (new_m, new_v);
+    Ok(check)
+}

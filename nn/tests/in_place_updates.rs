@@ -1,0 +1,131 @@
+//! On the Cpu, Adam writes its update over the weights' and moments' own buffers where nothing
+//! else can see them (`Var::adam_step_in_place`): the same bits as new buffers, nothing a user
+//! holds changes, and nothing read later in the step sees a weight's new values early.
+
+use weft_core::{Device, GradStore, Tensor, Var, no_grad};
+use weft_nn::layers::{BatchNormalization, Dense};
+use weft_nn::optim::{Adam, AdamW, Optimizer};
+use weft_nn::{Activation, Loss, Model, Sequential};
+
+#[path = "common/state.rs"]
+mod state;
+use state::state;
+
+/// Dense layers (kernels' gradients left as products) and batch norm and biases (gradients
+/// worked out).
+fn model(optimizer: impl Optimizer + 'static) -> Model {
+    let net = Sequential::new()
+        .add(Dense::new(24).activation(Activation::Relu).named("d1"))
+        .add(BatchNormalization::new().named("bn"))
+        .add(Dense::new(20).activation(Activation::Gelu).named("d2"))
+        .add(Dense::new(3).named("d3"));
+    let mut m = Model::new(net, &Device::Cpu);
+    m.compile(optimizer, Loss::SparseCategoricalCrossentropy { from_logits: true }, &[]).unwrap();
+    m.build(&[10]).unwrap();
+    m
+}
+
+fn batch(seed: u64) -> (Tensor, Tensor) {
+    let x = Tensor::rand(-1.0, 1.0, &[16, 10], seed, &Device::Cpu).unwrap();
+    let y = Tensor::from_vec((0..16u32).map(|i| (i * 7 + seed as u32) % 3).collect::<Vec<_>>(), &[16], &Device::Cpu);
+    (x, y.unwrap())
+}
+
+/// A configuration's name, a maker of it, and whether it writes in place.
+type Config = (&'static str, fn() -> Box<dyn Optimizer>, bool);
+
+fn optimizers() -> Vec<Config> {
+    vec![
+        ("adam", || Box::new(Adam::new(0.01)), true),
+        ("adamw", || Box::new(AdamW::new(0.01).weight_decay(0.1)), true),
+        ("adam+clip", || Box::new(Adam::new(0.01).clip_global_norm(0.05)), true),
+        ("amsgrad", || Box::new(Adam::new(0.01).amsgrad(true)), false),
+        ("adam+ema", || Box::new(Adam::new(0.01).ema(0.9)), false),
+    ]
+}
+
+/// A model trained as is and its twin, whose every weight and slot the test holds a snapshot of
+/// before each step (so its steps must write new buffers), end with the same bits; the snapshots
+/// keep their values; and the first model's kernels stayed in their buffers (written in place)
+/// where the optimizer allows it.
+#[test]
+fn in_place_gives_the_bits_of_new_buffers_and_spares_what_is_held() {
+    for (name, make, in_place) in optimizers() {
+        let (mut a, mut b) = (model(make()), model(make()));
+        assert_eq!(state(&a), state(&b), "{name}: the twins start apart");
+        for step in 0..4 {
+            let (x, y) = batch(step);
+            let kernels = |m: &Model| -> Vec<[usize; 2]> {
+                m.variables().iter().filter(|(p, _)| p.ends_with("kernel")).map(|(_, v)| v.buffer_ids()).collect()
+            };
+            let before = kernels(&a);
+            let la = a.train_on_batch(&x, &y).unwrap();
+            assert_eq!(
+                kernels(&a) == before,
+                in_place,
+                "{name}, step {step}: kernels' buffers {before:?} -> {:?}",
+                kernels(&a)
+            );
+
+            let mut held: Vec<Tensor> = b.variables().iter().map(|(_, v)| v.as_tensor().snapshot()).collect();
+            held.extend(b.optimizer().unwrap().slots().iter().map(|(_, _, t)| t.snapshot()));
+            let values: Vec<Vec<f32>> = held.iter().map(|t| t.to_vec().unwrap()).collect();
+            let lb = b.train_on_batch(&x, &y).unwrap();
+            let after: Vec<Vec<f32>> = held.iter().map(|t| t.to_vec().unwrap()).collect();
+            assert!(after == values, "{name}, step {step}: a snapshot changed");
+            assert_eq!(la.to_bits(), lb.to_bits(), "{name}, step {step}: losses");
+            assert!(state(&a) == state(&b), "{name}, step {step}: the twins differ");
+        }
+    }
+}
+
+/// The packed copies of a weight that inference keeps (from its second product on) go with
+/// the values they were made from: after a step written in place, `predict` gives what a model
+/// with those weights in new buffers gives.
+#[test]
+fn inference_after_a_step_in_place_reads_the_new_weights() {
+    let (mut a, mut b) = (model(Adam::new(0.05)), model(Adam::new(0.05)));
+    // (Eight rows: products of few rows in inference read the packed copies.)
+    let x = Tensor::rand(-1.0, 1.0, &[8, 10], 9, &Device::Cpu).unwrap();
+    for m in [&a, &b] {
+        for _ in 0..3 {
+            m.predict(&x, 8).unwrap();
+        }
+    }
+    let before: Vec<[usize; 2]> = a.variables().iter().map(|(_, v)| v.buffer_ids()).collect();
+    let (bx, by) = batch(1);
+    a.train_on_batch(&bx, &by).unwrap();
+    let kept = b.variables().iter().map(|(_, v)| v.as_tensor().snapshot()).collect::<Vec<_>>();
+    b.train_on_batch(&bx, &by).unwrap();
+    drop(kept);
+    let after: Vec<[usize; 2]> = a.variables().iter().map(|(_, v)| v.buffer_ids()).collect();
+    assert_eq!(before[0], after[0], "the first kernel was not written in place");
+    let (pa, pb) =
+        (a.predict(&x, 8).unwrap().to_vec::<f32>().unwrap(), b.predict(&x, 8).unwrap().to_vec::<f32>().unwrap());
+    assert!(pa == pb, "predict after the step in place differs from the same weights in new buffers");
+}
+
+/// A variable whose storage another's gradient reads through a view (here a's gradient is
+/// b^T, a view of b) is not written before that gradient is read: the steps equal those given
+/// the same gradient as a copy of its own.
+#[test]
+fn a_weight_another_gradient_reads_is_updated_after_it() {
+    let dev = Device::Cpu;
+    let run = |view: bool| -> Vec<Vec<f32>> {
+        let a = Var::new(Tensor::rand(-1.0, 1.0, &[5, 5], 1, &dev).unwrap()).unwrap();
+        let b = Var::new(Tensor::rand(-1.0, 1.0, &[5, 5], 2, &dev).unwrap()).unwrap();
+        // b first: its update is done (or left for the end) before a's.
+        let params = vec![("b".to_string(), b.clone()), ("a".to_string(), a.clone())];
+        let mut opt = Adam::new(0.5);
+        for step in 0..3 {
+            let mut grads = GradStore::default();
+            let bt = b.as_tensor().t().unwrap();
+            let ga = if view { bt } else { Tensor::from_vec(bt.to_vec::<f32>().unwrap(), &[5, 5], &dev).unwrap() };
+            grads.insert(a.as_tensor(), ga);
+            grads.insert(b.as_tensor(), Tensor::rand(-1.0, 1.0, &[5, 5], 10 + step, &dev).unwrap());
+            no_grad(|| opt.apply(&params, &grads)).unwrap();
+        }
+        vec![a.to_vec().unwrap(), b.to_vec().unwrap()]
+    };
+    assert_eq!(run(true), run(false));
+}
