@@ -103,13 +103,18 @@ fn mix(path: &str, seed: u64, step: u64) -> u64 {
 
 /// An `Err` naming the first update whose value does not fit its variable.
 pub(crate) fn check_updates(updates: &[(Var, Tensor)]) -> weft_core::Result<()> {
-    match updates.iter().find(|(v, t)| t.dims() != v.dims() || t.device() != v.device()) {
+    // Everything `Var::set` would refuse: the step's update may already be written when these
+    // are committed, so a refusal must come now.
+    let wrong = |(v, t): &&(Var, Tensor)| t.dims() != v.dims() || t.device() != v.device() || t.dtype() != v.dtype();
+    match updates.iter().find(wrong) {
         Some((v, t)) => Err(weft_core::Error::invalid(
             "commit_updates",
             format!(
-                "a value of shape {:?} on {} for a variable of shape {:?} on {}",
+                "a {:?} value of shape {:?} on {} for a {:?} variable of shape {:?} on {}",
+                t.dtype(),
                 t.dims(),
                 t.device().describe(),
+                v.dtype(),
                 v.dims(),
                 v.device().describe()
             ),

@@ -11,23 +11,29 @@ use weft_nn::{Activation, Loss, Model, Sequential};
 mod state;
 use state::state;
 
-/// Dense layers (kernels' gradients left as products) and batch norm and biases (gradients
-/// worked out).
+/// Dense layers and batch norm: with batches of 8, the first two kernels' gradients are left as
+/// products (their operands, 8 x 32 and 8 x 48, 8 x 48 and 8 x 40, are smaller than they), the
+/// last one's, batch norm's and the biases' are worked out.
 fn model(optimizer: impl Optimizer + 'static) -> Model {
     let net = Sequential::new()
-        .add(Dense::new(24).activation(Activation::Relu).named("d1"))
+        .add(Dense::new(48).activation(Activation::Relu).named("d1"))
         .add(BatchNormalization::new().named("bn"))
-        .add(Dense::new(20).activation(Activation::Gelu).named("d2"))
+        .add(Dense::new(40).activation(Activation::Gelu).named("d2"))
         .add(Dense::new(3).named("d3"));
     let mut m = Model::new(net, &Device::Cpu);
     m.compile(optimizer, Loss::SparseCategoricalCrossentropy { from_logits: true }, &[]).unwrap();
-    m.build(&[10]).unwrap();
+    m.build(&[32]).unwrap();
     m
 }
 
-fn batch(seed: u64) -> (Tensor, Tensor) {
-    let x = Tensor::rand(-1.0, 1.0, &[16, 10], seed, &Device::Cpu).unwrap();
-    let y = Tensor::from_vec((0..16u32).map(|i| (i * 7 + seed as u32) % 3).collect::<Vec<_>>(), &[16], &Device::Cpu);
+/// A batch of 8; `poison`: with a NaN in one input value (every kernel's gradient spoilt).
+fn batch(seed: u64, poison: bool) -> (Tensor, Tensor) {
+    let mut x = Tensor::rand(-1.0, 1.0, &[8, 32], seed, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
+    if poison {
+        x[77] = f32::NAN;
+    }
+    let x = Tensor::from_vec(x, &[8, 32], &Device::Cpu).unwrap();
+    let y = Tensor::from_vec((0..8u32).map(|i| (i * 7 + seed as u32) % 3).collect::<Vec<_>>(), &[8], &Device::Cpu);
     (x, y.unwrap())
 }
 
@@ -54,7 +60,7 @@ fn in_place_gives_the_bits_of_new_buffers_and_spares_what_is_held() {
         let (mut a, mut b) = (model(make()), model(make()));
         assert_eq!(state(&a), state(&b), "{name}: the twins start apart");
         for step in 0..4 {
-            let (x, y) = batch(step);
+            let (x, y) = batch(step, false);
             let kernels = |m: &Model| -> Vec<[usize; 2]> {
                 m.variables().iter().filter(|(p, _)| p.ends_with("kernel")).map(|(_, v)| v.buffer_ids()).collect()
             };
@@ -86,14 +92,14 @@ fn in_place_gives_the_bits_of_new_buffers_and_spares_what_is_held() {
 fn inference_after_a_step_in_place_reads_the_new_weights() {
     let (mut a, mut b) = (model(Adam::new(0.05)), model(Adam::new(0.05)));
     // (Eight rows: products of few rows in inference read the packed copies.)
-    let x = Tensor::rand(-1.0, 1.0, &[8, 10], 9, &Device::Cpu).unwrap();
+    let x = Tensor::rand(-1.0, 1.0, &[8, 32], 9, &Device::Cpu).unwrap();
     for m in [&a, &b] {
         for _ in 0..3 {
             m.predict(&x, 8).unwrap();
         }
     }
     let before: Vec<[usize; 2]> = a.variables().iter().map(|(_, v)| v.buffer_ids()).collect();
-    let (bx, by) = batch(1);
+    let (bx, by) = batch(1, false);
     a.train_on_batch(&bx, &by).unwrap();
     let kept = b.variables().iter().map(|(_, v)| v.as_tensor().snapshot()).collect::<Vec<_>>();
     b.train_on_batch(&bx, &by).unwrap();
@@ -128,4 +134,45 @@ fn a_weight_another_gradient_reads_is_updated_after_it() {
         vec![a.to_vec().unwrap(), b.to_vec().unwrap()]
     };
     assert_eq!(run(true), run(false));
+}
+
+/// A step whose gradients are not finite, after steps written in place, is refused before its
+/// update: weights, slots and counters as they were, and training goes on as if it had not
+/// been tried.
+#[test]
+fn a_bad_step_after_steps_in_place_changes_nothing() {
+    let (mut a, mut b) = (model(Adam::new(0.01)), model(Adam::new(0.01)));
+    for step in 0..2 {
+        let (x, y) = batch(step, false);
+        a.train_on_batch(&x, &y).unwrap();
+        b.train_on_batch(&x, &y).unwrap();
+    }
+    let before = state(&a);
+    let (x, y) = batch(5, true);
+    let err = a.train_on_batch(&x, &y).unwrap_err().to_string();
+    assert!(err.contains("not applied"), "{err}");
+    assert!(state(&a) == before, "a refused step changed the state");
+    let (x, y) = batch(6, false);
+    assert_eq!(a.train_on_batch(&x, &y).unwrap().to_bits(), b.train_on_batch(&x, &y).unwrap().to_bits());
+    assert!(state(&a) == state(&b));
+}
+
+/// One variable listed under two paths (a tied weight, both given the same gradient) takes each
+/// listing's update worked out from the old values, the last one standing, as before updates
+/// were written in place: the same as listed once, not the update applied twice.
+#[test]
+fn a_variable_listed_twice_is_not_written_over_itself() {
+    let dev = Device::Cpu;
+    let run = |listings: usize| -> Vec<f32> {
+        let w = Var::new(Tensor::rand(-1.0, 1.0, &[4, 6], 1, &dev).unwrap()).unwrap();
+        let params: Vec<(String, Var)> = (0..listings).map(|i| (format!("w{i}"), w.clone())).collect();
+        let mut opt = Adam::new(0.1);
+        for step in 0..3 {
+            let mut grads = GradStore::default();
+            grads.insert(w.as_tensor(), Tensor::rand(-1.0, 1.0, &[4, 6], 10 + step, &dev).unwrap());
+            no_grad(|| opt.apply(&params, &grads)).unwrap();
+        }
+        w.to_vec().unwrap()
+    };
+    assert_eq!(run(2), run(1));
 }

@@ -32,11 +32,12 @@ pub enum AdamGrad<'a> {
 
 impl Var {
     /// One Adam step written over this variable's values and the moments `m` and `v`, where
-    /// the Cpu holds them all and no other handle can see the buffers written (see the module
-    /// doc): `Some` of the gradient's check (a `[1]` tensor: 0 when every value of the gradient
-    /// was finite, NaN when any was not, with the step written all the same), or `None` with
-    /// nothing written. The same bits as [`Tensor::adam_step_checked`] (or
-    /// [`Tensor::adam_step_of_product`] for a product) would give.
+    /// the Cpu holds them all as f32 and no other handle can see the buffers written (see the
+    /// module doc): `Some` of the gradient's check (a `[1]` tensor: 0 when every value of the
+    /// gradient was finite, NaN when any was not, with the step written all the same), or
+    /// `None` with nothing written. The same bits as [`Tensor::adam_step_checked`] (or
+    /// [`Tensor::adam_step_of_product`] for a product) would give. `Err`, with nothing written,
+    /// when a shape does not fit the variable's.
     ///
     /// ```
     /// use weft_core::optim_ops::{AdamGrad, AdamStep};
@@ -68,7 +69,18 @@ impl Var {
         let w = self.as_tensor();
         let dims = w.dims();
         let all_here = |t: &Tensor| t.dtype() == DType::F32 && matches!(t.device(), Device::Cpu);
-        if !all_here(w) || !all_here(m) || !all_here(v) || m.dims() != dims || v.dims() != dims {
+        for (t, what) in [(&*m, "m"), (&*v, "v")].into_iter().chain(match g {
+            AdamGrad::Tensor(g) => Some((g, "the gradient")),
+            AdamGrad::Product(..) => None,
+        }) {
+            if t.dims() != dims {
+                return Err(crate::Error::invalid(
+                    "adam_step",
+                    format!("{what} of shape {:?} for a variable of shape {dims:?}", t.dims()),
+                ));
+            }
+        }
+        if !all_here(w) || !all_here(m) || !all_here(v) {
             return Ok(None);
         }
         let n = w.numel();
@@ -76,7 +88,7 @@ impl Var {
         // then holds it too, and the variable is left alone below.
         let check = match g {
             AdamGrad::Tensor(g) => {
-                if !all_here(g) || g.dims() != dims {
+                if !all_here(g) {
                     return Ok(None);
                 }
                 let g = crate::no_grad(|| g.contiguous_from_zero())?;
@@ -88,7 +100,14 @@ impl Var {
                 out
             }
             AdamGrad::Product(l, r) => {
-                if !all_here(l) || !all_here(r) || l.rank() != 2 || r.rank() != 2 {
+                let (a, b) = (l.dims(), r.dims());
+                if l.rank() != 2 || r.rank() != 2 || a[1] != b[0] || [a[0], b[1]] != dims {
+                    return Err(crate::Error::invalid(
+                        "adam_step",
+                        format!("a gradient of {a:?} @ {b:?} for a variable of shape {dims:?}"),
+                    ));
+                }
+                if !all_here(l) || !all_here(r) {
                     return Ok(None);
                 }
                 let (Storage::Cpu(ls), Storage::Cpu(rs)) = (l.storage(), r.storage()) else { return Ok(None) };
@@ -271,6 +290,14 @@ mod tests {
         assert!(out.is_none(), "a product reading the variable");
         let out = w.adam_step_in_place(AdamGrad::Tensor(&w.as_tensor().clone()), &mut m, &mut v, p).unwrap();
         assert!(out.is_none(), "a gradient that is the variable");
+        // Shapes that do not fit the variable's are an Err, with nothing written.
+        let before = [w.as_tensor(), &m, &v].map(|t| t.to_vec::<f32>().unwrap());
+        let (l, r) = (Tensor::zeros(&[4, 6], &dev).unwrap(), Tensor::zeros(&[6, 3], &dev).unwrap());
+        let err = w.adam_step_in_place(AdamGrad::Product(&l, &r), &mut m, &mut v, p).unwrap_err().to_string();
+        assert!(err.contains("[4, 6] @ [6, 3]"), "{err}");
+        let short = Tensor::zeros(&[2, 4], &dev).unwrap();
+        assert!(w.adam_step_in_place(AdamGrad::Tensor(&short), &mut m, &mut v, p).is_err());
+        assert_eq!([w.as_tensor(), &m, &v].map(|t| t.to_vec::<f32>().unwrap()), before);
         // With nothing held, it is written.
         let before = w.as_tensor().to_vec::<f32>().unwrap();
         assert!(w.adam_step_in_place(AdamGrad::Tensor(&g), &mut m, &mut v, p).unwrap().is_some());

@@ -96,7 +96,7 @@ impl Model {
             let batch = metrics(self)?;
             // The step's graph goes before the update: views of the weights in it would hold
             // their buffers (and make the update copy them).
-            drop((read, preds, loss));
+            drop((read, preds, loss, per));
             self.update(&vars, &grads, updates)?;
             add_counts(counts, batch);
             return Ok(figures);

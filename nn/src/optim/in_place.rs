@@ -4,9 +4,10 @@
 //! Why at the end: a step changes nothing unless it all succeeds (see `Base::step`). A rule that
 //! may write in place only leaves its update here ([`Base::defer`]); the other rules then work
 //! their new values out, and only once every one has, and the old state is dropped (so that the
-//! moments' handles are held once), are these written ([`Base::write_deferred`]). What is left
-//! to fail then is what an update out of place, taken where a buffer turns out to be shared,
-//! can: running out of memory.
+//! moments' handles are held once), are these written ([`Base::write_deferred`]), after the
+//! other variables are set. What is left to fail then is what an update out of place, taken
+//! where a buffer turns out to be shared after all, can: running out of memory (which leaves
+//! the step part applied, and says so in no other way than its `Err`).
 //!
 //! Why only some: a variable is written in place only where no gradient still to be read reads
 //! any variable's buffers (a gradient `dy @ w^T` of another variable would read the new `w`),
@@ -16,14 +17,15 @@
 //! undo the step (on a GPU) holds the buffers, which are then updated out of place as before.
 
 use super::rules::{Base, Grad};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use weft_core::optim_ops::{AdamGrad, AdamStep};
-use weft_core::{Device, Error, Result, Tensor, Var};
+use weft_core::{DType, Device, Error, Result, Tensor, TensorId, Var};
 
 /// An Adam update left for the step's end.
 #[derive(Clone)]
 pub(super) struct Deferred {
     path: String,
+    var: Var,
     grad: Operands,
     step: AdamStep,
 }
@@ -38,6 +40,9 @@ enum Operands {
 /// The buffers of a step's variables, which no gradient of a deferred update may read.
 pub(super) struct Buffers {
     ids: HashSet<usize>,
+    /// Variables listed more than once (a tied weight under two paths): each listing's update
+    /// is worked out from the old values, as the rules do, not written one over the other.
+    twice: HashSet<TensorId>,
     /// Whether the optimizer's settings allow deferring at all.
     open: bool,
 }
@@ -46,59 +51,76 @@ impl Buffers {
     /// The buffers of `params`, for a step of `base`'s settings.
     pub(super) fn of(params: &[(String, Var)], base: &Base) -> Self {
         let open = base.ema.is_none() && base.accumulate.is_none();
-        let ids = if open {
-            params.iter().flat_map(|(_, v)| v.buffer_ids()).filter(|&id| id != 0).collect()
-        } else {
-            HashSet::new()
-        };
-        Buffers { ids, open }
+        let (mut ids, mut seen, mut twice) = (HashSet::new(), HashSet::new(), HashSet::new());
+        if open {
+            for (_, v) in params {
+                ids.extend(v.buffer_ids().into_iter().filter(|&id| id != 0));
+                if !seen.insert(v.id()) {
+                    twice.insert(v.id());
+                }
+            }
+        }
+        Buffers { ids, twice, open }
     }
 
-    /// Whether the update of `var` with gradient `g` may be left to be written in place.
-    pub(super) fn may_defer(&self, var: &Var, g: Grad<'_>) -> bool {
+    /// `var`, where its update with gradient `g` may be left to be written in place.
+    pub(super) fn may_defer(&self, var: &Var, g: Grad<'_>) -> Option<Var> {
         let reads = |t: &Tensor| t.buffer_ids().iter().any(|id| self.ids.contains(id));
-        self.open
+        let may = self.open
             && matches!(var.device(), Device::Cpu)
+            && !self.twice.contains(&var.id())
             && match g {
                 Grad::Tensor(t) => !reads(t),
                 Grad::Product(l, r) => !reads(l) && !reads(r),
-            }
+            };
+        may.then(|| var.clone())
     }
 }
 
 impl Base {
     /// Leave Adam's update of the variable at `path` (weight `w`, moments `m` and `v`, already
-    /// in the slots) for the step's end, where the step allows it for this variable and the
-    /// moments have its shape (else the rule's own pass reports them now): whether it did.
+    /// in the slots) for the step's end, where the step allows it for this variable and all
+    /// three are what an update in place takes (f32 on the Cpu, of one shape, contiguous from
+    /// their buffers' start): anything else is the rule's own pass's to report now, before any
+    /// variable changes. Whether it did.
     pub(super) fn defer(&mut self, path: &str, w: &Tensor, g: Grad<'_>, [m, v]: [&Tensor; 2], step: AdamStep) -> bool {
-        if !self.may_defer || m.dims() != w.dims() || v.dims() != w.dims() {
+        let Some(var) = self.may_defer.take() else { return false };
+        let fits = |t: &Tensor| {
+            t.dims() == w.dims()
+                && t.dtype() == DType::F32
+                && matches!(t.device(), Device::Cpu)
+                && t.is_contiguous()
+                && t.layout().offset() == 0
+        };
+        let grad_fits = match g {
+            Grad::Tensor(t) => t.dims() == w.dims(),
+            Grad::Product(l, r) => l.dims()[0] == w.dims()[0] && r.dims()[1] == w.dims()[1],
+        };
+        if ![w, m, v].into_iter().all(fits) || !grad_fits {
             return false;
         }
         let grad = match g {
             Grad::Tensor(t) => Operands::Tensor(t.clone()),
             Grad::Product(l, r) => Operands::Product(l.clone(), r.clone()),
         };
-        self.deferred.push(Deferred { path: path.to_string(), grad, step });
+        self.deferred.push(Deferred { path: path.to_string(), var, grad, step });
         true
     }
 
     /// Write the deferred updates: in place where the buffers allow, else out of place (new
     /// tensors set as a rule's would be). The slots stay in place whatever happens.
-    pub(super) fn write_deferred(&mut self, params: &[(String, Var)], deferred: Vec<Deferred>) -> Result<()> {
+    pub(super) fn write_deferred(&mut self, deferred: Vec<Deferred>) -> Result<()> {
         if deferred.is_empty() {
             return Ok(());
         }
-        let vars: HashMap<&str, &Var> = params.iter().map(|(p, v)| (p.as_str(), v)).collect();
         for d in deferred {
-            let var = vars.get(d.path.as_str()).copied();
-            let slots = self.slots.get_mut(&d.path);
-            let (Some(var), Some(slots)) = (var, slots) else {
-                return Err(Error::invalid("optimizer", format!("{}: its update lost its variable or slots", d.path)));
+            let Some(slots) = self.slots.get_mut(&d.path) else {
+                return Err(Error::invalid("optimizer", format!("{}: its update lost its slots", d.path)));
             };
             let (Some(mut m), Some(mut v)) = (slots.remove("m"), slots.remove("v")) else {
                 return Err(Error::invalid("optimizer", format!("{}: its update lost its moments", d.path)));
             };
-            let out = write(var, &d, &mut m, &mut v);
+            let out = write(&d, &mut m, &mut v);
             slots.insert("m".into(), m);
             slots.insert("v".into(), v);
             self.note_check(&d.path, out?);
@@ -109,7 +131,8 @@ impl Base {
 
 /// One deferred update: in place, or out of place where a buffer is shared after all (another
 /// thread took a snapshot, say); the gradient's check.
-fn write(var: &Var, d: &Deferred, m: &mut Tensor, v: &mut Tensor) -> Result<Option<Tensor>> {
+fn write(d: &Deferred, m: &mut Tensor, v: &mut Tensor) -> Result<Option<Tensor>> {
+    let var = &d.var;
     let grad = match &d.grad {
         Operands::Tensor(g) => AdamGrad::Tensor(g),
         Operands::Product(l, r) => AdamGrad::Product(l, r),

@@ -156,9 +156,9 @@ pub(super) struct Base {
     /// The last step's gradient checks made by the rule itself (see
     /// [`Optimizer::gradient_checks`]); `None` when the step changed the gradients first.
     pub(super) checks: Option<Vec<(String, Tensor)>>,
-    /// Whether the rule may leave the variable it is called for to be written in place at the
-    /// step's end (see `in_place.rs`); set by the step for each variable.
-    pub(super) may_defer: bool,
+    /// The variable the rule is called for, where the rule may leave it to be written in place
+    /// at the step's end (see `in_place.rs`); set by the step for each variable.
+    pub(super) may_defer: Option<Var>,
     /// The updates the rules left to be written in place at the step's end.
     pub(super) deferred: Vec<super::in_place::Deferred>,
 }
@@ -468,14 +468,15 @@ impl Base {
                 .collect();
             let sets = staged.track_average(values, updates_before)?;
             staged.iterations += 1;
+            staged.may_defer = None;
             let deferred = std::mem::take(&mut staged.deferred);
-            // The old state goes first, so that the slots the deferred updates write are held once.
+            // The old state goes first, so that the slots the deferred updates write are held
+            // once; the other variables are set before them (no deferred gradient reads them).
             *self = staged;
-            self.write_deferred(params, deferred)?;
             for (var, value) in sets {
                 var.set(&value)?;
             }
-            Ok(())
+            self.write_deferred(deferred)
         })
     }
 }
