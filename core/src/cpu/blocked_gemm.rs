@@ -634,6 +634,46 @@ macro_rules! store_rows {
 }
 pub(crate) use store_rows;
 
+/// `$body` once for each row `$r` below `$rows` (a const generic, at most 12), its statements
+/// written out rather than looped, so that a 512-bit tile's accumulators stay in registers
+/// (LLVM keeps an array it cannot index by constants in memory).
+macro_rules! each_row {
+    ($rows:ident, $r:ident => $body:block) => {
+        $crate::cpu::blocked_gemm::each_row!(@ $rows, $r $body; 0 1 2 3 4 5 6 7 8 9 10 11)
+    };
+    (@ $rows:ident, $r:ident $body:block; $($i:literal)*) => {
+        $(if $i < $rows {
+            let $r: usize = $i;
+            $body
+        })*
+    };
+}
+pub(crate) use each_row;
+
+/// A 512-bit tile's sums (`$acc[r][w]`: row `r`, panel `w` of `$w`, `$rows` rows) into `$c` (row
+/// stride `$ldc`, first `$nr` columns, the edge through masks), stored or added to what it
+/// holds (`$add`). Used in an `unsafe` block of a function with AVX-512 F enabled and
+/// `std::arch::x86_64::*` in scope, where rows `0..$rows`, columns `0..$nr` of `$c` lie in a
+/// live allocation no other thread touches.
+macro_rules! store_rows512 {
+    ($acc:ident, $rows:ident, $w:ident, $c:expr, $ldc:expr, $nr:expr, $add:expr) => {{
+        // The first panel's columns, then the second's (if any), each through a mask at the edge.
+        let mask = |col: usize| -> __mmask16 { if $nr - col >= NR { !0 } else { (1u16 << ($nr - col)) - 1 } };
+        let (m0, m1) = (mask(0), if $nr > NR { mask(NR) } else { 0 });
+        $crate::cpu::blocked_gemm::each_row!($rows, r => {
+            let cp = $c.add(r * $ldc);
+            let v = if $add { _mm512_add_ps(_mm512_maskz_loadu_ps(m0, cp), $acc[r][0]) } else { $acc[r][0] };
+            _mm512_mask_storeu_ps(cp, m0, v);
+            if $w == 2 && m1 != 0 {
+                let cp = cp.add(NR);
+                let v = if $add { _mm512_add_ps(_mm512_maskz_loadu_ps(m1, cp), $acc[r][1]) } else { $acc[r][1] };
+                _mm512_mask_storeu_ps(cp, m1, v);
+            }
+        });
+    }};
+}
+pub(crate) use store_rows512;
+
 /// [`tile`] at 512 bits: `R` rows (up to `2 * MR`: two packed left panels) by `W` right panels
 /// (16 columns each, `per` values apart), one vector per row and panel. The same sums in the same
 /// order as [`tile`] (one multiply-add chain per element over `k`, added to `c` last): the same
@@ -648,19 +688,6 @@ unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile)
     let Tile { kc, a, lda, b, per, c, ldc, nr, add } = t;
     debug_assert!(R <= 2 * MR && W <= 2 && nr <= W * NR);
     use std::arch::x86_64::*;
-    // Each row's statements written out (not a loop), so the accumulators stay in registers:
-    // LLVM keeps an array it cannot index by constants in memory.
-    macro_rules! each_row {
-        ($r:ident => $body:block) => {
-            each_row!(@ $r $body; 0 1 2 3 4 5 6 7 8 9 10 11)
-        };
-        (@ $r:ident $body:block; $($i:literal)*) => {
-            $(if $i < R {
-                let $r: usize = $i;
-                $body
-            })*
-        };
-    }
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     // SAFETY (this function): every pointer stays inside the bounds above.
     unsafe {
@@ -673,7 +700,7 @@ unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile)
             ($s:expr) => {{
                 let b0 = _mm512_loadu_ps(bp.add($s * NR));
                 let b1 = if W == 2 { _mm512_loadu_ps(bp.add(per + $s * NR)) } else { b0 };
-                each_row!(r => {
+                each_row!(R, r => {
                     let at = if IN_PLACE { r * lda + $s } else { (r / MR) * second + $s * MR + r % MR };
                     let av = _mm512_set1_ps(*ap.add(at));
                     acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
@@ -684,19 +711,7 @@ unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile)
             }};
         }
         over_k!(step, kc, ap, bp, IN_PLACE);
-        // The first panel's columns, then the second's (if any), each through a mask at the edge.
-        let mask = |col: usize| -> __mmask16 { if nr - col >= NR { !0 } else { (1u16 << (nr - col)) - 1 } };
-        let (m0, m1) = (mask(0), if nr > NR { mask(NR) } else { 0 });
-        each_row!(r => {
-            let cp = c.add(r * ldc);
-            let v = if add { _mm512_add_ps(_mm512_maskz_loadu_ps(m0, cp), acc[r][0]) } else { acc[r][0] };
-            _mm512_mask_storeu_ps(cp, m0, v);
-            if W == 2 && m1 != 0 {
-                let cp = cp.add(NR);
-                let v = if add { _mm512_add_ps(_mm512_maskz_loadu_ps(m1, cp), acc[r][1]) } else { acc[r][1] };
-                _mm512_mask_storeu_ps(cp, m1, v);
-            }
-        });
+        store_rows512!(acc, R, W, c, ldc, nr, add);
     }
 }
 

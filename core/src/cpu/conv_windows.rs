@@ -1,7 +1,7 @@
-//! A convolution's product with its windows read where they lie ("implicit GEMM"), on CPUs whose
-//! blocked kernel runs 256-bit tiles. The unrolled windows (im2col, see `conv`) are never
-//! written: each micro-kernel call takes its output positions' windows (up to six: a row tile,
-//! `gemm_pack::row_tile`) from the input (or, with padding, from a padded copy of the few input
+//! A convolution's product with its windows read where they lie ("implicit GEMM"), at the width
+//! of the blocked kernel's tiles (256 bits, or 512). The unrolled windows (im2col, see `conv`)
+//! are never written: each micro-kernel call takes its output positions' windows (up to six, or
+//! twelve at 512 bits: a row tile, `blocked_gemm::Isa::row_tile`) from the input (or, with padding, from a padded copy of the few input
 //! rows a band of output rows reads, in cache), as runs of adjacent values (a window row of `kw`
 //! taps over every channel, adjacent in NHWC), against the kernel packed once per call (or kept,
 //! in inference).
@@ -18,24 +18,24 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::blocked_gemm::{self, k_chunk};
-use super::gemm_pack::{MR, NR, row_tile};
+use super::gemm_pack::{MR, NR};
 use super::packed_gemm::PackedRhs;
 use crate::conv::Window2d;
 use crate::{Error, Result};
 use std::mem::MaybeUninit;
 
 /// Whether convolution `g` runs here: where weft's kernel takes products (`gemm_engine`: AVX2
-/// and FMA, not set aside by `WEFT_CPU_MATMUL`) with 256-bit tiles (512-bit ones keep the
-/// unrolled windows), and a band's padded copy is no larger than its unrolled windows would be
-/// (not so for a window dilated far past a small input). Any window, channel count and size
-/// otherwise: measured on a 2-core Zen 3 against unrolling (3x3 "same" over 64 x 32 x 32
-/// inputs, GFLOP/s), 1 -> 32 channels 16-28 -> 85-89 (the unrolled product, k = 9, went to
-/// faer's kernels), 3 -> 32 40-60 -> 133-136, 16 -> 8 51 -> 61-78, 32 -> 32 139 -> 185; 256 ->
-/// 256 over 16 x 16 130-138 -> 171-178.
+/// and FMA, not set aside by `WEFT_CPU_MATMUL`), at the width of its tiles (`blocked_gemm::isa`:
+/// 256 bits, or 512 where AVX-512 runs at full width), and a band's padded copy is no larger
+/// than its unrolled windows would be (not so for a window dilated far past a small input). Any
+/// window, channel count and size otherwise: measured on a 2-core Zen 3 against unrolling (3x3
+/// "same" over 64 x 32 x 32 inputs, GFLOP/s), 1 -> 32 channels 16-28 -> 85-89 (the unrolled
+/// product, k = 9, went to faer's kernels), 3 -> 32 40-60 -> 133-136, 16 -> 8 51 -> 61-78, 32 ->
+/// 32 139 -> 185; 256 -> 256 over 16 x 16 130-138 -> 171-178.
 pub(crate) fn suits(g: &Window2d) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let on_weft = super::gemm_engine::engine() == super::gemm_engine::Engine::Weft && !blocked_gemm::isa().wide();
+        let on_weft = super::gemm_engine::engine() == super::gemm_engine::Engine::Weft;
         on_weft && {
             let plan = Plan::new(g);
             plan.strip_len(g) <= plan.rows * plan.cols * plan.k
@@ -162,6 +162,27 @@ pub(crate) fn conv2d(
     out: &mut [MaybeUninit<f32>],
     finish: &(dyn Fn(&mut [MaybeUninit<f32>]) + Sync),
 ) -> Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        conv2d_at(blocked_gemm::isa(), xs, g, kernel, out, finish)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (xs, g, kernel, out, finish);
+        Err(Error::invalid("conv2d", "windows read in place need an x86-64 CPU"))
+    }
+}
+
+/// [`conv2d`] with tiles of `isa`'s width (tests compare the two; either gives the same bits).
+#[cfg(target_arch = "x86_64")]
+fn conv2d_at(
+    isa: blocked_gemm::Isa,
+    xs: &[f32],
+    g: &Window2d,
+    kernel: &PackedRhs,
+    out: &mut [MaybeUninit<f32>],
+    finish: &(dyn Fn(&mut [MaybeUninit<f32>]) + Sync),
+) -> Result<()> {
     let [h, w] = g.input;
     let [oh, ow] = g.output;
     let c = g.channels;
@@ -173,8 +194,8 @@ pub(crate) fn conv2d(
             format!("windows of {g:?} times a {kk}x{c_out} kernel into {} values from {}", out.len(), xs.len()),
         ));
     }
-    if !has_tiles() {
-        return Err(Error::invalid("conv2d", "windows read in place need AVX2 and FMA".to_string()));
+    if !has_tiles() || (isa.wide() && !std::arch::is_x86_feature_detected!("avx512f")) {
+        return Err(Error::invalid("conv2d", format!("windows read in place at {isa:?} need its instructions")));
     }
     if out.is_empty() {
         return Ok(());
@@ -207,11 +228,10 @@ pub(crate) fn conv2d(
         };
         // SAFETY: the source holds every value the band's windows read (the input from row
         // py0, column px0 of sample n, whose windows all lie inside it, or the copy just
-        // filled); y holds the band's rows * cols positions of c_out; the CPU has AVX2 and FMA
-        // (checked above).
-        #[cfg(target_arch = "x86_64")]
+        // filled); y holds the band's rows * cols positions of c_out; the CPU has AVX2 and FMA,
+        // and AVX-512 F for 512-bit tiles (checked above).
         unsafe {
-            band_product(&src, g, &runs, (rows * cols, cols), kernel, y.as_mut_ptr().cast());
+            band_product(isa, &src, g, &runs, (rows * cols, cols), kernel, y.as_mut_ptr().cast());
         }
         finish(y);
         Ok(())
@@ -249,14 +269,16 @@ fn fill_strip(
 }
 
 /// The band's `m` output positions (position `q` at band row `q / cols`, column `q % cols`) into
-/// `y` (rows of `c_out`), chunk of `k` by chunk, each group of positions (a row tile of up to
-/// six: `gemm_pack::row_tile`) against every panel of the packed kernel.
+/// `y` (rows of `c_out`), chunk of `k` by chunk, each group of positions (a row tile of `isa`:
+/// up to six, or twelve at 512 bits) against every panel (or pair of panels, at 512 bits) of
+/// the packed kernel.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `src` holds every value the band's windows read; `y` has room for
-/// `m * c_out` values.
+/// The CPU has AVX2 and FMA, and AVX-512 F where `isa` is wide; `src` holds every value the
+/// band's windows read; `y` has room for `m * c_out` values.
 #[cfg(target_arch = "x86_64")]
 unsafe fn band_product(
+    isa: blocked_gemm::Isa,
     src: &Source,
     g: &Window2d,
     runs: &Runs,
@@ -272,43 +294,46 @@ unsafe fn band_product(
     for pc in (0..k).step_by(kc_len) {
         let kc = kc_len.min(k - pc);
         runs.pieces(pc, kc, &mut pieces);
-        for tile in 0..m.div_ceil(MR) {
-            let (i, rows) = row_tile(m, tile);
-            let mut at = [src.ptr; MR];
+        for tile in 0..m.div_ceil(isa.rows()) {
+            let (i, rows) = isa.row_tile(m, tile);
+            let mut at = [src.ptr; 2 * MR];
             for (r, a) in at.iter_mut().enumerate().take(rows) {
                 let (oy, ox) = ((i + r) / cols, (i + r) % cols);
                 // SAFETY: the window of output (oy, ox) starts inside the source.
                 *a = unsafe { src.ptr.add((oy * g.strides[0] * src.width + ox * g.strides[1]) * c) };
             }
-            for jr in (0..n).step_by(NR) {
-                // SAFETY: panel jr / NR's rows pc.. lie in the packed kernel; the tile's rows i..
-                // and columns jr.. lie in y; the caller's contract for the rest.
+            for jr in (0..n).step_by(isa.cols()) {
+                // SAFETY: panel jr / NR's rows pc.. (and the next panel's, `per` on, where the
+                // tile covers two) lie in the packed kernel; the tile's rows i.. and columns jr..
+                // lie in y; the caller's contract for the rest.
                 unsafe {
                     let b = panels.add((jr / NR) * per + pc * NR);
                     let t = Windows {
                         at: &at,
                         pieces: &pieces,
                         b,
+                        per,
                         c: y.add(i * n + jr),
                         ldc: n,
-                        nr: NR.min(n - jr),
+                        nr: isa.cols().min(n - jr),
                         add: pc > 0,
                     };
-                    windows_tile(rows, t);
+                    if isa.wide() { windows_tile512(rows, t) } else { windows_tile(rows, t) }
                 }
             }
         }
     }
 }
 
-/// One micro-kernel call over windows: rows `r < R` read their values at `at[r] + offset` for
-/// each piece, the right panel `b` read on in order over every piece; into `c` as
-/// `blocked_gemm::Tile`.
+/// One micro-kernel call over windows: rows `r` read their values at `at[r] + offset` for each
+/// piece, the right panel `b` (and the next, `per` on, for a 512-bit tile of more than 16
+/// columns) read on in order over every piece; into `c` as `blocked_gemm::Tile`.
 #[cfg(target_arch = "x86_64")]
 struct Windows<'a> {
-    at: &'a [*const f32; MR],
+    at: &'a [*const f32; 2 * MR],
     pieces: &'a [(usize, usize)],
     b: *const f32,
+    per: usize,
     c: *mut f32,
     ldc: usize,
     nr: usize,
@@ -345,41 +370,119 @@ unsafe fn windows_tile(rows: usize, t: Windows) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn windows_tile_r<const R: usize>(t: Windows) {
     use std::arch::x86_64::*;
-    let Windows { at, pieces, b, c, ldc, nr, add } = t;
+    let Windows { at, pieces, b, c, ldc, nr, add, .. } = t;
     let mut lo = [_mm256_setzero_ps(); R];
     let mut hi = [_mm256_setzero_ps(); R];
     // SAFETY (this function): every pointer stays inside the bounds above.
     unsafe {
         blocked_gemm::fetch_tile(c, ldc, R, NR);
         let mut bp = b;
-        for &(off, len) in pieces {
-            let a: [*const f32; R] = std::array::from_fn(|r| at[r].add(off));
+        macro_rules! step {
+            ($s:expr, $a:ident, $p:ident) => {{
+                let (b0, b1) = (_mm256_loadu_ps(bp.add($s * NR)), _mm256_loadu_ps(bp.add($s * NR + 8)));
+                for r in 0..R {
+                    let av = _mm256_broadcast_ss(&*$a[r].add($p + $s));
+                    lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
+                    hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
+                }
+            }};
+        }
+        over_pieces!(step, pieces, at, R, bp);
+        blocked_gemm::store_rows!(lo, hi, R, c, ldc, nr, add);
+    }
+}
+
+/// The windows tiles' walk over a chunk's pieces: for each piece, each row's values from
+/// `$at[r]` plus the piece's offset, `$step!(s, a, p)` for each value (`a[r] + p + s` row `r`'s),
+/// four per turn, moving the right panel pointer `$bp` on by `NR` per value: one multiply-add
+/// chain per element over every piece, in order.
+macro_rules! over_pieces {
+    ($step:ident, $pieces:expr, $at:expr, $rows:ident, $bp:ident) => {
+        for &(off, len) in $pieces {
+            let a: [*const f32; $rows] = std::array::from_fn(|r| $at[r].add(off));
             let mut p = 0;
-            macro_rules! step {
-                ($s:expr) => {{
-                    let (b0, b1) = (_mm256_loadu_ps(bp.add($s * NR)), _mm256_loadu_ps(bp.add($s * NR + 8)));
-                    for r in 0..R {
-                        let av = _mm256_broadcast_ss(&*a[r].add(p + $s));
-                        lo[r] = _mm256_fmadd_ps(av, b0, lo[r]);
-                        hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
-                    }
-                }};
-            }
             for _ in 0..len / 4 {
-                step!(0);
-                step!(1);
-                step!(2);
-                step!(3);
+                $step!(0, a, p);
+                $step!(1, a, p);
+                $step!(2, a, p);
+                $step!(3, a, p);
                 p += 4;
-                bp = bp.add(4 * NR);
+                $bp = $bp.add(4 * NR);
             }
             for _ in 0..len % 4 {
-                step!(0);
+                $step!(0, a, p);
                 p += 1;
-                bp = bp.add(NR);
+                $bp = $bp.add(NR);
             }
         }
-        blocked_gemm::store_rows!(lo, hi, R, c, ldc, nr, add);
+    };
+}
+use over_pieces;
+
+/// [`windows_tile512_r`] for `rows` rows (1 to `2 * MR`), over two panels where `t.nr` passes
+/// one.
+///
+/// # Safety
+/// As [`windows_tile512_r`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn windows_tile512(rows: usize, t: Windows) {
+    macro_rules! by_rows {
+        ($w:literal) => {
+            match rows {
+                12 => windows_tile512_r::<12, $w>(t),
+                11 => windows_tile512_r::<11, $w>(t),
+                10 => windows_tile512_r::<10, $w>(t),
+                9 => windows_tile512_r::<9, $w>(t),
+                8 => windows_tile512_r::<8, $w>(t),
+                7 => windows_tile512_r::<7, $w>(t),
+                6 => windows_tile512_r::<6, $w>(t),
+                5 => windows_tile512_r::<5, $w>(t),
+                4 => windows_tile512_r::<4, $w>(t),
+                3 => windows_tile512_r::<3, $w>(t),
+                2 => windows_tile512_r::<2, $w>(t),
+                _ => windows_tile512_r::<1, $w>(t),
+            }
+        };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { if t.nr > NR { by_rows!(2) } else { by_rows!(1) } }
+}
+
+/// `R` rows by `W` panels of 16 columns at 512 bits: [`windows_tile_r`]'s sums (one multiply-add
+/// chain per element over all the pieces, then stored or added to `c`), so the same bits, with
+/// `blocked_gemm`'s 512-bit tile's layout: one vector per row and panel, the edge through masks.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `at[r] + offset .. + length` lies in a live allocation for each piece
+/// and row `r < R`; `b` (and, with `W` = 2, `b + per`) holds the pieces' total length times
+/// `NR` values; rows `0..R`, columns `0..nr` (`nr <= W * NR`) of `c` (row stride `ldc`) lie in a
+/// live allocation no other thread touches.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn windows_tile512_r<const R: usize, const W: usize>(t: Windows) {
+    use std::arch::x86_64::*;
+    let Windows { at, pieces, b, per, c, ldc, nr, add } = t;
+    debug_assert!(R <= 2 * MR && W <= 2 && nr <= W * NR);
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    // SAFETY (this function): every pointer stays inside the bounds above.
+    unsafe {
+        blocked_gemm::fetch_tile(c, ldc, R, W * NR);
+        let mut bp = b;
+        macro_rules! step {
+            ($s:expr, $a:ident, $p:ident) => {{
+                let b0 = _mm512_loadu_ps(bp.add($s * NR));
+                let b1 = if W == 2 { _mm512_loadu_ps(bp.add(per + $s * NR)) } else { b0 };
+                blocked_gemm::each_row!(R, r => {
+                    let av = _mm512_set1_ps(*$a[r].add($p + $s));
+                    acc[r][0] = _mm512_fmadd_ps(av, b0, acc[r][0]);
+                    if W == 2 {
+                        acc[r][1] = _mm512_fmadd_ps(av, b1, acc[r][1]);
+                    }
+                });
+            }};
+        }
+        over_pieces!(step, pieces, at, R, bp);
+        blocked_gemm::store_rows512!(acc, R, W, c, ldc, nr, add);
     }
 }
 
@@ -396,7 +499,7 @@ mod tests {
 
     /// The convolution through the unrolled windows on weft's kernel (`conv::unroll_row`, then
     /// `blocked_gemm::run` with the packed kernel), and through windows read in place on
-    /// `threads` threads, as bits.
+    /// `threads` threads at each tile width this CPU runs (one after the other), as bits.
     fn both(g: &Window2d, c_out: usize, seed: u64, threads: usize) -> (Vec<u32>, Vec<u32>) {
         let [h, w] = g.input;
         let kk = g.kernel[0] * g.kernel[1] * g.channels;
@@ -424,11 +527,25 @@ mod tests {
             rhs_cs: 1,
         };
         unsafe { blocked_gemm::run(&p, Some(&packed), 1) }.unwrap();
-        let mut got = vec![MaybeUninit::new(f32::NAN); rows * c_out];
+        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        pool.install(|| conv2d(&x, g, &packed, &mut got, &|_| {})).unwrap();
-        let got = got.iter().map(|v| unsafe { v.assume_init() }.to_bits()).collect();
-        (want.iter().map(|v| v.to_bits()).collect(), got)
+        let mut all = Vec::new();
+        for isa in widths() {
+            let mut got = vec![MaybeUninit::new(f32::NAN); rows * c_out];
+            pool.install(|| conv2d_at(isa, &x, g, &packed, &mut got, &|_| {})).unwrap();
+            all.extend(got.iter().map(|v| unsafe { v.assume_init() }.to_bits()));
+        }
+        (want.repeat(widths().len()), all)
+    }
+
+    /// The tile widths this CPU runs: 256 bits, and 512 where it has AVX-512 F (whether or not
+    /// `blocked_gemm::isa` takes them), each to give the unrolled product's bits.
+    fn widths() -> Vec<blocked_gemm::Isa> {
+        let mut v = vec![blocked_gemm::Isa::Avx2];
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            v.push(blocked_gemm::Isa::Avx512);
+        }
+        v
     }
 
     proptest! {
