@@ -176,3 +176,30 @@ fn a_variable_listed_twice_is_not_written_over_itself() {
     };
     assert_eq!(run(2), run(1));
 }
+
+/// A gradient the update cannot take (f16, set by hand) is refused before any variable, slot
+/// or counter changes, though the variable before it could have been written in place.
+#[test]
+fn a_gradient_of_another_dtype_is_refused_before_anything_changes() {
+    let dev = Device::Cpu;
+    let (a, b) = (
+        Var::new(Tensor::rand(-1.0, 1.0, &[3, 4], 1, &dev).unwrap()).unwrap(),
+        Var::new(Tensor::rand(-1.0, 1.0, &[3, 4], 2, &dev).unwrap()).unwrap(),
+    );
+    let params = vec![("a".to_string(), a.clone()), ("b".to_string(), b.clone())];
+    let mut opt = Adam::new(0.1);
+    let grads = |b_dtype: weft_core::DType| {
+        let mut g = GradStore::default();
+        g.insert(a.as_tensor(), Tensor::rand(-1.0, 1.0, &[3, 4], 3, &dev).unwrap());
+        g.insert(b.as_tensor(), Tensor::rand(-1.0, 1.0, &[3, 4], 4, &dev).unwrap().to_dtype(b_dtype).unwrap());
+        g
+    };
+    no_grad(|| opt.apply(&params, &grads(weft_core::DType::F32))).unwrap();
+    let seen = |opt: &Adam| {
+        let slots: Vec<Vec<f32>> = opt.slots().iter().map(|(_, _, t)| t.to_vec().unwrap()).collect();
+        (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap(), slots, opt.iterations())
+    };
+    let before = seen(&opt);
+    assert!(no_grad(|| opt.apply(&params, &grads(weft_core::DType::F16))).is_err());
+    assert!(seen(&opt) == before, "a refused update changed something");
+}

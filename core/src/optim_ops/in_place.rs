@@ -69,6 +69,15 @@ impl Var {
         let w = self.as_tensor();
         let dims = w.dims();
         let all_here = |t: &Tensor| t.dtype() == DType::F32 && matches!(t.device(), Device::Cpu);
+        if let AdamGrad::Product(l, r) = g {
+            let (a, b) = (l.dims(), r.dims());
+            if l.rank() != 2 || r.rank() != 2 || a[1] != b[0] || [a[0], b[1]] != dims {
+                return Err(crate::Error::invalid(
+                    "adam_step",
+                    format!("a gradient of {a:?} @ {b:?} for a variable of shape {dims:?}"),
+                ));
+            }
+        }
         for (t, what) in [(&*m, "m"), (&*v, "v")].into_iter().chain(match g {
             AdamGrad::Tensor(g) => Some((g, "the gradient")),
             AdamGrad::Product(..) => None,
@@ -100,13 +109,6 @@ impl Var {
                 out
             }
             AdamGrad::Product(l, r) => {
-                let (a, b) = (l.dims(), r.dims());
-                if l.rank() != 2 || r.rank() != 2 || a[1] != b[0] || [a[0], b[1]] != dims {
-                    return Err(crate::Error::invalid(
-                        "adam_step",
-                        format!("a gradient of {a:?} @ {b:?} for a variable of shape {dims:?}"),
-                    ));
-                }
                 if !all_here(l) || !all_here(r) {
                     return Ok(None);
                 }

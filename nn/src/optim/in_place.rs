@@ -81,7 +81,7 @@ impl Base {
     /// Leave Adam's update of the variable at `path` (weight `w`, moments `m` and `v`, already
     /// in the slots) for the step's end, where the step allows it for this variable and all
     /// three are what an update in place takes (f32 on the Cpu, of one shape, contiguous from
-    /// their buffers' start): anything else is the rule's own pass's to report now, before any
+    /// their buffers' start), with a gradient of f32 on the Cpu that fits: anything else is the rule's own pass's to report now, before any
     /// variable changes. Whether it did.
     pub(super) fn defer(&mut self, path: &str, w: &Tensor, g: Grad<'_>, [m, v]: [&Tensor; 2], step: AdamStep) -> bool {
         let Some(var) = self.may_defer.take() else { return false };
@@ -92,9 +92,10 @@ impl Base {
                 && t.is_contiguous()
                 && t.layout().offset() == 0
         };
+        let here = |t: &Tensor| t.dtype() == DType::F32 && matches!(t.device(), Device::Cpu);
         let grad_fits = match g {
-            Grad::Tensor(t) => t.dims() == w.dims(),
-            Grad::Product(l, r) => l.dims()[0] == w.dims()[0] && r.dims()[1] == w.dims()[1],
+            Grad::Tensor(t) => t.dims() == w.dims() && here(t),
+            Grad::Product(l, r) => l.dims()[0] == w.dims()[0] && r.dims()[1] == w.dims()[1] && here(l) && here(r),
         };
         if ![w, m, v].into_iter().all(fits) || !grad_fits {
             return false;
