@@ -203,3 +203,42 @@ fn a_gradient_of_another_dtype_is_refused_before_anything_changes() {
     assert!(no_grad(|| opt.apply(&params, &grads(weft_core::DType::F16))).is_err());
     assert!(seen(&opt) == before, "a refused update changed something");
 }
+
+/// A step whose rule fails part way (a moment of the wrong shape, set by hand, on the last
+/// variable) leaves every slot as it was: those the earlier rules replaced are put back, and
+/// those a first step made are gone again; weights and the count as they were.
+#[test]
+fn a_step_that_fails_part_way_puts_every_slot_back() {
+    let dev = Device::Cpu;
+    let var = |seed| Var::new(Tensor::rand(-1.0, 1.0, &[3, 4], seed, &dev).unwrap()).unwrap();
+    let (a, b, c) = (var(1), var(2), var(3));
+    for opt in [Adam::new(0.1), Adam::new(0.1).amsgrad(true)] {
+        let mut opt = opt;
+        let grads_of = |vars: &[&Var], seed: u64| {
+            let mut g = GradStore::default();
+            for (i, v) in vars.iter().enumerate() {
+                g.insert(v.as_tensor(), Tensor::rand(-1.0, 1.0, &[3, 4], seed + i as u64, &dev).unwrap());
+            }
+            g
+        };
+        let first = vec![("a".to_string(), a.clone()), ("b".to_string(), b.clone())];
+        no_grad(|| opt.apply(&first, &grads_of(&[&a, &b], 10))).unwrap();
+        opt.set_slot("b", "m", Tensor::zeros(&[2, 2], &dev).unwrap());
+        let seen = |opt: &Adam| {
+            let slots: Vec<(String, String, Vec<f32>)> =
+                opt.slots().into_iter().map(|(p, n, t)| (p, n, t.to_vec().unwrap())).collect();
+            (
+                slots,
+                a.to_vec::<f32>().unwrap(),
+                b.to_vec::<f32>().unwrap(),
+                c.to_vec::<f32>().unwrap(),
+                opt.iterations(),
+            )
+        };
+        let before = seen(&opt);
+        // c's first step makes its slots and a's replaces them; b's fails.
+        let all = vec![("c".to_string(), c.clone()), ("a".to_string(), a.clone()), ("b".to_string(), b.clone())];
+        assert!(no_grad(|| opt.apply(&all, &grads_of(&[&c, &a, &b], 20))).is_err());
+        assert!(seen(&opt) == before, "a step that failed part way changed the state");
+    }
+}

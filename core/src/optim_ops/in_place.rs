@@ -186,6 +186,10 @@ fn starts_whole(t: &Tensor) -> bool {
 /// chunk over the threads; the gradient's check.
 fn chunks_in_place([w, m, v]: [&mut [f32]; 3], g: &[f32], p: &AdamStep) -> f32 {
     const CHUNK: usize = 1 << 14;
+    if w.len() <= CHUNK {
+        // (One chunk: no threads to hand it to.)
+        return cpu::adam::chunk_in_place(w, g, m, v, p);
+    }
     let mut checks = vec![0f32; w.len().div_ceil(CHUNK)];
     let pieces = w.chunks_mut(CHUNK).zip(m.chunks_mut(CHUNK)).zip(v.chunks_mut(CHUNK)).zip(g.chunks(CHUNK));
     let mut pieces: Vec<Option<_>> = pieces.zip(checks.iter_mut()).map(Some).collect();

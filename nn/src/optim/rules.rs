@@ -161,6 +161,16 @@ pub(super) struct Base {
     pub(super) may_defer: Option<Var>,
     /// The updates the rules left to be written in place at the step's end.
     pub(super) deferred: Vec<super::in_place::Deferred>,
+    /// While a staged step runs: each slot it changed, with what it held before (`None`: made
+    /// by this step), newest last, so that a step that fails puts every one back.
+    undo: Option<Vec<(String, &'static str, Option<Tensor>)>>,
+}
+
+/// What a staged step leaves to do once it has worked everything out: the variables' new
+/// values, and the updates to write in place.
+struct Staged<'a> {
+    sets: Vec<(&'a Var, Tensor)>,
+    deferred: Vec<super::in_place::Deferred>,
 }
 
 impl Base {
@@ -250,7 +260,7 @@ impl Base {
         let mut sets = Vec::with_capacity(new.len());
         for ((path, var, value), avg) in new.into_iter().zip(averages) {
             sets.push((var, if overwrite { avg.clone() } else { value }));
-            self.slots.entry(path.to_string()).or_default().insert("ema".into(), avg);
+            self.set_slot(path, "ema", avg);
         }
         Ok(sets)
     }
@@ -268,17 +278,46 @@ impl Base {
         }
         Ok(())
     }
+    /// A copy to stage a step in, holding the slots (moved, not copied) and recording what it
+    /// changes in them ([`rolled_back`](Self::rolled_back) undoes it).
+    fn staging(&mut self) -> Base {
+        let slots = std::mem::take(&mut self.slots);
+        let mut staged = self.clone();
+        staged.slots = slots;
+        staged.undo = Some(Vec::new());
+        staged
+    }
+
+    /// The slots as they were before this staged copy changed them.
+    fn rolled_back(mut self) -> HashMap<String, HashMap<String, Tensor>> {
+        for (path, name, before) in self.undo.take().unwrap_or_default().into_iter().rev() {
+            let map = self.slots.entry(path.clone()).or_default();
+            match before {
+                Some(t) => {
+                    map.insert(name.to_string(), t);
+                }
+                None => {
+                    map.remove(name);
+                    if map.is_empty() {
+                        self.slots.remove(&path);
+                    }
+                }
+            }
+        }
+        self.slots
+    }
+
     pub(super) fn slot(&mut self, path: &str, name: &'static str, like: &Tensor) -> Result<Tensor> {
         self.slot_from(path, name, like, 0.0)
     }
     /// The slot, made full of `init` on first use.
     pub(super) fn slot_from(&mut self, path: &str, name: &'static str, like: &Tensor, init: f32) -> Result<Tensor> {
-        let s = self.slots.entry(path.to_string()).or_default();
-        if let Some(t) = s.get(name) {
+        // (Looked up by reference first: the map's keys are made only once, on first use.)
+        if let Some(t) = self.slots.get(path).and_then(|s| s.get(name)) {
             return Ok(t.clone());
         }
         let z = Tensor::full(init, like.dims(), like.device())?;
-        s.insert(name.to_string(), z.clone());
+        self.set_slot(path, name, z.clone());
         Ok(z)
     }
     /// Whether the rules get the gradients as `apply` received them: no accumulation, no
@@ -297,8 +336,18 @@ impl Base {
             list.push((path.to_string(), c));
         }
     }
+    /// Put `t` in a slot (recording what it held while a staged step runs).
     pub(super) fn set_slot(&mut self, path: &str, name: &'static str, t: Tensor) {
-        self.slots.entry(path.to_string()).or_default().insert(name.to_string(), t);
+        let before = match self.slots.get_mut(path).and_then(|s| s.get_mut(name)) {
+            Some(old) => Some(std::mem::replace(old, t)),
+            None => {
+                self.slots.entry(path.to_string()).or_default().insert(name.to_string(), t);
+                None
+            }
+        };
+        if let Some(undo) = self.undo.as_mut() {
+            undo.push((path.to_string(), name, before));
+        }
     }
 
     /// Run one step: gather gradients, clip them by global norm, decay weights, then call
@@ -366,110 +415,117 @@ impl Base {
                     pairs.push((path, var, g.clone()));
                 }
             }
-            let mut staged = self.clone();
+            // The slots move to the staged copy (not copied: a step's own cost on a small
+            // model), which records what it changes, to be put back if the step fails.
+            let mut staged = self.staging();
             let updates_before = self.iterations;
-            if let Some(n) = self.accumulate {
-                // Keras: this call's gradients join the sum; only every n-th call updates, with
-                // the mean (clipped and applied as one step's gradients would be).
-                let mut sums = Vec::with_capacity(pairs.len());
-                for (path, _, g) in &pairs {
-                    sums.push(match self.slots.get(path.as_str()).and_then(|s| s.get("accumulated_gradient")) {
-                        Some(acc) => acc.add(g)?,
-                        None => g.clone(),
-                    });
-                }
-                if self.pending + 1 < n {
-                    for ((path, _, _), sum) in pairs.iter().zip(sums) {
-                        staged.set_slot(path, "accumulated_gradient", sum);
+            let mut run = |staged: &mut Base| -> Result<Staged<'_>> {
+                if let Some(n) = self.accumulate {
+                    // Keras: this call's gradients join the sum; only every n-th call updates,
+                    // with the mean (clipped and applied as one step's gradients would be).
+                    let mut sums = Vec::with_capacity(pairs.len());
+                    for (path, _, g) in &pairs {
+                        sums.push(match staged.slots.get(path.as_str()).and_then(|s| s.get("accumulated_gradient")) {
+                            Some(acc) => acc.add(g)?,
+                            None => g.clone(),
+                        });
                     }
-                    staged.pending += 1;
-                    let same = params.iter().map(|(p, v)| (p.as_str(), v, v.as_tensor().clone())).collect();
-                    let sets = staged.track_average(same, updates_before)?;
-                    for (var, value) in sets {
-                        var.set(&value)?;
+                    if self.pending + 1 < n {
+                        for ((path, _, _), sum) in pairs.iter().zip(sums) {
+                            staged.set_slot(path, "accumulated_gradient", sum);
+                        }
+                        staged.pending += 1;
+                        let same = params.iter().map(|(p, v)| (p.as_str(), v, v.as_tensor().clone())).collect();
+                        return Ok(Staged { sets: staged.track_average(same, updates_before)?, deferred: Vec::new() });
                     }
-                    *self = staged;
-                    return Ok(());
+                    for (p, sum) in pairs.iter_mut().zip(sums) {
+                        staged.set_slot(p.0, "accumulated_gradient", Tensor::zeros(sum.dims(), sum.device())?);
+                        p.2 = sum.mul_scalar(1.0 / n as f32)?;
+                    }
+                    staged.pending = 0;
                 }
-                for (p, sum) in pairs.iter_mut().zip(sums) {
-                    staged.set_slot(p.0, "accumulated_gradient", Tensor::zeros(sum.dims(), sum.device())?);
-                    p.2 = sum.mul_scalar(1.0 / n as f32)?;
-                }
-                staged.pending = 0;
-            }
-            // Keras' clipnorm: each gradient scaled to a norm of at most c (on the device:
-            // g * c / max(|g|, c)); clipvalue: each value clamped to [-c, c].
-            if let Some(c) = self.clip_norm {
-                for p in pairs.iter_mut() {
-                    let norm = p.2.square()?.sum_all()?.sqrt()?;
-                    p.2 = p.2.mul_scalar(c)?.div(&norm.clamp(c, f32::INFINITY)?)?;
-                }
-            }
-            if let Some(c) = self.clip_value {
-                for p in pairs.iter_mut() {
-                    p.2 = p.2.clamp(-c, c)?;
-                }
-            }
-            if let Some(clip) = self.clip_global_norm
-                && let Some((_, _, first)) = pairs.first()
-            {
-                // On the device, with nothing read back: every gradient times clip / norm when
-                // the norm is past the bound, else times exactly 1 (a division of clip by itself
-                // need not be 1 on a GPU).
-                let dev = first.device().clone();
-                let mut sq = Tensor::zeros(&[], &dev)?;
-                for (_, _, g) in &pairs {
-                    sq = sq.add(&g.square()?.sum_all()?)?;
-                }
-                let norm = sq.sqrt()?;
-                let scale = Tensor::where_cond(
-                    &norm.cmp_scalar(BinaryOp::Gt, clip)?,
-                    &Tensor::scalar(clip, &dev)?.div(&norm)?,
-                    &Tensor::scalar(1.0, &dev)?,
-                )?;
-                for p in pairs.iter_mut() {
-                    p.2 = p.2.mul(&scale)?;
-                }
-            }
-            // A rule's own check stands for the step's only when it saw the gradients as given.
-            staged.checks = self.uses_as_given().then(Vec::new);
-            staged.deferred = Vec::new();
-            let buffers = super::in_place::Buffers::of(params, self);
-            let lr = self.lr();
-            let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
-            let given = pairs.iter().map(|(p, v, g)| (*p, *v, Grad::Tensor(g)));
-            for (path, var, g) in given.chain(products.iter().map(|&(p, v, (l, r))| (p, v, Grad::Product(l, r)))) {
-                let mut w = var.as_tensor().clone();
-                // Keras matches the names given against the variable's own name (`kernel`).
-                let name = path.rsplit('/').next().unwrap_or(path.as_str());
-                staged.decay = 1.0;
-                if self.weight_decay != 0.0 && !self.exclude_from_decay.iter().any(|e| name.contains(e.as_str())) {
-                    if self.folds_decay {
-                        // One pass over the weights, not two (the same bits: w * decay first).
-                        staged.decay = 1.0 - lr * self.weight_decay;
-                    } else {
-                        w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
+                // Keras' clipnorm: each gradient scaled to a norm of at most c (on the device:
+                // g * c / max(|g|, c)); clipvalue: each value clamped to [-c, c].
+                if let Some(c) = self.clip_norm {
+                    for p in pairs.iter_mut() {
+                        let norm = p.2.square()?.sum_all()?.sqrt()?;
+                        p.2 = p.2.mul_scalar(c)?.div(&norm.clamp(c, f32::INFINITY)?)?;
                     }
                 }
-                staged.may_defer = buffers.may_defer(var, g);
-                let deferred = staged.deferred.len();
-                let new = rule(&mut staged, path, &w, g, lr)?;
-                if staged.deferred.len() == deferred {
-                    updated.insert(path.as_str(), new);
+                if let Some(c) = self.clip_value {
+                    for p in pairs.iter_mut() {
+                        p.2 = p.2.clamp(-c, c)?;
+                    }
                 }
-            }
-            // Every value (new weights, averages) is worked out before any variable is set.
-            let values = params
-                .iter()
-                .map(|(p, v)| {
-                    let t = updated.remove(p.as_str()).unwrap_or_else(|| v.as_tensor().clone());
-                    (p.as_str(), v, t)
-                })
-                .collect();
-            let sets = staged.track_average(values, updates_before)?;
-            staged.iterations += 1;
-            staged.may_defer = None;
-            let deferred = std::mem::take(&mut staged.deferred);
+                if let Some(clip) = self.clip_global_norm
+                    && let Some((_, _, first)) = pairs.first()
+                {
+                    // On the device, with nothing read back: every gradient times clip / norm when
+                    // the norm is past the bound, else times exactly 1 (a division of clip by itself
+                    // need not be 1 on a GPU).
+                    let dev = first.device().clone();
+                    let mut sq = Tensor::zeros(&[], &dev)?;
+                    for (_, _, g) in &pairs {
+                        sq = sq.add(&g.square()?.sum_all()?)?;
+                    }
+                    let norm = sq.sqrt()?;
+                    let scale = Tensor::where_cond(
+                        &norm.cmp_scalar(BinaryOp::Gt, clip)?,
+                        &Tensor::scalar(clip, &dev)?.div(&norm)?,
+                        &Tensor::scalar(1.0, &dev)?,
+                    )?;
+                    for p in pairs.iter_mut() {
+                        p.2 = p.2.mul(&scale)?;
+                    }
+                }
+                // A rule's own check stands for the step's only when it saw the gradients as given.
+                staged.checks = self.uses_as_given().then(Vec::new);
+                staged.deferred = Vec::new();
+                let buffers = super::in_place::Buffers::of(params, self);
+                let lr = self.lr();
+                let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
+                let given = pairs.iter().map(|(p, v, g)| (*p, *v, Grad::Tensor(g)));
+                for (path, var, g) in given.chain(products.iter().map(|&(p, v, (l, r))| (p, v, Grad::Product(l, r)))) {
+                    let mut w = var.as_tensor().clone();
+                    // Keras matches the names given against the variable's own name (`kernel`).
+                    let name = path.rsplit('/').next().unwrap_or(path.as_str());
+                    staged.decay = 1.0;
+                    if self.weight_decay != 0.0 && !self.exclude_from_decay.iter().any(|e| name.contains(e.as_str())) {
+                        if self.folds_decay {
+                            // One pass over the weights, not two (the same bits: w * decay first).
+                            staged.decay = 1.0 - lr * self.weight_decay;
+                        } else {
+                            w = w.mul_scalar(1.0 - lr * self.weight_decay)?;
+                        }
+                    }
+                    staged.may_defer = buffers.may_defer(var, g);
+                    let deferred = staged.deferred.len();
+                    let new = rule(staged, path, &w, g, lr)?;
+                    if staged.deferred.len() == deferred {
+                        updated.insert(path.as_str(), new);
+                    }
+                }
+                // Every value (new weights, averages) is worked out before any variable is set.
+                let values = params
+                    .iter()
+                    .map(|(p, v)| {
+                        let t = updated.remove(p.as_str()).unwrap_or_else(|| v.as_tensor().clone());
+                        (p.as_str(), v, t)
+                    })
+                    .collect();
+                let sets = staged.track_average(values, updates_before)?;
+                staged.iterations += 1;
+                staged.may_defer = None;
+                Ok(Staged { sets, deferred: std::mem::take(&mut staged.deferred) })
+            };
+            let Staged { sets, deferred } = match run(&mut staged) {
+                Ok(done) => done,
+                Err(e) => {
+                    self.slots = staged.rolled_back();
+                    return Err(e);
+                }
+            };
+            staged.undo = None;
             // The old state goes first, so that the slots the deferred updates write are held
             // once; the other variables are set before them (no deferred gradient reads them).
             *self = staged;
