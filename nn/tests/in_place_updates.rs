@@ -236,7 +236,8 @@ fn a_step_that_fails_part_way_puts_every_slot_back() {
             )
         };
         let before = seen(&opt);
-        // c's first step makes its slots and a's replaces them; b's fails.
+        // c's first step makes its slots (and with AMSGrad, out of place, a's replaces them:
+        // Adam's are left to the step's end); b's fails.
         let all = vec![("c".to_string(), c.clone()), ("a".to_string(), a.clone()), ("b".to_string(), b.clone())];
         assert!(no_grad(|| opt.apply(&all, &grads_of(&[&c, &a, &b], 20))).is_err());
         assert!(seen(&opt) == before, "a step that failed part way changed the state");

@@ -518,11 +518,18 @@ impl Base {
                 staged.may_defer = None;
                 Ok(Staged { sets, deferred: std::mem::take(&mut staged.deferred) })
             };
-            let Staged { sets, deferred } = match run(&mut staged) {
-                Ok(done) => done,
-                Err(e) => {
+            // The slots go back whatever ends the step early, a panic too (a sharded model's
+            // ranks turn one into an `Err` and train on).
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&mut staged)));
+            let Staged { sets, deferred } = match out {
+                Ok(Ok(done)) => done,
+                Ok(Err(e)) => {
                     self.slots = staged.rolled_back();
                     return Err(e);
+                }
+                Err(panic) => {
+                    self.slots = staged.rolled_back();
+                    std::panic::resume_unwind(panic);
                 }
             };
             staged.undo = None;
