@@ -1,5 +1,6 @@
 //! `Var`: a trainable tensor. Its id never changes, so gradients keyed by id find it every step,
-//! and an optimizer replaces its data in place with `set`.
+//! and an optimizer replaces its data in place with `set` (or, on the Cpu where nothing else holds
+//! the buffer, writes over it: `Var::adam_step_in_place`).
 
 use crate::tensor::{TensorId, TensorInner};
 use crate::{DType, Error, Result, Tensor};

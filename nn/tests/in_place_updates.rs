@@ -12,8 +12,9 @@ mod state;
 use state::state;
 
 /// Dense layers and batch norm: with batches of 8, the first two kernels' gradients are left as
-/// products (their operands, 8 x 32 and 8 x 48, 8 x 48 and 8 x 40, are smaller than they), the
-/// last one's, batch norm's and the biases' are worked out.
+/// products by `backward_deferring`'s rule (their operands, 8 x 32 and 8 x 48, 8 x 48 and 8 x 40,
+/// are smaller than they; checked by hand when this was written, not asserted here), the last
+/// one's, batch norm's and the biases' are worked out.
 fn model(optimizer: impl Optimizer + 'static) -> Model {
     let net = Sequential::new()
         .add(Dense::new(48).activation(Activation::Relu).named("d1"))

@@ -1,7 +1,7 @@
-//! The training step applies its update before it reads anything back, and undoes a step that
-//! then fails: on a GPU the device runs forward, backward and update as one stream of work, with
-//! one wait at the end, and a refused step still leaves weights, slots, moving statistics and
-//! counters exactly as they were.
+//! On a GPU the training step applies its update before it reads anything back, and undoes a
+//! step that then fails: the device runs forward, backward and update as one stream of work,
+//! with one wait at the end. On the Cpu it checks first. Either way a refused step leaves
+//! weights, slots, moving statistics and counters exactly as they were.
 
 mod common;
 use common::gpu;

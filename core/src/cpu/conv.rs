@@ -4,7 +4,7 @@
 //! block of rows at a time (about 256 KiB) and multiplied while they are still in the core's
 //! cache, the blocks spread over the threads: they never travel through memory, and their
 //! memory stays bounded. Each product writes straight into its rows of the result. Where weft's
-//! kernel runs 256-bit tiles, the forward product reads the windows where they lie instead
+//! kernel takes the product (256- or 512-bit tiles), the forward product reads the windows where they lie instead
 //! (`conv_windows`: the same sums in the same order, nothing unrolled), and so does the input's
 //! gradient with unit strides (a convolution of dy); the kernel's gradient still unrolls.
 

@@ -150,7 +150,7 @@ fn written<R>(
     // view or a `detach` holds the cell, and may be something that reads the old values later
     // in this step (another variable's gradient, say `dy @ w^T`).
     let inner = &w.0;
-    if std::sync::Arc::strong_count(&inner.storage) != 1 || !starts_whole(w) {
+    if std::sync::Arc::strong_count(&inner.storage) != 1 || !w.is_compact() {
         return Ok(None);
     }
     let mut cell = inner.storage.write().unwrap_or_else(|p| p.into_inner());
@@ -162,7 +162,7 @@ fn written<R>(
 /// each held once and it covers its buffer from the start (contiguous from 0).
 fn held_once(t: &mut Tensor) -> Option<&mut [f32]> {
     let n = t.numel();
-    if !starts_whole(t) {
+    if !t.is_compact() {
         return None;
     }
     let inner = std::sync::Arc::get_mut(&mut t.0)?;
@@ -175,11 +175,6 @@ fn buffer(s: &mut Storage, n: usize) -> Option<&mut [f32]> {
     let Storage::Cpu(CpuStorage::F32(buf)) = s else { return None };
     let values = std::sync::Arc::get_mut(buf)?.values_mut();
     values.get_mut(..n)
-}
-
-/// Whether a tensor's elements are its buffer's first `numel`, in order.
-fn starts_whole(t: &Tensor) -> bool {
-    t.is_contiguous() && t.layout().offset() == 0
 }
 
 /// Adam's update of `w`, `m` and `v` (one length) with the gradient `g`, in place, chunk by

@@ -23,8 +23,9 @@ impl std::ops::Deref for HostF32 {
 }
 
 impl Tensor {
-    /// The values, row-major. A contiguous Cpu tensor shares its buffer (no copy; tensors are
-    /// immutable, so the values cannot change under the reader); any other is copied to the host.
+    /// The values, row-major. A contiguous Cpu tensor shares its buffer (no copy; the buffer is
+    /// never written while this holds it, not even by an optimizer's update in place: see
+    /// `Var::adam_step_in_place`); any other is copied to the host.
     pub fn host_f32(&self) -> Result<HostF32> {
         if self.dtype() != DType::F32 {
             return Err(Error::DType { op: "host_f32", expected: "f32", got: self.dtype() });

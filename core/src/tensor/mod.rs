@@ -1,4 +1,6 @@
-//! `Tensor`: an immutable, cheaply cloned handle to data on a device, with a runtime shape.
+//! `Tensor`: an immutable, cheaply cloned handle to data on a device, with a runtime shape (a
+//! variable's buffer is written over only where no other handle can see it:
+//! `Var::adam_step_in_place`).
 //!
 //! A tensor is a `Layout` over shared `Storage`, so views share memory. Each tensor made by an op
 //! remembers the op and its inputs (when gradients are being tracked), which is all

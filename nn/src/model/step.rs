@@ -1,7 +1,7 @@
 //! One training step: forward, loss, backward, update, and the check that makes a failed step
 //! change nothing.
 //!
-//! The step reads back its losses and one or two figures per gradient, and refuses a step whose
+//! The step reads back its losses and up to two figures per gradient, and refuses a step whose
 //! loss or gradient is not finite. When the optimizer can [`fork`](Optimizer::fork) (every
 //! built-in one can) and the model is on one GPU, the update is applied *before* that read:
 //! the device runs forward, backward and update as one stream of work, with no wait in between,
@@ -25,7 +25,10 @@ type Figures = (f32, Vec<f32>);
 
 impl Model {
     /// Forward, loss, backward and update; returns the loss and, on a model of several outputs,
-    /// each output's loss. An `Err` leaves every weight, slot and counter as it was.
+    /// each output's loss. An `Err` for the batch (a loss or gradient not finite, a bad label, a
+    /// refused update) leaves every weight, slot and counter as it was: on a GPU by undoing the
+    /// step, on the Cpu by checking before the update. (On the Cpu an update that then fails,
+    /// out of memory, may leave it part applied.)
     pub(super) fn step(&mut self, x: &Inputs, y: &Inputs, counts: &mut [Vec<f64>]) -> Result<Figures> {
         self.ctx.training = true;
         self.ctx.step += 1;
@@ -160,7 +163,7 @@ impl Model {
             // tell finite) does not say which value: the largest and smallest do (any NaN shows
             // in both, +inf in the first, -inf in the second).
             let ends = if c.one_value() {
-                // (A gradient left as a product is worked out now, for the message.)
+                // (A gradient left as a product is worked out now: its bound could not tell.)
                 let g = grads.resolve(c.var.as_tensor())?.unwrap_or_else(|| c.var.as_tensor().clone());
                 Tensor::concat(&gradient_ends(&g)?, 0)?.to_vec::<f32>()?
             } else {
@@ -242,7 +245,8 @@ struct GradientCheck<'a> {
 }
 
 impl GradientCheck<'_> {
-    /// Whether the figure is one value (a check or a sum) rather than the gradient's ends.
+    /// Whether the figure is one value (a check, or the Cpu's infinity) rather than the
+    /// gradient's ends.
     fn one_value(&self) -> bool {
         self.figures.len() == 1
     }
@@ -268,7 +272,7 @@ fn gradient_figures<'a>(
                     // an infinity has the read below look at the gradient's values.
                     _ if !gpu && grads.surely_finite(v)? => Vec::new(),
                     _ if !gpu => vec![Tensor::full(f32::INFINITY, &[1], v.device())?],
-                    // (A gradient left as a product that the optimizer did not check: worked out.)
+                    // (On a GPU, where no gradient is left as a product; worked out all the same.)
                     _ => {
                         let Some(g) = grads.resolve(v)? else {
                             return Err(Error::invalid("fit", format!("the gradient of {p} went missing")));

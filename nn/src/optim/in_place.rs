@@ -13,7 +13,8 @@
 //! any variable's buffers (a gradient `dy @ w^T` of another variable would read the new `w`),
 //! and without EMA (whose first average is a snapshot of the weights) or gradient accumulation
 //! (whose summed gradient the step has not checked). A training step on the Cpu checks every
-//! gradient before the update, so what is written is known finite; one that keeps copies to
+//! gradient as given before the update (clipping may still turn a finite one near f32's largest
+//! into NaN, as it did out of place); one that keeps copies to
 //! undo the step (on a GPU) holds the buffers, which are then updated out of place as before.
 
 use super::rules::{Base, Grad};
@@ -77,6 +78,13 @@ impl Buffers {
     }
 }
 
+impl Deferred {
+    /// The variable the update writes.
+    pub(super) fn var(&self) -> &Var {
+        &self.var
+    }
+}
+
 impl Base {
     /// Leave Adam's update of the variable at `path` (weight `w`, moments `m` and `v`, already
     /// in the slots) for the step's end, where the step allows it for this variable and all
@@ -85,6 +93,11 @@ impl Base {
     /// variable changes. Whether it did.
     pub(super) fn defer(&mut self, path: &str, w: &Tensor, g: Grad<'_>, [m, v]: [&Tensor; 2], step: AdamStep) -> bool {
         let Some(var) = self.may_defer.take() else { return false };
+        // (A rule that scaled the weights first, not folding decay into its pass, updates
+        // values the variable does not hold: not deferred.)
+        if w.id() != var.id() {
+            return false;
+        }
         let fits = |t: &Tensor| {
             t.dims() == w.dims()
                 && t.dtype() == DType::F32
@@ -121,9 +134,11 @@ impl Base {
             let (Some(mut m), Some(mut v)) = (slots.remove("m"), slots.remove("v")) else {
                 return Err(Error::invalid("optimizer", format!("{}: its update lost its moments", d.path)));
             };
-            let out = write(&d, &mut m, &mut v);
+            // The moments go back whatever ends the write, a panic too.
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&d, &mut m, &mut v)));
             slots.insert("m".into(), m);
             slots.insert("v".into(), v);
+            let out = out.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             self.note_check(&d.path, out?);
         }
         Ok(())

@@ -68,9 +68,10 @@ pub trait Optimizer: Send {
     }
     /// The gradients the last `apply` checked in its own pass over them, as (variable path, a
     /// `[1]` tensor: 0 when every value of that variable's gradient was finite, NaN when any was
-    /// not). The training step takes these instead of reading those gradients a second time
-    /// (Adam's one pass does both, on a GPU where the adapter allows: see
-    /// [`Tensor::adam_step_checked`]); a variable not listed is checked by the step. Only a
+    /// not). On a GPU, where the step applies before it checks, the training step takes these
+    /// instead of reading those gradients a second time (Adam's one pass does both, where the
+    /// adapter allows: see [`Tensor::adam_step_checked`]); a variable not listed is checked by
+    /// the step. (On the Cpu the step checks every gradient before the update, on the host.) Only a
     /// gradient used just as `apply` received it may be listed, not one clipped, scaled or
     /// accumulated first. The default lists none.
     fn gradient_checks(&self) -> Vec<(String, Tensor)> {
@@ -80,9 +81,8 @@ pub trait Optimizer: Send {
     /// `x^T @ dy`) and works each out inside its own update, so that the training step may leave
     /// them so ([`Tensor::backward_deferring`](weft_core::Tensor::backward_deferring)). Adam does
     /// on the Cpu (see [`Tensor::adam_step_of_product`]), when it uses the gradients as given (no
-    /// clipping, no accumulation) and without AMSGrad. An optimizer that says so must also check
-    /// each such gradient itself ([`gradient_checks`](Optimizer::gradient_checks)) or resolve it.
-    /// The default is `false`.
+    /// clipping, no accumulation) and without AMSGrad. The training step checks such gradients
+    /// by a bound, without working them out (`GradStore::surely_finite`). The default is `false`.
     fn fuses_products(&self) -> bool {
         false
     }
@@ -536,8 +536,12 @@ impl Base {
             // The old state goes first, so that the slots the deferred updates write are held
             // once; the other variables are set before them (no deferred gradient reads them).
             *self = staged;
+            // (A deferred variable's value is its own tensor: nothing to set.)
+            let own: std::collections::HashSet<_> = deferred.iter().map(|d| d.var().id()).collect();
             for (var, value) in sets {
-                var.set(&value)?;
+                if !own.contains(&var.id()) {
+                    var.set(&value)?;
+                }
             }
             self.write_deferred(deferred)
         })
