@@ -4,6 +4,43 @@
 use crate::fast_exp::exp;
 pub use crate::unary_grads::GradFrom;
 
+/// `$m!(..)` with every `UnaryOp` that takes no parameter: the one list for code that treats each
+/// alike (the Cpu's loops, the tests' walk over every op). A new parameterless op goes here.
+macro_rules! unit_unary_ops {
+    ($m:ident) => {
+        $m!(
+            Identity,
+            Neg,
+            Abs,
+            Exp,
+            Log,
+            Sqrt,
+            Rsqrt,
+            Square,
+            Recip,
+            Tanh,
+            Sigmoid,
+            Relu,
+            GeluTanh,
+            GeluErf,
+            Silu,
+            Sin,
+            Cos,
+            Step,
+            Sign,
+            Erf,
+            Softsign,
+            Softplus,
+            LogSigmoid,
+            Mish,
+            Relu6,
+            HardSigmoid,
+            HardSilu
+        )
+    };
+}
+pub(crate) use unit_unary_ops;
+
 /// Elementwise unary ops; the parameterised ones carry their scalars.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum UnaryOp {

@@ -137,35 +137,7 @@ mod tests {
     /// One of every op (leaky relu and elu with two parameters each).
     fn every_op() -> Vec<UnaryOp> {
         use UnaryOp::*;
-        let mut all = every!(
-            Identity,
-            Neg,
-            Abs,
-            Exp,
-            Log,
-            Sqrt,
-            Rsqrt,
-            Square,
-            Recip,
-            Tanh,
-            Sigmoid,
-            Relu,
-            GeluTanh,
-            GeluErf,
-            Silu,
-            Sin,
-            Cos,
-            Step,
-            Sign,
-            Erf,
-            Softsign,
-            Softplus,
-            LogSigmoid,
-            Mish,
-            Relu6,
-            HardSigmoid,
-            HardSilu
-        );
+        let mut all = crate::ops::unit_unary_ops!(every);
         all.extend([LeakyRelu(0.2), LeakyRelu(-0.5), Elu(1.3), Elu(0.5), Affine { mul: 2.0, add: 1.0 }]);
         all.extend([Powf(2.5), Clamp { lo: -1.0, hi: 1.0 }]);
         all

@@ -259,35 +259,7 @@ pub fn unary(op: UnaryOp, s: &CpuStorage, l: &Layout) -> Result<CpuStorage> {
             }
         };
     }
-    each!(
-        Identity,
-        Neg,
-        Abs,
-        Exp,
-        Log,
-        Sqrt,
-        Rsqrt,
-        Square,
-        Recip,
-        Tanh,
-        Sigmoid,
-        Relu,
-        GeluTanh,
-        GeluErf,
-        Silu,
-        Sin,
-        Cos,
-        Step,
-        Sign,
-        Erf,
-        Softsign,
-        Softplus,
-        LogSigmoid,
-        Mish,
-        Relu6,
-        HardSigmoid,
-        HardSilu
-    );
+    crate::ops::unit_unary_ops!(each);
     Ok(f32_storage(out))
 }
 
