@@ -88,6 +88,26 @@ pub(crate) fn full_width_avx512() -> bool {
     avx512_split() == Some(false)
 }
 
+/// The fewest multiply-adds of a product that `matmul` shares over the threads: 2^21 where
+/// weft's tiles are 512 bits wide at full speed (`blocked_gemm::isa`; not a Zen 4, whose 512-bit
+/// operations take two halves), else 2^20, where a product takes about twice as long. Below
+/// that, handing part of it to another core (and reading that part back from its cache in the
+/// ops after it) costs more than the part takes, although the product alone, timed in a loop,
+/// runs faster shared. Measured on a 2-core Xeon (family 6 model 167; more cores are not
+/// measured), MLP training steps a second, three alternated rounds: at 512-bit tiles, from 2^18
+/// to 2^21, 256 x 64-64-64-10 5,650 -> 6,380 (its products 2^20) and 128 x 64-64-64-10
+/// 7,970 -> 9,710 (2^19), while 512 x 64-64-64-10 (2^21) ran 3% slower unshared and
+/// 256 x 128-128-128-10 (2^22) 20%; with the tiles forced to 256 bits, 2^20 kept 256 x 64 at
+/// 5,400 (2^21: 4,950) and raised 128 x 64 from 8,100 to 8,690. Shapes of 2^22 and more are
+/// unchanged. (Convolutions keep their own rule, `conv.rs`.)
+pub(crate) fn shared_from() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if super::blocked_gemm::isa().wide() {
+        return 1 << 21;
+    }
+    1 << 20
+}
+
 /// Whether this CPU has AVX-512 (the x86-64-v4 set) but runs each 512-bit op as two 256-bit
 /// halves (Zen 4): weft's kernel runs 512-bit tiles there on short products only
 /// (`blocked_gemm::isa_for`).
@@ -229,10 +249,10 @@ impl Product {
         }))
     }
 
-    /// The threads `matmul` shares a product of this size over: all of them from 2^18
-    /// multiply-adds, else the calling thread.
+    /// The threads `matmul` shares a product of this size over: all of them from
+    /// [`shared_from`] multiply-adds, else the calling thread.
     pub(crate) fn threads(&self) -> usize {
-        if self.m * self.n * self.k >= 1 << 18 { rayon::current_num_threads() } else { 1 }
+        if self.m * self.n * self.k >= shared_from() { rayon::current_num_threads() } else { 1 }
     }
 
     /// Runs the product, overwriting every element of `dst` (k must be at least 1). `Err` only

@@ -146,7 +146,7 @@ fn product(
     // column of the matrix at the largest offset), and dst points at the entry's m*n row-major
     // block of `out`, which no other entry's product writes.
     let block = |i: usize, threads: usize| unsafe { part(i).run(engine, threads) };
-    let big = work >= 1 << 18 && threads > 1;
+    let big = work >= super::gemm_engine::shared_from() && threads > 1;
     #[cfg(target_arch = "x86_64")]
     if let (Some((bias, op)), true) = (epilogue, nb == 1 && packs_columns) {
         // A dense layer's bias and activation (in training, or in inference where `packed` did
@@ -226,7 +226,7 @@ fn packed(
             rhs_rs: 0,
             rhs_cs: 0,
         };
-        let threads = if m * n * k >= 1 << 18 { threads } else { 1 };
+        let threads = if m * n * k >= super::gemm_engine::shared_from() { threads } else { 1 };
         // SAFETY: the engine is Weft (AVX2 and FMA); a's rows and columns lie inside x (the
         // reach check), out has room for m*n, rhs is k x n.
         match epilogue {
@@ -240,7 +240,7 @@ fn packed(
         let lhs = packed_gemm::PackedLhs::pack(&x[aoff..], m, ars as usize, k)?;
         let panels = rhs.panels();
         // Columns split over the threads: each output element is summed in the same order either way.
-        let parts = if threads > 1 && m * n * k >= 1 << 18 { threads.min(panels) } else { 1 };
+        let parts = if threads > 1 && m * n * k >= super::gemm_engine::shared_from() { threads.min(panels) } else { 1 };
         let per = panels.div_ceil(parts);
         let dst = Dst(out.as_mut_ptr());
         let run = |part: usize| {
