@@ -156,6 +156,24 @@ impl Storage {
         })
     }
 
+    /// Each row's log-softmax at its label (`ids`, one per row of `self`'s `[rows, classes]`),
+    /// with what its gradient needs, in one pass: Cpu storage only (`None` otherwise, for the
+    /// caller to run the log-softmax and the gather apart). The same bits as those two.
+    pub fn log_softmax_pick(&self, l: &Layout, ids: &Storage, li: &Layout) -> Result<Option<(Storage, cpu::Picked)>> {
+        let (Storage::Cpu(x), Storage::Cpu(ids)) = (self, ids) else { return Ok(None) };
+        let (picked, p) = cpu::log_softmax_pick(x, l, ids, li)?;
+        Ok(Some((Storage::Cpu(picked), p)))
+    }
+
+    /// The gradient of [`log_softmax_pick`](Storage::log_softmax_pick) for `self` (its `x`),
+    /// given `g`, the gradient of the picks: one pass, the bits of the composed ops' gradients.
+    pub fn log_softmax_pick_grad(&self, l: &Layout, p: &cpu::Picked, g: &Storage, lg: &Layout) -> Result<Storage> {
+        match (self, g) {
+            (Storage::Cpu(x), Storage::Cpu(g)) => Ok(Storage::Cpu(cpu::log_softmax_pick_grad(x, l, p, g, lg)?)),
+            _ => Err(mismatch("cross_entropy", self, g)),
+        }
+    }
+
     /// Layer norm over the last axis (gamma and beta contiguous vectors).
     pub fn layer_norm(
         &self,

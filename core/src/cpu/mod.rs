@@ -8,6 +8,7 @@ mod blocked_gemm;
 mod conv;
 mod conv_windows;
 mod crew;
+mod cross_entropy;
 mod dense_grads;
 #[cfg(target_arch = "x86_64")]
 mod dense_grads_product;
@@ -36,6 +37,7 @@ mod strided_copy;
 mod sum_columns;
 
 pub use conv::{conv2d, conv2d_input_grad, conv2d_kernel_grad};
+pub use cross_entropy::{Picked, log_softmax_pick, log_softmax_pick_grad};
 pub use dense_grads::act_bias_grads;
 #[cfg(target_arch = "x86_64")]
 pub use dense_grads_product::act_bias_grads_of_product;

@@ -125,6 +125,18 @@ fn softmax_rows<const FUSED: bool>(o: &mut [MaybeUninit<f32>], r: &[f32], n: usi
     }
 }
 
+/// A row's maximum and the log of its exponentials' sum, `(max, ln(sum))`, with
+/// [`softmax_rows`]' arithmetic (its log-softmax is `v - max - ln(sum)`, bit for bit): the
+/// exponentials go to `scratch` (as long as the row) to be summed pairwise.
+#[inline(always)]
+pub(super) fn row_log_stats<const FUSED: bool>(r: &[f32], scratch: &mut [f32]) -> (f32, f32) {
+    let max = row_max(r);
+    for (o, &v) in scratch.iter_mut().zip(r) {
+        *o = exp_below_max::<FUSED>(v - max);
+    }
+    (max, pairwise_sum(&scratch[..r.len()]).ln())
+}
+
 /// `exp(x)` for `x = v - max <= 0` of a softmax row (or NaN): `fast_exp::exp`'s method without
 /// its guards for large and subnormal results, which cannot occur here. Below [`FLOOR`] the weight
 /// is 0 (under 2e-38 of the largest): computed, it would pass through subnormal floats, a slow

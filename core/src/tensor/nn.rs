@@ -118,7 +118,20 @@ impl Tensor {
     }
 
     /// Mean cross-entropy of `[.., classes]` logits against integer labels of shape `[..]`,
-    /// computed from log-softmax (stable for large logits).
+    /// computed from log-softmax (stable for large logits): `-mean(log_softmax(logits)[label])`.
+    /// On the Cpu the log-softmax at each label and its gradient are one pass each
+    /// (`cpu::cross_entropy`), with the bits of the log-softmax, `gather` and their gradients,
+    /// which every other device runs.
+    ///
+    /// ```
+    /// # use weft_core::{Device, Tensor};
+    /// let logits = Tensor::from_vec(vec![2f32, 0.0, 0.0, 0.0, 3.0, 0.0], &[2, 3], &Device::Cpu)?;
+    /// let labels = Tensor::from_vec(vec![0u32, 1], &[2], &Device::Cpu)?;
+    /// let loss = Tensor::cross_entropy(&logits, &labels)?.to_vec::<f32>()?[0];
+    /// let by_hand = ((1.0f32 + 2.0 * (-2f32).exp()).ln() + (1.0f32 + 2.0 * (-3f32).exp()).ln()) / 2.0;
+    /// assert!((loss - by_hand).abs() < 1e-6, "{loss} vs {by_hand}");
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
     pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let r = logits.rank();
         if r == 0 || labels.dims() != &logits.dims()[..r - 1] {
@@ -130,8 +143,33 @@ impl Tensor {
         }
         let c = logits.dims()[r - 1];
         let rows = logits.numel() / c.max(1);
-        let lsm = logits.reshape(&[rows, c])?.log_softmax(-1)?;
-        let picked = lsm.gather(1, &labels.reshape(&[rows, 1])?)?;
+        let (x, ids) = (logits.reshape(&[rows, c])?, labels.reshape(&[rows, 1])?);
+        let picked = match x.log_softmax_pick(&ids)? {
+            Some(picked) => picked,
+            None => x.log_softmax(-1)?.gather(1, &ids)?,
+        };
         picked.mean_all()?.neg()
+    }
+
+    /// `self.log_softmax(-1)?.gather(1, ids)` for `[rows, classes]` f32 logits and `[rows, 1]`
+    /// u32 or i32 labels on the Cpu, as one node whose backward is one pass (the same bits);
+    /// `None` elsewhere.
+    fn log_softmax_pick(&self, ids: &Tensor) -> Result<Option<Tensor>> {
+        let cpu = |t: &Tensor| matches!(t.device(), crate::Device::Cpu);
+        let index = matches!(ids.dtype(), DType::U32 | DType::I32);
+        if !cpu(self) || !cpu(ids) || self.dtype() != DType::F32 || !index {
+            return Ok(None);
+        }
+        let Some((storage, picked)) = self.storage().log_softmax_pick(self.layout(), &ids.storage(), ids.layout())?
+        else {
+            return Ok(None);
+        };
+        let (x, picked) = (self.clone(), std::sync::Arc::new(picked));
+        let backward = std::sync::Arc::new(move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
+            let d = x.storage().log_softmax_pick_grad(x.layout(), &picked, &g.storage(), g.layout())?;
+            Ok(vec![Some(Tensor::from_storage(d, x.dims(), DType::F32, x.device().clone(), None))])
+        });
+        let node = Op::Custom { name: "log_softmax_pick", inputs: vec![self.clone()], backward };
+        Ok(Some(Tensor::from_storage(storage, ids.dims(), DType::F32, self.device().clone(), Some(node))))
     }
 }
