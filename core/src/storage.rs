@@ -86,9 +86,9 @@ impl Storage {
         })
     }
 
-    /// Layer norm's backward in one op where the backend has it (the Cpu): `(dx, g * xhat)` for
-    /// the input `self`, `gamma` and the output's gradient `g`; `None` elsewhere (autograd then
-    /// composes it from tensor ops).
+    /// Layer norm's backward in one op where the backend has it (the Cpu; a GPU for rows one
+    /// workgroup takes, with gamma contiguous): `(dx, g * xhat)` for the input `self`, `gamma`
+    /// and the output's gradient `g`; `None` elsewhere (autograd then composes it from tensor ops).
     pub fn layer_norm_grad(
         &self,
         lx: &Layout,
@@ -100,6 +100,14 @@ impl Storage {
             (Storage::Cpu(x), Storage::Cpu(w), Storage::Cpu(g)) => {
                 let (dx, q) = cpu::layer_norm_grad((x, lx), (w, lgamma), (g, lg), eps)?;
                 Some((Storage::Cpu(dx), Storage::Cpu(q)))
+            }
+            (Storage::Gpu(x), Storage::Gpu(w), Storage::Gpu(g))
+                if lgamma.is_contiguous() && lgamma.offset() == 0 && lx.rank() > 0 =>
+            {
+                gpu::check_layout("layer_norm_grad", lx)?;
+                gpu::check_layout("layer_norm_grad", lg)?;
+                gpu::layer_norm_grad((x, lx), w, (g, lg), eps)?
+                    .map(|(dx, q)| (Storage::Gpu(dx.inherit(&[x, w, g])), Storage::Gpu(q.inherit(&[x, w, g]))))
             }
             _ => None,
         })

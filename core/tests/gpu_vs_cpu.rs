@@ -49,6 +49,54 @@ fn view_strategy() -> impl Strategy<Value = View> {
     prop::sample::select(vec![View::Contiguous, View::Transposed, View::Narrowed, View::Broadcast])
 }
 
+/// A variable and a view of it (`view`) whose rows of `shape` hold values in [-3, 3) plus a ramp
+/// along the row, which keeps each row's variance away from 0 (where layer norm divides rounding
+/// noise by sqrt(eps) and no two summation orders agree); a broadcast view's rows repeat one
+/// (over a shape of one axis, the rows are not broadcast).
+fn ramped_view(shape: &[usize], view: View, seed: u64, dev: &Device) -> Result<(weft_core::Var, Tensor)> {
+    let n = *shape.last().unwrap();
+    let logical = |dims: &[usize]| -> Vec<f32> {
+        let len: usize = dims.iter().product();
+        (0..len)
+            .map(|i| ((i as u64 * 2654435761 + seed * 97) % 6007) as f32 / 1001.0 - 3.0 + 0.37 * (i % n) as f32)
+            .collect()
+    };
+    let r = shape.len();
+    // (Broadcast over a rank-1 shape's only axis would make its one row constant.)
+    let view = if r == 1 && matches!(view, View::Broadcast) { View::Contiguous } else { view };
+    Ok(match view {
+        View::Contiguous => {
+            let v = weft_core::Var::new(Tensor::from_vec(logical(shape), shape, dev)?)?;
+            let t = v.as_tensor().clone();
+            (v, t)
+        }
+        View::Transposed => {
+            let dims: Vec<usize> = (0..r).rev().collect();
+            let stored = Tensor::from_vec(logical(shape), shape, dev)?.permute(&dims)?.contiguous()?;
+            let v = weft_core::Var::new(stored)?;
+            let t = v.as_tensor().permute(&dims)?;
+            (v, t)
+        }
+        View::Narrowed => {
+            let mut padded = shape.to_vec();
+            padded[0] += 3;
+            let row: usize = shape[1..].iter().product();
+            let mut data = vec![9.0f32; padded.iter().product()];
+            data[2 * row..(2 + shape[0]) * row].copy_from_slice(&logical(shape));
+            let v = weft_core::Var::new(Tensor::from_vec(data, &padded, dev)?)?;
+            let t = v.as_tensor().narrow(0, 2, shape[0])?;
+            (v, t)
+        }
+        View::Broadcast => {
+            let mut one = shape.to_vec();
+            one[0] = 1;
+            let v = weft_core::Var::new(Tensor::from_vec(logical(&one), &one, dev)?)?;
+            let t = v.as_tensor().broadcast_to(shape)?;
+            (v, t)
+        }
+    })
+}
+
 /// Build `shape` data (seeded, in `[lo, hi)`) on a device and apply the view.
 fn make(shape: &[usize], view: View, seed: u64, lo: f32, hi: f32, dev: &Device) -> Result<Tensor> {
     match view {
@@ -316,6 +364,31 @@ proptest! {
         for (i, (w, gt)) in want.iter().zip(&got).enumerate() {
             prop_assert_eq!(gt.dims(), w.dims());
             assert_close(&vals(gt), &vals(w), REDUCE_TOL, &format!("indexing case {i}"));
+        }
+    }
+
+    /// Layer norm's gradients (the GPU's one-dispatch backward, layer_norm_grad.wgsl, by a
+    /// workgroup per row or an invocation per short row) against the Cpu's: the input's, gamma's
+    /// and beta's, for every view of the input, the output's gradient read in rows or broadcast
+    /// over them.
+    #[test]
+    fn layer_norm_gradients_match_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000,
+                                      broadcast_g in any::<bool>()) {
+        let Some(g) = gpu() else { return Ok(()) };
+        let n = *shape.last().unwrap();
+        let run = |dev: &Device| -> Result<Vec<Tensor>> {
+            let (x, xv) = ramped_view(&shape, view, seed, dev)?;
+            let gamma = weft_core::Var::new(Tensor::rand(0.5, 1.5, &[n], seed + 1, dev)?)?;
+            let beta = weft_core::Var::new(Tensor::rand(-0.5, 0.5, &[n], seed + 2, dev)?)?;
+            let w = if broadcast_g { Tensor::rand(-1.0, 1.0, &[n], seed + 3, dev)? } else { Tensor::rand(-1.0, 1.0, &shape, seed + 3, dev)? };
+            let y = xv.layer_norm(gamma.as_tensor(), beta.as_tensor(), 1e-5)?;
+            let grads = y.mul(&w)?.sum_all()?.backward()?;
+            Ok([&x, &gamma, &beta].iter().map(|v| grads.get(v).expect("a gradient").clone()).collect())
+        };
+        let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+        for (name, (w, gt)) in ["x", "gamma", "beta"].iter().zip(want.iter().zip(&got)) {
+            prop_assert_eq!(gt.dims(), w.dims());
+            assert_close(&vals(gt), &vals(w), REDUCE_TOL, &format!("layer norm's {name} gradient, {shape:?} {view:?}"));
         }
     }
 }
@@ -598,4 +671,34 @@ fn unary_backward_at_kinks_and_far_values_matches_cpu() {
             assert!(close, "unary_backward {op:?} at x = {x}: GPU {a}, Cpu {b}");
         }
     }
+}
+
+/// Layer norm's backward is one dispatch on a GPU (then gamma's and beta's column sums), where
+/// as tensor ops it was about twenty; a row holding a NaN gives a NaN gradient row while the
+/// other rows stay finite and match the Cpu.
+#[test]
+fn layer_norm_backward_is_one_kernel() {
+    let Some(shared) = gpu() else { return };
+    let Device::Gpu(first) = &shared else { unreachable!("a GPU device") };
+    // A device of its own: other tests' dispatches on the shared one would count too.
+    let g = Device::gpu(first.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &g else { unreachable!("a GPU device") };
+    let run = |dev: &Device, count: bool| -> (Vec<f32>, u64) {
+        let mut v: Vec<f32> = (0..3 * 50).map(|i| ((i * 37) % 23) as f32 * 0.3).collect();
+        v[60] = f32::NAN;
+        let x = weft_core::Var::new(Tensor::from_vec(v, &[3, 50], dev).unwrap()).unwrap();
+        let gamma = Tensor::rand(0.5, 1.5, &[50], 1, dev).unwrap();
+        let beta = Tensor::zeros(&[50], dev).unwrap();
+        let loss = x.as_tensor().layer_norm(&gamma, &beta, 1e-5).unwrap().sum_all().unwrap();
+        let before = if count { ctx.activity().dispatches } else { 0 };
+        let grads = loss.backward().unwrap();
+        let dispatches = if count { ctx.activity().dispatches - before } else { 0 };
+        (vals(grads.get(&x).unwrap()), dispatches)
+    };
+    let ((want, _), (got, dispatches)) = (run(&Device::Cpu, false), run(&g, true));
+    assert!(dispatches <= 4, "layer norm's backward took {dispatches} dispatches");
+    assert!(got[50..100].iter().all(|v| v.is_nan()), "the row holding a NaN: {:?}", &got[50..60]);
+    let rows = [&got[..50], &got[100..]].concat();
+    assert!(rows.iter().all(|v| v.is_finite()), "the other rows");
+    assert_close(&rows, &[&want[..50], &want[100..]].concat(), REDUCE_TOL, "layer norm's backward, finite rows");
 }

@@ -32,6 +32,10 @@ pub const REDUCE: &str = include_str!("../wgsl/reduce.wgsl");
 pub const SOFTMAX: &str = include_str!("../wgsl/softmax.wgsl");
 /// Layer norm.
 pub const LAYER_NORM: &str = include_str!("../wgsl/layer_norm.wgsl");
+/// A short layer-norm row's mean and squared deviations (with LAYER_NORM and LAYER_NORM_GRAD).
+pub const ROW_STATS: &str = include_str!("../wgsl/row_stats.wgsl");
+/// Layer norm's backward (the input's gradient and `g * xhat`).
+pub const LAYER_NORM_GRAD: &str = include_str!("../wgsl/layer_norm_grad.wgsl");
 /// Tiled batched matmul.
 pub const MATMUL: &str = include_str!("../wgsl/matmul.wgsl");
 /// index_select and gather.
@@ -343,7 +347,8 @@ pub fn source(name: &str) -> Option<String> {
         "copy" if variant.is_empty() => COPY.to_string(),
         "fill" if variant.is_empty() => FILL.to_string(),
         "rand" if variant.is_empty() => RAND.to_string(),
-        "layer_norm" if variant.is_empty() => LAYER_NORM.to_string(),
+        "layer_norm" if variant.is_empty() => format!("{LAYER_NORM}\n{ROW_STATS}"),
+        "layer_norm_grad" if variant.is_empty() => format!("{LAYER_NORM_GRAD}\n{ROW_STATS}"),
         "matmul" if variant == "tiled" => MATMUL.to_string(),
         "matmul" if variant == "tiled_vec4" => MATMUL_VEC4.to_string(),
         "matmul" => {
@@ -402,6 +407,7 @@ pub fn all_kernels() -> Vec<String> {
             "fill",
             "rand",
             "layer_norm",
+            "layer_norm_grad",
             "index",
             "index_add",
             "fma_peak",

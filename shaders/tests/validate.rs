@@ -39,6 +39,8 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("reduce", weft_shaders::REDUCE),
         ("softmax", weft_shaders::SOFTMAX),
         ("layer_norm", weft_shaders::LAYER_NORM),
+        ("layer_norm_grad", weft_shaders::LAYER_NORM_GRAD),
+        ("row_stats", weft_shaders::ROW_STATS),
         ("matmul", weft_shaders::MATMUL),
         ("matmul_direct", weft_shaders::MATMUL_DIRECT),
         ("matmul_vec4", weft_shaders::MATMUL_VEC4),

@@ -72,26 +72,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 
 // `main_short`, the host's choice for short rows (see gpu/rows.rs): one invocation per row, the
-// same three passes, no workgroup memory and no barriers. Its sum runs one value at a time, so it
-// sums each value's difference from the row's first: a row of values near 1000 then loses no more
-// to rounding than one near 0 (a NaN or an infinity still spoils the sum).
+// same three passes (the first two in row_stats.wgsl), no workgroup memory and no barriers.
 @compute @workgroup_size(256)
 fn main_short(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let n = info[1];
     let stride = info[4];
     for (var row = linear_id(gid, nwg); row < info[0]; row = row + grid_size(nwg)) {
         let base = strided_offset(row, info[2], 6u, 14u, info[3]);
-        let x0 = x_buf[base];
-        var s = 0.0;
-        for (var j = 0u; j < n; j = j + 1u) {
-            s = s + (x_buf[base + j * stride] - x0);
-        }
-        let mean = x0 + s / f32(n);
-        var q = 0.0;
-        for (var j = 0u; j < n; j = j + 1u) {
-            let d = x_buf[base + j * stride] - mean;
-            q = q + d * d;
-        }
+        let stats = short_row_stats(base, stride, n);
+        let mean = stats.x;
+        let q = stats.y;
         let rstd = inverseSqrt(q / f32(n) + param(5u));
         let bad = is_nan_(mean) || is_nan_(q);
         let nan = select(q, mean, is_nan_(mean));

@@ -19,7 +19,7 @@ pub(crate) use matmul::matmul;
 pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul_ranking};
 pub use pool::MemoryStats;
 pub(crate) use pool::PooledBuffer;
-pub(crate) use rows::{layer_norm, reduce, softmax};
+pub(crate) use rows::{layer_norm, layer_norm_grad, reduce, softmax};
 
 use crate::{DType, Error, Layout, Result};
 use std::sync::{Arc, OnceLock};

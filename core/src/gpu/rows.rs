@@ -112,10 +112,15 @@ const SOFTWARE_SHORT_ROW: usize = 1024;
 /// loop iterations per row (three passes, the row loop, the outer axes' offset), and rows stay
 /// few enough per invocation for llvmpipe's loop budget (65,535 iterations, see `CHUNK`).
 fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> (&'static str, [u32; 3]) {
+    row_entry_passes(ctx, rows, n, 3)
+}
+
+/// [`row_entry`] for a kernel that walks each row `passes` times.
+fn row_entry_passes(ctx: &super::GpuContext, rows: usize, n: usize, passes: usize) -> (&'static str, [u32; 3]) {
     let software = ctx.is_software();
     let short = n <= SHORT_ROW || (software && n <= SOFTWARE_SHORT_ROW && rows >= SOFTWARE_MIN_OUTPUTS);
     let per_invocation = rows.div_ceil(256 * super::context::MAX_1D_GROUPS);
-    if short && per_invocation * (3 * n + 12) <= 1 << 15 {
+    if short && per_invocation * (passes * n + 12) <= 1 << 15 {
         ("main_short", ctx.grid_1d(rows))
     } else {
         ("main", ctx.grid_for(rows))
@@ -167,4 +172,34 @@ pub fn layer_norm(s: &GpuStorage, l: &Layout, gamma: &GpuStorage, beta: &GpuStor
     let (entry, grid) = row_entry(&s.ctx, rows, n);
     s.ctx.dispatch("layer_norm", entry, &info, &[&s.buf, &gamma.buf, &beta.buf, &out.buf], grid)?;
     Ok(out)
+}
+
+/// Layer norm's backward over the last axis in one dispatch (layer_norm_grad.wgsl): `(dx, g *
+/// xhat)`, both contiguous of `x`'s shape, for the input `x`, gamma (`n` contiguous values from
+/// its start) and the output's gradient `g` (any layout of `x`'s shape: a broadcast view too).
+/// `None` for rows too long for one workgroup ([`LONG_ROW`]): autograd composes those.
+pub fn layer_norm_grad(
+    (x, lx): (&GpuStorage, &Layout),
+    gamma: &GpuStorage,
+    (g, lg): (&GpuStorage, &Layout),
+    eps: f32,
+) -> Result<Option<(GpuStorage, GpuStorage)>> {
+    check_rank("layer_norm_grad", lx)?;
+    let n = lx.shape()[lx.rank() - 1];
+    if n > LONG_ROW || lg.shape() != lx.shape() {
+        return Ok(None);
+    }
+    let dx = GpuStorage::alloc(&x.ctx, lx.numel(), DType::F32)?;
+    let q = GpuStorage::alloc(&x.ctx, lx.numel(), DType::F32)?;
+    let (mut info, rows) = row_info(lx);
+    info.push(eps.to_bits());
+    push_outer(&mut info, lx);
+    // g's offset, last stride and outer strides (its shape is x's).
+    let r = lg.rank();
+    info.push(lg.offset() as u32);
+    info.push(lg.strides()[r - 1] as u32);
+    push_dims(&mut info, &lg.strides()[..r - 1], 0);
+    let (entry, grid) = row_entry_passes(&x.ctx, rows, n, 4);
+    x.ctx.dispatch("layer_norm_grad", entry, &info, &[&x.buf, &gamma.buf, &g.buf, &dx.buf, &q.buf], grid)?;
+    Ok(Some((dx, q)))
 }
