@@ -369,26 +369,25 @@ proptest! {
 
     /// Layer norm's gradients (the GPU's one-dispatch backward, layer_norm_grad.wgsl, by a
     /// workgroup per row or an invocation per short row) against the Cpu's: the input's, gamma's
-    /// and beta's, for every view of the input, the output's gradient read in rows or broadcast
-    /// over them.
+    /// and beta's, for every view of the input and every view of the output's gradient (fed to
+    /// the layer norm as it is: strided, offset, broadcast).
     #[test]
     fn layer_norm_gradients_match_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000,
-                                      broadcast_g in any::<bool>()) {
+                                      g_view in view_strategy()) {
         let Some(g) = gpu() else { return Ok(()) };
         let n = *shape.last().unwrap();
         let run = |dev: &Device| -> Result<Vec<Tensor>> {
             let (x, xv) = ramped_view(&shape, view, seed, dev)?;
             let gamma = weft_core::Var::new(Tensor::rand(0.5, 1.5, &[n], seed + 1, dev)?)?;
             let beta = weft_core::Var::new(Tensor::rand(-0.5, 0.5, &[n], seed + 2, dev)?)?;
-            let w = if broadcast_g { Tensor::rand(-1.0, 1.0, &[n], seed + 3, dev)? } else { Tensor::rand(-1.0, 1.0, &shape, seed + 3, dev)? };
             let y = xv.layer_norm(gamma.as_tensor(), beta.as_tensor(), 1e-5)?;
-            let grads = y.mul(&w)?.sum_all()?.backward()?;
+            let grads = y.backward_with(make(&shape, g_view, seed + 3, -1.0, 1.0, dev)?)?;
             Ok([&x, &gamma, &beta].iter().map(|v| grads.get(v).expect("a gradient").clone()).collect())
         };
         let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
         for (name, (w, gt)) in ["x", "gamma", "beta"].iter().zip(want.iter().zip(&got)) {
             prop_assert_eq!(gt.dims(), w.dims());
-            assert_close(&vals(gt), &vals(w), REDUCE_TOL, &format!("layer norm's {name} gradient, {shape:?} {view:?}"));
+            assert_close(&vals(gt), &vals(w), REDUCE_TOL, &format!("layer norm's {name} gradient, {shape:?} {view:?}, g {g_view:?}"));
         }
     }
 }
@@ -675,7 +674,8 @@ fn unary_backward_at_kinks_and_far_values_matches_cpu() {
 
 /// Layer norm's backward is one dispatch on a GPU (then gamma's and beta's column sums), where
 /// as tensor ops it was about twenty; a row holding a NaN gives a NaN gradient row while the
-/// other rows stay finite and match the Cpu.
+/// other rows stay finite and match the Cpu, by a workgroup per row (rows of 50) and by an
+/// invocation per row (rows of 20).
 #[test]
 fn layer_norm_backward_is_one_kernel() {
     let Some(shared) = gpu() else { return };
@@ -683,22 +683,39 @@ fn layer_norm_backward_is_one_kernel() {
     // A device of its own: other tests' dispatches on the shared one would count too.
     let g = Device::gpu(first.adapter_index()).unwrap();
     let Device::Gpu(ctx) = &g else { unreachable!("a GPU device") };
-    let run = |dev: &Device, count: bool| -> (Vec<f32>, u64) {
-        let mut v: Vec<f32> = (0..3 * 50).map(|i| ((i * 37) % 23) as f32 * 0.3).collect();
-        v[60] = f32::NAN;
-        let x = weft_core::Var::new(Tensor::from_vec(v, &[3, 50], dev).unwrap()).unwrap();
-        let gamma = Tensor::rand(0.5, 1.5, &[50], 1, dev).unwrap();
-        let beta = Tensor::zeros(&[50], dev).unwrap();
-        let loss = x.as_tensor().layer_norm(&gamma, &beta, 1e-5).unwrap().sum_all().unwrap();
-        let before = if count { ctx.activity().dispatches } else { 0 };
-        let grads = loss.backward().unwrap();
-        let dispatches = if count { ctx.activity().dispatches - before } else { 0 };
-        (vals(grads.get(&x).unwrap()), dispatches)
-    };
-    let ((want, _), (got, dispatches)) = (run(&Device::Cpu, false), run(&g, true));
-    assert!(dispatches <= 4, "layer norm's backward took {dispatches} dispatches");
-    assert!(got[50..100].iter().all(|v| v.is_nan()), "the row holding a NaN: {:?}", &got[50..60]);
-    let rows = [&got[..50], &got[100..]].concat();
-    assert!(rows.iter().all(|v| v.is_finite()), "the other rows");
-    assert_close(&rows, &[&want[..50], &want[100..]].concat(), REDUCE_TOL, "layer norm's backward, finite rows");
+    for n in [50, 20] {
+        let run = |dev: &Device, count: bool| -> (Vec<f32>, u64) {
+            let mut v: Vec<f32> = (0..3 * n).map(|i| ((i * 37) % 23) as f32 * 0.3).collect();
+            v[n + 10] = f32::NAN;
+            let x = weft_core::Var::new(Tensor::from_vec(v, &[3, n], dev).unwrap()).unwrap();
+            let gamma = Tensor::rand(0.5, 1.5, &[n], 1, dev).unwrap();
+            let beta = Tensor::zeros(&[n], dev).unwrap();
+            let loss = x.as_tensor().layer_norm(&gamma, &beta, 1e-5).unwrap().sum_all().unwrap();
+            let before = if count { ctx.activity().dispatches } else { 0 };
+            let grads = loss.backward().unwrap();
+            let dispatches = if count { ctx.activity().dispatches - before } else { 0 };
+            (vals(grads.get(&x).unwrap()), dispatches)
+        };
+        let ((want, _), (got, dispatches)) = (run(&Device::Cpu, false), run(&g, true));
+        assert!(dispatches <= 4, "rows of {n}: layer norm's backward took {dispatches} dispatches");
+        assert!(got[n..2 * n].iter().all(|v| v.is_nan()), "rows of {n}, the row holding a NaN: {:?}", &got[n..2 * n]);
+        let rows = [&got[..n], &got[2 * n..]].concat();
+        assert!(rows.iter().all(|v| v.is_finite()), "rows of {n}: the other rows");
+        assert_close(&rows, &[&want[..n], &want[2 * n..]].concat(), REDUCE_TOL, &format!("rows of {n}, finite rows"));
+    }
+}
+
+/// An output gradient on another device (a second device on the same adapter) is refused by
+/// name, not bound beside the input in layer norm's backward kernel.
+#[test]
+fn layer_norm_backward_refuses_another_devices_gradient() {
+    let Some(shared) = gpu() else { return };
+    let Device::Gpu(first) = &shared else { unreachable!("a GPU device") };
+    let other = Device::gpu(first.adapter_index()).unwrap();
+    let x = weft_core::Var::new(Tensor::rand(-1.0, 1.0, &[4, 8], 1, &shared).unwrap()).unwrap();
+    let gamma = Tensor::ones(&[8], &shared).unwrap();
+    let beta = Tensor::zeros(&[8], &shared).unwrap();
+    let y = x.as_tensor().layer_norm(&gamma, &beta, 1e-5).unwrap();
+    let e = y.backward_with(Tensor::ones(&[4, 8], &other).unwrap()).map(drop).unwrap_err().to_string();
+    assert!(e.contains("device"), "{e}");
 }

@@ -25,9 +25,10 @@ const SOFTWARE_MIN_OUTPUTS: usize = 256;
 /// and llvmpipe's loop budget) and a long run uses many workgroups.
 const CHUNK: usize = 256 * 32;
 
-/// Rows longer than this are not given to one workgroup (softmax, layer norm loop over the row
-/// three times per invocation: 12,288 iterations at this length, well inside llvmpipe's budget of
-/// 65,535); `long_rows` composes them from chunked reductions and elementwise kernels instead.
+/// Rows longer than this are not given to one workgroup (softmax and layer norm loop over the
+/// row three times per invocation, layer norm's backward four: 16,384 iterations at this length,
+/// well inside llvmpipe's budget of 65,535); `long_rows` composes them from chunked reductions
+/// and elementwise kernels instead (and autograd the backward from tensor ops).
 const LONG_ROW: usize = 1 << 20;
 
 /// One pass's input: where the runs are, and (after the first pass) the partials' indices.
@@ -110,7 +111,9 @@ const SOFTWARE_SHORT_ROW: usize = 1024;
 /// The entry point and grid for `rows` rows of `n` values on `ctx`: `main_short` (one invocation
 /// per row) or `main` (one workgroup per row). An invocation of `main_short` runs about `3n + 12`
 /// loop iterations per row (three passes, the row loop, the outer axes' offset), and rows stay
-/// few enough per invocation for llvmpipe's loop budget (65,535 iterations, see `CHUNK`).
+/// few enough per invocation for llvmpipe's loop budget (65,535 iterations, see `CHUNK`): at
+/// most 2^15 counted so, half the budget, which also covers layer norm's backward (four passes
+/// and a second strided offset: `4n + 15` a row).
 fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> (&'static str, [u32; 3]) {
     row_entry_passes(ctx, rows, n, 3)
 }

@@ -36,12 +36,16 @@ impl Tensor {
         self.along_axis(axis, |x| x.softmax_last(true))
     }
 
-    /// Layer norm's backward in one op where the device has it (the Cpu): the input's gradient
-    /// and `g * xhat` (whose sums over the rows are gamma's gradient), for this input, `gamma`
-    /// (`[last]`) and the output's gradient `g` (this shape); `None` elsewhere.
+    /// Layer norm's backward in one op where the device has it (the Cpu; a GPU for rows one
+    /// workgroup takes, with gamma compact): the input's gradient and `g * xhat` (whose sums over
+    /// the rows are gamma's gradient), for this input, `gamma` (`[last]`) and the output's
+    /// gradient `g` (this shape), all on one device; `None` elsewhere (the tensor ops then name
+    /// any mismatch).
     pub(crate) fn layer_norm_grad(&self, gamma: &Tensor, g: &Tensor, eps: f32) -> Result<Option<(Tensor, Tensor)>> {
         let n = self.dims().last().copied();
         if [self, gamma, g].iter().any(|t| t.dtype() != DType::F32)
+            || self.same_device(gamma, "layer_norm").is_err()
+            || self.same_device(g, "layer_norm").is_err()
             || g.dims() != self.dims()
             || n.is_none_or(|n| gamma.dims() != [n])
         {
