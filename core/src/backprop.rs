@@ -802,7 +802,7 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
 }
 
 /// Layer norm's backward as tensor ops (`[dx, dgamma, dbeta]`), where the device has no one-op
-/// form (a GPU's rows too long for one workgroup, a gamma that is not compact); the one op
+/// form (a GPU's rows too long for one workgroup); the one op
 /// (`Tensor::layer_norm_grad`) gives these values to rounding.
 pub(crate) fn composed_layer_norm_grad(x: &Tensor, gamma: &Tensor, eps: f32, g: &Tensor) -> Result<Vec<Tensor>> {
     let n = *x.dims().last().unwrap_or(&1) as f32;

@@ -87,7 +87,7 @@ impl Storage {
     }
 
     /// Layer norm's backward in one op where the backend has it (the Cpu; a GPU for rows one
-    /// workgroup takes, with gamma contiguous): `(dx, g * xhat)` for the input `self`, `gamma`
+    /// workgroup takes, with gamma compact from its buffer's start): `(dx, g * xhat)` for the input `self`, `gamma`
     /// and the output's gradient `g`; `None` elsewhere (autograd then composes it from tensor ops).
     pub fn layer_norm_grad(
         &self,

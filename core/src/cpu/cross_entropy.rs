@@ -10,7 +10,7 @@
 //! sums as `norm::softmax_rows` forms them; the gradient's row sum, which has one value that is
 //! not 0, is that value plus 0), so a model trains the same whichever ran.
 
-use super::norm::{TASK, row_log_stats};
+use super::norm::{RowIsa, TASK, row_isa, row_log_stats};
 use super::{CpuStorage, f32_storage, strided, try_take};
 use crate::{Error, Layout, Result};
 use std::mem::MaybeUninit;
@@ -41,20 +41,16 @@ pub fn log_softmax_pick(s: &CpuStorage, l: &Layout, labels: &CpuStorage, li: &La
         }
         let r0 = t * per;
         let (x, labels, scratch) = (&x[r0 * c..(r0 + out.len()) * c], &labels[r0..r0 + out.len()], &mut scratch[..c]);
-        // The softmax's choice of exponential (fused multiply-adds where it fuses them): its bits.
-        #[cfg(target_arch = "x86_64")]
-        if super::elementwise::avx2_fma() {
-            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-            unsafe { pick_rows_fma(x, labels, scratch, out) };
-            return Ok(());
+        // The softmax's choice of loops (fused multiply-adds where it fuses them): its bits.
+        match row_isa() {
+            // SAFETY: row_isa saw AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            RowIsa::Fma => unsafe { pick_rows_fma(x, labels, scratch, out) },
+            // SAFETY: row_isa saw AVX2.
+            #[cfg(target_arch = "x86_64")]
+            RowIsa::Avx2 => unsafe { pick_rows_avx2(x, labels, scratch, out) },
+            _ => pick_rows::<false>(x, labels, scratch, out),
         }
-        #[cfg(target_arch = "x86_64")]
-        if super::elementwise::avx2() {
-            // SAFETY: the CPU has AVX2 (checked at run time).
-            unsafe { pick_rows_avx2(x, labels, scratch, out) };
-            return Ok(());
-        }
-        pick_rows::<false>(x, labels, scratch, out);
         Ok(())
     })?;
     let mut picked = try_take(rows)?;

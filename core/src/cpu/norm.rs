@@ -61,6 +61,31 @@ unsafe fn written(o: &mut [MaybeUninit<f32>]) -> &mut [f32] {
     unsafe { &mut *(o as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
+/// How a softmax row's loops run on this CPU. One choice for every op that must give the
+/// softmax's bits (`cross_entropy`'s fused pick): `Fma` changes them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum RowIsa {
+    /// Compiled for AVX2 and FMA, the exponentials' multiply-adds fused.
+    Fma,
+    /// Compiled for AVX2 (the baseline's bits).
+    Avx2,
+    /// The baseline.
+    Plain,
+}
+
+/// This CPU's [`RowIsa`].
+pub(super) fn row_isa() -> RowIsa {
+    #[cfg(target_arch = "x86_64")]
+    if super::elementwise::avx2_fma() {
+        return RowIsa::Fma;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::elementwise::avx2() {
+        return RowIsa::Avx2;
+    }
+    RowIsa::Plain
+}
+
 /// Softmax (or log-softmax) over the last axis, numerically stable (the row max is subtracted first).
 pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
     let x = strided(s.f32s("softmax")?, l)?;
@@ -68,17 +93,16 @@ pub fn softmax(s: &CpuStorage, l: &Layout, log: bool) -> Result<CpuStorage> {
     if n == 0 || x.is_empty() {
         return Ok(f32_storage(Vec::new()));
     }
-    #[cfg(target_arch = "x86_64")]
-    if super::elementwise::avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-        return Ok(f32_storage(for_rows(&x, n, |o, r| unsafe { softmax_rows_fma(o, r, n, log) })?));
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::elementwise::avx2() {
-        // SAFETY: the CPU has AVX2 (checked at run time).
-        return Ok(f32_storage(for_rows(&x, n, |o, r| unsafe { softmax_rows_avx2(o, r, n, log) })?));
-    }
-    Ok(f32_storage(for_rows(&x, n, |o, r| softmax_rows::<false>(o, r, n, log))?))
+    let isa = row_isa();
+    Ok(f32_storage(for_rows(&x, n, |o, r| match isa {
+        // SAFETY: row_isa saw AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        RowIsa::Fma => unsafe { softmax_rows_fma(o, r, n, log) },
+        // SAFETY: row_isa saw AVX2.
+        #[cfg(target_arch = "x86_64")]
+        RowIsa::Avx2 => unsafe { softmax_rows_avx2(o, r, n, log) },
+        _ => softmax_rows::<false>(o, r, n, log),
+    })?))
 }
 
 /// The smallest difference from a row's maximum whose exponential a softmax computes: `exp(-87)`

@@ -98,8 +98,8 @@ pub fn reduce(op: ReduceOp, s: &GpuStorage, l: &Layout, axes: &[usize]) -> Resul
     }
 }
 
-/// Rows at most this long are worked by one invocation each (`main_short` of softmax.wgsl and
-/// layer_norm.wgsl) on any adapter: a workgroup of 256 per row would leave most of it idle
+/// Rows at most this long are worked by one invocation each (`main_short` of softmax.wgsl,
+/// layer_norm.wgsl and layer_norm_grad.wgsl) on any adapter: a workgroup of 256 per row would leave most of it idle
 /// through every barrier.
 const SHORT_ROW: usize = 32;
 
@@ -112,13 +112,14 @@ const SOFTWARE_SHORT_ROW: usize = 1024;
 /// per row) or `main` (one workgroup per row). An invocation of `main_short` runs about `3n + 12`
 /// loop iterations per row (three passes, the row loop, the outer axes' offset), and rows stay
 /// few enough per invocation for llvmpipe's loop budget (65,535 iterations, see `CHUNK`): at
-/// most 2^15 counted so, half the budget, which also covers layer norm's backward (four passes
-/// and a second strided offset: `4n + 15` a row).
+/// most 2^15 counted so, half the budget.
 fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> (&'static str, [u32; 3]) {
     row_entry_passes(ctx, rows, n, 3)
 }
 
-/// [`row_entry`] for a kernel that walks each row `passes` times.
+/// [`row_entry`] for a kernel that walks each row `passes` times. Half the budget also covers
+/// layer norm's backward, which reads two strided offsets a row (`4n + 15` iterations, counted
+/// as `4n + 12`).
 fn row_entry_passes(ctx: &super::GpuContext, rows: usize, n: usize, passes: usize) -> (&'static str, [u32; 3]) {
     let software = ctx.is_software();
     let short = n <= SHORT_ROW || (software && n <= SOFTWARE_SHORT_ROW && rows >= SOFTWARE_MIN_OUTPUTS);

@@ -37,7 +37,7 @@ impl Tensor {
     }
 
     /// Layer norm's backward in one op where the device has it (the Cpu; a GPU for rows one
-    /// workgroup takes, with gamma compact): the input's gradient and `g * xhat` (whose sums over
+    /// workgroup takes): the input's gradient and `g * xhat` (whose sums over
     /// the rows are gamma's gradient), for this input, `gamma` (`[last]`) and the output's
     /// gradient `g` (this shape), all on one device; `None` elsewhere (the tensor ops then name
     /// any mismatch).
@@ -51,6 +51,8 @@ impl Tensor {
         {
             return Ok(None);
         }
+        // (Compact, as the forward reads it: a GPU's kernel reads gamma from its buffer's start.)
+        let gamma = gamma.contiguous_from_zero()?;
         let out = self.storage().layer_norm_grad(
             self.layout(),
             (&gamma.storage(), gamma.layout()),
@@ -123,9 +125,8 @@ impl Tensor {
 
     /// Mean cross-entropy of `[.., classes]` logits against integer labels of shape `[..]`,
     /// computed from log-softmax (stable for large logits): `-mean(log_softmax(logits)[label])`.
-    /// On the Cpu the log-softmax at each label and its gradient are one pass each
-    /// (`cpu::cross_entropy`), with the bits of the log-softmax, `gather` and their gradients,
-    /// which every other device runs.
+    /// On the Cpu the log-softmax at each label and its gradient are one pass each, with the
+    /// bits of the log-softmax, `gather` and their gradients, which every other device runs.
     ///
     /// ```
     /// # use weft_core::{Device, Tensor};
@@ -168,7 +169,7 @@ impl Tensor {
         else {
             return Ok(None);
         };
-        let (x, picked) = (self.clone(), std::sync::Arc::new(picked));
+        let x = self.clone();
         let backward = std::sync::Arc::new(move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
             let d = x.storage().log_softmax_pick_grad(x.layout(), &picked, &g.storage(), g.layout())?;
             Ok(vec![Some(Tensor::from_storage(d, x.dims(), DType::F32, x.device().clone(), None))])
