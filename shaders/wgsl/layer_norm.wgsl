@@ -3,8 +3,8 @@
 // `main`: one workgroup per row (`main_short`, below: one invocation per row, for short rows).
 // The invocations stride over the row to sum x, combine the sums in
 // workgroup memory (a tree of halvings) to get the mean, then do the same for the squared
-// deviations to get the variance (two passes: more stable than E[x^2] - E[x]^2), and finally
-// write the normalised row. x is read through its strides; gamma and beta are contiguous.
+// deviations to get the variance (two passes: more stable than E[x^2] - E[x]^2; both in
+// row_stats.wgsl), and finally write the normalised row. x is read through its strides; gamma and beta are contiguous.
 // A row holding a NaN (or an infinity, whose deviation is NaN) has a NaN sum; the whole row is
 // then written as that NaN, tested on the bits (WGSL may assume there is no NaN).
 //
@@ -16,18 +16,6 @@
 @group(0) @binding(4) var<storage, read_write> y_buf: array<f32>;
 
 var<workgroup> part: array<f32, 256>;
-
-fn tree_sum(t: u32) -> f32 {
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (t < s) {
-            part[t] = part[t] + part[t + s];
-        }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -41,25 +29,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         base = strided_offset(row, info[2], 6u, 14u, info[3]);
     }
     let stride = info[4];
-    var s = 0.0;
-    if (live) {
-        for (var j = t; j < n; j = j + WG) {
-            s = s + x_buf[base + j * stride];
-        }
-    }
-    part[t] = s;
-    workgroupBarrier();
-    let mean = tree_sum(t) / f32(n);
-    var q = 0.0;
-    if (live) {
-        for (var j = t; j < n; j = j + WG) {
-            let d = x_buf[base + j * stride] - mean;
-            q = q + d * d;
-        }
-    }
-    part[t] = q;
-    workgroupBarrier();
-    let qs = tree_sum(t);
+    let stats = workgroup_row_stats(t, live, base, stride, n);
+    let mean = stats.x;
+    let qs = stats.y;
     let rstd = inverseSqrt(qs / f32(n) + param(5u));
     let bad = is_nan_(mean) || is_nan_(qs);
     let nan = select(qs, mean, is_nan_(mean));

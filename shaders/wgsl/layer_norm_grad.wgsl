@@ -26,7 +26,8 @@
 var<workgroup> part: array<f32, 256>;
 var<workgroup> part2: array<f32, 256>;
 
-// The sum of every invocation's `part` (and `part2`, summed alongside), left in both slots 0.
+// The sums of every invocation's `part` and `part2` side by side (a row's two gradient sums),
+// left for all; every invocation of the workgroup calls it.
 fn tree_sums(t: u32) -> vec2<f32> {
     for (var s = WG / 2u; s > 0u; s = s / 2u) {
         if (t < s) {
@@ -55,26 +56,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let xs = info[4];
     let gs = info[23];
-    var s = 0.0;
-    if (live) {
-        for (var j = t; j < n; j = j + WG) {
-            s = s + x_buf[xb + j * xs];
-        }
-    }
-    part[t] = s;
-    part2[t] = 0.0;
-    workgroupBarrier();
-    let mean = tree_sums(t).x / f32(n);
-    var v = 0.0;
-    if (live) {
-        for (var j = t; j < n; j = j + WG) {
-            let d = x_buf[xb + j * xs] - mean;
-            v = v + d * d;
-        }
-    }
-    part[t] = v;
-    workgroupBarrier();
-    let vs = tree_sums(t).x;
+    let stats = workgroup_row_stats(t, live, xb, xs, n);
+    let mean = stats.x;
+    let vs = stats.y;
     let rstd = inverseSqrt(vs / f32(n) + param(5u));
     // Sums of g * gamma and of g * gamma * xhat, side by side.
     var a = 0.0;
