@@ -407,6 +407,124 @@ fn every_matmul_variant_covers_several_workgroups() {
     }
 }
 
+/// A product whose output is fewer tiles than the adapter runs at once cuts K into slices, run
+/// as a batch axis and summed (a weight's gradient: a small output over a long batch): on devices
+/// reckoned 128 workgroups wide, as a hardware GPU is, every variant matches the Cpu over
+/// transposed operands, a batch, a broadcast one, a K the slices do not divide and a K whose
+/// even slices a vec4 kernel could not read; and on a device reckoned two wide, the split is a
+/// product and the slices' sum (with a remainder of K, one more product and an addition), where a
+/// short K stays one dispatch.
+#[test]
+fn products_over_a_long_k_are_split_and_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let Device::Gpu(first) = &g else { unreachable!("a GPU device") };
+    let own = |kernel: &str, width: usize| -> Device {
+        let dev = Device::gpu(first.adapter_index()).unwrap();
+        let Device::Gpu(ctx) = &dev else { unreachable!("a GPU device") };
+        ctx.force_matmul(kernel).unwrap();
+        ctx.force_parallel_width(width);
+        dev
+    };
+    let wide: Vec<(&str, Device)> =
+        weft_core::gpu::MATMUL_VARIANTS.iter().map(|v| (v.kernel, own(v.kernel, 128))).collect();
+    for (m, k, n, batch, ta, tb) in [
+        (128, 2048, 128, 0, true, false),
+        (7, 1001, 5, 3, false, true),
+        (65, 515, 129, 2, true, true),
+        (1, 4099, 3, 0, false, false),
+        (64, 1028, 64, 0, false, false),
+    ] {
+        let lead: Vec<usize> = if batch == 0 { vec![] } else { vec![batch] };
+        let shape = |t: bool, r: usize, c: usize| -> Vec<usize> {
+            lead.iter().copied().chain(if t { [c, r] } else { [r, c] }).collect()
+        };
+        let a = Tensor::rand(-1.0, 1.0, &shape(ta, m, k), 3, &Device::Cpu).unwrap();
+        // A batch of two is given one b, broadcast over it.
+        let b_shape = if batch == 2 { if tb { vec![n, k] } else { vec![k, n] } } else { shape(tb, k, n) };
+        let b = Tensor::rand(-1.0, 1.0, &b_shape, 4, &Device::Cpu).unwrap();
+        let product = |a: &Tensor, b: &Tensor| {
+            let a = if ta { a.t().unwrap() } else { a.clone() };
+            let b = if tb { b.t().unwrap() } else { b.clone() };
+            a.matmul(&b).unwrap()
+        };
+        let want = vals(&product(&a, &b));
+        for (variant, dev) in &wide {
+            let got = product(&a.to_device(dev).unwrap(), &b.to_device(dev).unwrap());
+            assert_close(&vals(&got), &want, REDUCE_TOL, &format!("{variant} m{m} k{k} n{n} batch{batch}"));
+        }
+    }
+    // The dispatches, with the tiles and the width known: 2,048 splits in two halves, 2,053 (a
+    // prime) in two slices and a remainder.
+    let dev = own("matmul/direct16x16", 2);
+    let Device::Gpu(ctx) = &dev else { unreachable!("a GPU device") };
+    for (k, want) in [(64, 1), (2048, 2), (2053, 4)] {
+        let a = Tensor::rand(-1.0, 1.0, &[k, 128], 5, &dev).unwrap();
+        let b = Tensor::rand(-1.0, 1.0, &[k, 128], 6, &dev).unwrap();
+        let before = ctx.activity().dispatches;
+        let got = a.t().unwrap().matmul(&b).unwrap();
+        assert_eq!(ctx.activity().dispatches - before, want, "128 x {k} x 128 on one tile");
+        let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
+        assert_close(
+            &vals(&got),
+            &vals(&cpu(&a).t().unwrap().matmul(&cpu(&b)).unwrap()),
+            REDUCE_TOL,
+            &format!("k {k}"),
+        );
+    }
+}
+
+/// Sums, extremes and argmax down columns (the kept axes' values side by side, the reduced
+/// axes' apart: a bias's gradient) go in chunks of up to 256 rows, one invocation per column and
+/// chunk, then a sum of the chunks: they match the Cpu for ragged chunks, for axes that merge
+/// into one run, for a column of ties (argmax keeps the first) and for NaNs in two chunks (max and
+/// min are NaN, argmax the first NaN's row).
+#[test]
+fn column_reductions_in_chunks_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut x = Tensor::rand(-2.0, 2.0, &[1000, 37], 8, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
+    for r in 0..1000 {
+        x[r * 37 + 3] = 0.5;
+    }
+    // Rows 300 and 950: more than 256 apart, so in two chunks whatever their length.
+    x[300 * 37 + 5] = f32::NAN;
+    x[950 * 37 + 5] = f32::NAN;
+    let first = x.clone();
+    let cases: Vec<(Vec<f32>, Vec<usize>, Vec<isize>)> = vec![
+        (x, vec![1000, 37], vec![0]),
+        (
+            Tensor::rand(-2.0, 2.0, &[4, 700, 15], 9, &Device::Cpu).unwrap().to_vec::<f32>().unwrap(),
+            vec![4, 700, 15],
+            vec![0, 1],
+        ),
+        (
+            Tensor::rand(-2.0, 2.0, &[2049, 2, 3], 10, &Device::Cpu).unwrap().to_vec::<f32>().unwrap(),
+            vec![2049, 2, 3],
+            vec![0],
+        ),
+    ];
+    for (data, shape, axes) in cases {
+        let (cpu, gpu_t) = common::pair(&data, &shape, &Device::Cpu, &g).unwrap();
+        for (name, f) in [
+            ("sum", (|x: &Tensor, a: &[isize]| x.sum(a, false)) as fn(&Tensor, &[isize]) -> Result<Tensor>),
+            ("max", |x, a| x.max(a, false)),
+            ("min", |x, a| x.min(a, false)),
+        ] {
+            let (want, got) = (f(&cpu, &axes).unwrap(), f(&gpu_t, &axes).unwrap());
+            assert_eq!(got.dims(), want.dims());
+            assert_close(&vals(&got), &vals(&want), REDUCE_TOL, &format!("{name} {shape:?} axes {axes:?}"));
+        }
+        let want = cpu.argmax(axes[axes.len() - 1], false).unwrap().to_vec::<u32>().unwrap();
+        let got = gpu_t.argmax(axes[axes.len() - 1], false).unwrap().to_vec::<u32>().unwrap();
+        assert_eq!(got, want, "argmax {shape:?}");
+    }
+    // What the Cpu gave is itself right: ties keep the first row, NaN wins from its first row.
+    let t = Tensor::from_slice(&first, &[1000, 37], &g).unwrap();
+    let arg = t.argmax(0, false).unwrap().to_vec::<u32>().unwrap();
+    assert_eq!((arg[3], arg[5]), (0, 300));
+    let (max, min) = (vals(&t.max(&[0], false).unwrap()), vals(&t.min(&[0], false).unwrap()));
+    assert!(max[5].is_nan() && min[5].is_nan() && max[4].is_finite() && min[6].is_finite());
+}
+
 /// A stack of rows times one matrix is one product of all the rows; more row tiles than one
 /// dispatch may have along y (65,535 of 64 rows for the tiled kernel) run as several products,
 /// each written into its rows of the output.

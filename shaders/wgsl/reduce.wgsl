@@ -12,8 +12,11 @@
 // of the length rather than the length, a long run is spread over many workgroups, and every
 // loop stays far below llvmpipe's budget (it silently stops all loops of an invocation after
 // 65,535 iterations in total; a one-workgroup reduction of 8M elements used to hit it).
-// `main_small` (short runs, and on a software adapter runs up to 1,024 with many outputs, where
-// `main`'s barriers are context switches): one invocation per output element walks its run alone.
+// `main_small` (short runs, runs down columns, and on a software adapter runs up to 1,024 with
+// many outputs, where `main`'s barriers are context switches): one invocation per (output, chunk)
+// pair walks its chunk alone, writing the same [n_out, n_chunks] partials; the host gives it
+// short chunks of columns (where the outputs lie side by side in memory and the runs' values
+// do not) and runs of one chunk otherwise.
 //
 // The host splices in the initial value and `combine` (of `acc`, `ai`, `v`, `vi`), which define
 // the reduction. max, min and argmax propagate NaN (tested on the bits: WGSL may assume there is
@@ -99,17 +102,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 @compute @workgroup_size(256)
 fn main_small(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    for (var o = linear_id(gid, nwg); o < info[0]; o = o + grid_size(nwg)) {
+    // Invocation j takes output j % n_out and chunk j / n_out: neighbours take neighbouring
+    // outputs, so a sum down columns reads adjacent values side by side.
+    for (var j = linear_id(gid, nwg); j < info[0] * info[6]; j = j + grid_size(nwg)) {
+        let o = j % info[0];
+        let c = j / info[0];
         let base = base_of(o);
+        let start = c * info[5];
+        let end = start + min(info[5], info[1] - start);
         var acc = {{INIT}};
         var ai = NO_INDEX;
-        for (var r = 0u; r < info[1]; r = r + 1u) {
+        for (var r = start; r < end; r = r + 1u) {
             let off = offset_of(base, r);
             let p = combine(acc, ai, x_buf[off], index_at(off, r));
             acc = p.v;
             ai = p.i;
         }
-        out_v[o] = acc;
-        store_index(o, ai);
+        out_v[o * info[6] + c] = acc;
+        store_index(o * info[6] + c, ai);
     }
 }

@@ -77,7 +77,22 @@ pub struct GpuContext {
     errors: Arc<Mutex<Vec<String>>>,
     /// A matmul variant forced on this device (tests, benchmarks); `None`: the autotuner's choice.
     matmul: Mutex<Option<super::matmul::MatmulVariant>>,
+    /// See [`GpuContext::parallel_width`] (counted once: the thread count is a system call).
+    parallel_width: AtomicUsize,
 }
+
+/// [`GpuContext::parallel_width`] of an adapter of this type.
+fn parallel_width(device_type: wgpu::DeviceType) -> usize {
+    if device_type != wgpu::DeviceType::Cpu {
+        return HARDWARE_WIDTH;
+    }
+    let threads = std::env::var("LP_NUM_THREADS").ok().and_then(|t| t.trim().parse::<usize>().ok());
+    threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1)
+}
+
+/// [`GpuContext::parallel_width`] of a hardware GPU: about as many workgroups as today's large
+/// GPUs have compute units (an H100 has 132), several rounds for small ones.
+pub const HARDWARE_WIDTH: usize = 128;
 
 static ORDINALS: AtomicUsize = AtomicUsize::new(0);
 
@@ -115,6 +130,7 @@ impl GpuContext {
             pending: Mutex::default(),
             errors,
             matmul: Mutex::default(),
+            parallel_width: AtomicUsize::new(parallel_width(adapter.get_info().device_type)),
         })
     }
 
@@ -302,6 +318,30 @@ impl GpuContext {
     /// a barrier switches between invocations, so some kernels pick other entry points there.
     pub(crate) fn is_software(&self) -> bool {
         self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// The workgroups this adapter runs at once, as weft reckons it: on an adapter that runs on
+    /// the CPU its threads, one a core (for lavapipe, unless `LP_NUM_THREADS` says otherwise); on a GPU
+    /// [`HARDWARE_WIDTH`], since wgpu does not tell how many compute units it has. A product
+    /// whose output is fewer tiles than this cuts its K into slices (see `matmul.rs`).
+    ///
+    /// ```no_run
+    /// # fn main() -> weft_core::Result<()> {
+    /// let dev = weft_core::Device::gpu(0)?;
+    /// if let weft_core::Device::Gpu(ctx) = &dev {
+    ///     assert!(ctx.parallel_width() >= 1);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn parallel_width(&self) -> usize {
+        self.parallel_width.load(Ordering::Relaxed)
+    }
+
+    /// Reckon this device `width` workgroups wide (at least 1) from now on; for tests, which
+    /// split products on lavapipe as on an adapter of that many cores.
+    pub fn force_parallel_width(&self, width: usize) {
+        self.parallel_width.store(width.max(1), Ordering::Relaxed);
     }
 
     /// A grid of `groups` workgroups, spread over x and y when x alone would exceed the limit.

@@ -9,6 +9,7 @@
 //! than 64 rows only.
 
 use super::{GpuContext, GpuStorage};
+use crate::layout::Dims;
 use crate::{DType, Error, Layout, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -175,7 +176,7 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
         } else {
             (la.narrow(r - 1, start, len)?, lb.narrow(r - 2, start, len)?)
         };
-        let part = run(a, &pa, b, &pb, choose(&ranked, &pa, &pb))?;
+        let part = run_split(a, &pa, b, &pb, choose(&ranked, &pa, &pb))?;
         sum = Some(match sum {
             None => part,
             Some(acc) => {
@@ -191,6 +192,62 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
 fn out_shape(la: &Layout, lb: &Layout) -> Vec<usize> {
     let r = la.rank();
     la.shape()[..r - 1].iter().copied().chain([lb.shape()[r - 1]]).collect()
+}
+
+/// Each slice of K a split product gives a workgroup is at least this long: its loop over K
+/// stays long beside the tile it writes, which the slices' sum then reads once more.
+const MIN_SLICE: usize = 128;
+
+/// Run `v`, its K cut into slices when the output's tiles alone would leave the adapter idle.
+///
+/// A weight's gradient is a small output over a long K (128 x 128 summed over a batch of 2,048
+/// tokens is one tile of `direct16x16` and four of `tiled`): one workgroup, so one of lavapipe's
+/// threads or one of a GPU's hundred cores, loops over all of K. Split, the slices are an extra
+/// batch axis of the same kernel (A's `[m, k]` viewed as `[s, m, len]`, B's `[k, n]` as
+/// `[s, len, n]`), and one reduction sums the `s` partial products. The slice count is one that
+/// divides K where one of at least half the most useful count does; otherwise the values the
+/// slices leave are one more product, added. (So the order of a product's sums, and its last
+/// bits, follow the adapter's width.)
+fn run_split(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVariant) -> Result<GpuStorage> {
+    let r = la.rank();
+    let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
+    let nb: usize = la.shape()[..r - 2].iter().product();
+    let tiles = nb * m.div_ceil(v.tile_m) * n.div_ceil(v.tile_n);
+    let most = a.ctx.parallel_width().div_ceil(tiles.max(1)).min(k / MIN_SLICE);
+    if tiles == 0 || most < 2 || r - 2 >= MAX_BATCH_RANK {
+        return run(a, la, b, lb, v);
+    }
+    // A vec4 kernel reads K four at a time from aligned offsets: slices of a multiple of 4.
+    let whole = |s: usize| k.is_multiple_of(s) && (!v.vec4 || (k / s).is_multiple_of(4));
+    let slices = (most.div_ceil(2).max(2)..=most).rev().find(|&s| whole(s)).unwrap_or(most);
+    let len = if v.vec4 { k / slices / 4 * 4 } else { k / slices };
+    let sliced = |l: &Layout, k_axis: usize| -> Layout {
+        let mut shape: Dims = l.shape().into();
+        let mut strides: Dims = l.strides().into();
+        let step = strides[k_axis] * len;
+        shape[k_axis] = len;
+        shape.insert(r - 2, slices);
+        strides.insert(r - 2, step);
+        Layout::new(shape, strides, l.offset())
+    };
+    let (sa, sb) = (sliced(la, r - 1), sliced(lb, r - 2));
+    let partials = run(a, &sa, b, &sb, fitting(v, &sa, &sb))?;
+    let mut shape = out_shape(la, lb);
+    shape.insert(r - 2, slices);
+    let sum = super::reduce(crate::ops::ReduceOp::Sum, &partials, &Layout::contiguous(&shape), &[r - 2])?;
+    let done = slices * len;
+    if done == k {
+        return Ok(sum);
+    }
+    let (ra, rb) = (la.narrow(r - 1, done, k - done)?, lb.narrow(r - 2, done, k - done)?);
+    let rest = run(a, &ra, b, &rb, fitting(v, &ra, &rb))?;
+    let l = Layout::contiguous(&out_shape(la, lb));
+    super::binary(crate::ops::BinaryOp::Add, &sum, &l, &rest, &l)
+}
+
+/// `v`, or the plain tiled kernel where `v` reads vec4 and these layouts do not allow it.
+fn fitting(v: MatmulVariant, la: &Layout, lb: &Layout) -> MatmulVariant {
+    if v.vec4 && !vec4_ok(la, lb) { MATMUL_VARIANTS[0] } else { v }
 }
 
 /// Run one variant.

@@ -11,7 +11,7 @@ mod matmul;
 mod pool;
 mod rows;
 
-pub use context::{Activity, GpuContext};
+pub use context::{Activity, GpuContext, HARDWARE_WIDTH};
 pub(crate) use conv::{conv2d, pool2d, pool2d_grad};
 pub(crate) use elementwise::{add_unary, binary, cast, copy_into, fill, rand_uniform, unary, unary_grad, where_cond};
 pub(crate) use index::{gather, index_add, index_check, index_select, scatter_add};
