@@ -113,6 +113,46 @@ impl Storage {
         })
     }
 
+    /// One LSTM cell step (see [`Tensor::lstm_cell`](crate::Tensor::lstm_cell)): `h` and the new
+    /// state, `[rows, 2, u]`, from `self` (the gates' pre-activations `z`, `[rows, 4u]`) and the
+    /// state `c` (`[rows, u]`).
+    pub fn lstm_cell(&self, lz: &Layout, c: &Storage, lc: &Layout) -> Result<Storage> {
+        Ok(match (self, c) {
+            (Storage::Cpu(z), Storage::Cpu(c)) => Storage::Cpu(cpu::lstm_cell(z, lz, c, lc)?),
+            (Storage::Gpu(z), Storage::Gpu(c)) => {
+                gpu::check_layout("lstm_cell", lz)?;
+                gpu::check_layout("lstm_cell", lc)?;
+                Storage::Gpu(gpu::lstm_cell(z, lz, c, lc)?.inherit(&[z, c]))
+            }
+            (Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("lstm_cell", self, c)),
+        })
+    }
+
+    /// The backward of [`lstm_cell`](Storage::lstm_cell): the gradients of `z` and `c` side by
+    /// side, `[rows, 5u]`, from `self` (`z`), `c` and the output's gradient `g` (`[rows, 2, u]`).
+    pub fn lstm_cell_grad(
+        &self,
+        lz: &Layout,
+        (c, lc): (&Storage, &Layout),
+        (g, lg): (&Storage, &Layout),
+    ) -> Result<Storage> {
+        Ok(match (self, c, g) {
+            (Storage::Cpu(z), Storage::Cpu(c), Storage::Cpu(g)) => {
+                Storage::Cpu(cpu::lstm_cell_grad((z, lz), (c, lc), (g, lg))?)
+            }
+            (Storage::Gpu(z), Storage::Gpu(c), Storage::Gpu(g)) => {
+                gpu::check_layout("lstm_cell", lg)?;
+                Storage::Gpu(gpu::lstm_cell_grad((z, lz), (c, lc), (g, lg))?.inherit(&[z, c, g]))
+            }
+            (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => {
+                let other = if std::mem::discriminant(self) != std::mem::discriminant(c) { c } else { g };
+                return Err(mismatch("lstm_cell", self, other));
+            }
+        })
+    }
+
     /// `mask != 0 ? a : b`; `self` is the mask.
     pub fn where_cond(&self, lm: &Layout, a: &Storage, la: &Layout, b: &Storage, lb: &Layout) -> Result<Storage> {
         Ok(match (self, a, b) {

@@ -473,6 +473,80 @@ fn products_over_a_long_k_are_split_and_match_cpu() {
     }
 }
 
+/// An LSTM cell step: `(h, c')` from the gates' pre-activations and the state.
+type Cell = dyn Fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>;
+
+/// One LSTM cell step (`Tensor::lstm_cell`) and its backward on a GPU: h, c' and the gradients of
+/// z and c match the Cpu's for contiguous inputs and for views (z transposed, c narrowed out of a
+/// wider tensor), over shapes of 1, 7 and 129 rows; a NaN gate stays in its unit; the step is one
+/// dispatch, and its backward far fewer than the tensor ops' (fails without the kernels).
+#[test]
+fn lstm_cell_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let composed = |z: &Tensor, c: &Tensor| -> Result<(Tensor, Tensor)> {
+        let u = c.dims()[1];
+        let gate = |k: usize| z.narrow(-1, k * u, u);
+        let c2 = gate(1)?.sigmoid()?.mul(c)?.add(&gate(0)?.sigmoid()?.mul(&gate(2)?.tanh()?)?)?;
+        Ok((gate(3)?.sigmoid()?.mul(&c2.tanh()?)?, c2))
+    };
+    // Outputs and gradients of a weighted loss over h and c', by `cell` on `dev`.
+    let run = |rows: usize, u: usize, views: bool, dev: &Device, cell: &Cell| {
+        let mut zd = Tensor::rand(-4.0, 4.0, &[rows, 4 * u], 1, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
+        zd[0] = f32::NAN;
+        // With `views`, z is transposed from [4u, rows] and c narrowed out of [rows, u + 2]: the
+        // gradients are of those tensors, so the cell itself is fed the views.
+        let (zs, cs) = if views { ([4 * u, rows], [rows, u + 2]) } else { ([rows, 4 * u], [rows, u]) };
+        let zv = weft_core::Var::new(Tensor::from_slice(&zd, &zs, dev).unwrap()).unwrap();
+        let cv = weft_core::Var::new(Tensor::rand(-2.0, 2.0, &cs, 2, &Device::Cpu).unwrap().to_device(dev).unwrap())
+            .unwrap();
+        let (z, c) = if views {
+            (zv.as_tensor().t().unwrap(), cv.as_tensor().narrow(1, 1, u).unwrap())
+        } else {
+            (zv.as_tensor().clone(), cv.as_tensor().clone())
+        };
+        let (h, c2) = cell(&z, &c).unwrap();
+        let w = |s: u64| Tensor::rand(-1.0, 1.0, &[rows, u], s, &Device::Cpu).unwrap().to_device(dev).unwrap();
+        let loss = h.mul(&w(3)).unwrap().sum_all().unwrap().add(&c2.mul(&w(4)).unwrap().sum_all().unwrap()).unwrap();
+        let grads = loss.backward().unwrap();
+        [h, c2, grads.get(&zv).unwrap().clone(), grads.get(&cv).unwrap().clone()].map(|t| vals(&t))
+    };
+    let fused = |z: &Tensor, c: &Tensor| Tensor::lstm_cell(z, c);
+    for rows in [1, 7, 129] {
+        for u in [1, 5, 33] {
+            for views in [false, true] {
+                let want = run(rows, u, views, &Device::Cpu, &fused);
+                let got = run(rows, u, views, &g, &fused);
+                for (name, (gt, w)) in ["h", "c'", "dz", "dc"].iter().zip(got.iter().zip(&want)) {
+                    assert_close(gt, w, REDUCE_TOL, &format!("{name} rows {rows} u {u} views {views}"));
+                }
+                // zd[0] is z[0, 0] either way, row 0's input gate for unit 0: NaN there and
+                // nowhere else in h.
+                assert!(got[0][0].is_nan() && got[0][1..].iter().all(|v| v.is_finite()), "rows {rows} u {u}");
+            }
+        }
+    }
+    // Dispatches, on a device of its own.
+    let Device::Gpu(first) = &g else { unreachable!("a GPU device") };
+    let dev = Device::gpu(first.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &dev else { unreachable!("a GPU device") };
+    let z = Tensor::rand(-4.0, 4.0, &[8, 32], 1, &dev).unwrap();
+    let c = Tensor::rand(-2.0, 2.0, &[8, 8], 2, &dev).unwrap();
+    let before = ctx.activity().dispatches;
+    let _ = Tensor::lstm_cell(&z, &c).unwrap();
+    assert_eq!(ctx.activity().dispatches - before, 1, "the step forward");
+    let backward = |cell: &Cell| {
+        let (zv, cv) = (weft_core::Var::new(z.clone()).unwrap(), weft_core::Var::new(c.clone()).unwrap());
+        let (h, c2) = cell(zv.as_tensor(), cv.as_tensor()).unwrap();
+        let loss = h.sum_all().unwrap().add(&c2.sum_all().unwrap()).unwrap();
+        let before = ctx.activity().dispatches;
+        loss.backward().unwrap();
+        ctx.activity().dispatches - before
+    };
+    let (one, many) = (backward(&fused), backward(&composed));
+    eprintln!("lstm cell backward: {one} dispatches fused, {many} composed");
+    assert!(one * 2 < many, "the step backward: {one} dispatches, the tensor ops {many}");
+}
+
 /// Sums, extremes and argmax down columns (the kept axes' values side by side, the reduced
 /// axes' apart: a bias's gradient) go in chunks of up to 256 rows, one invocation per column and
 /// chunk, then a sum of the chunks: they match the Cpu for ragged chunks, for axes that merge

@@ -188,6 +188,12 @@ fn nn_ops() {
     check("dropout", &[&[4, 4]], &|x| x[0].dropout(0.25, 99, true));
     let labels = |dev: &Device| Tensor::from_slice(&[2u32, 0, 4], &[3], dev);
     check("cross_entropy", &[&[3, 5]], &|x| Tensor::cross_entropy(&x[0], &labels(&Device::Cpu)?));
+    // h and c' both reach the loss: every term of the backward is checked.
+    let lstm = |x: &[Tensor]| -> Result<Tensor> {
+        let (h, c) = Tensor::lstm_cell(&x[0], &x[1])?;
+        Tensor::concat(&[h, c], 1)
+    };
+    check("lstm_cell", &[&[2, 12], &[2, 3]], &lstm);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use weft_core::{Device, Tensor};
 use weft_nn::layers::{Dense, Embedding, GRU, LSTM, SimpleRNN};
 use weft_nn::optim::Adam;
-use weft_nn::{Ctx, FitOptions, Functional, Layer, Loss, Metric, Model};
+use weft_nn::{Activation, Ctx, FitOptions, Functional, Layer, Loss, Metric, Model};
 
 /// ids -> embedding (mask_zero) -> the recurrent layer, its mask followed.
 fn encode(emb: &Embedding, rnn: &dyn Layer, ids: &Tensor) -> Vec<f32> {
@@ -117,4 +117,44 @@ fn bidirectional_names_and_empty_sequences() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("bi/forward_lstm") && e.contains("[2, 0, 4]"), "{e}");
+}
+
+/// An LSTM step by step from tensor ops, with the layer's own variables and activations: the
+/// reference for both of the layer's paths.
+fn lstm_by_hand(layer: &dyn Layer, x: &Tensor, act: Activation, ract: Activation) -> Tensor {
+    let vars: Vec<Tensor> = layer.variables().into_iter().map(|(_, v)| v.as_tensor().clone()).collect();
+    let (kernel, recurrent, bias) = (&vars[0], &vars[1], &vars[2]);
+    let (b, steps, u) = (x.dims()[0], x.dims()[1], recurrent.dims()[0]);
+    let mut h = Tensor::zeros(&[b, u], x.device()).unwrap();
+    let mut c = h.clone();
+    for t in 0..steps {
+        let xt = x.narrow(1, t, 1).unwrap().squeeze(1).unwrap();
+        let z = xt.matmul(kernel).unwrap().add(bias).unwrap().add(&h.matmul(recurrent).unwrap()).unwrap();
+        let gate = |k: usize, a: Activation| a.apply(&z.narrow(1, k * u, u).unwrap()).unwrap();
+        let (i, f, g, o) = (gate(0, ract), gate(1, ract), gate(2, act), gate(3, ract));
+        c = f.mul(&c).unwrap().add(&i.mul(&g).unwrap()).unwrap();
+        h = o.mul(&act.apply(&c).unwrap()).unwrap();
+    }
+    h
+}
+
+/// The LSTM's one-op step (Keras' default activations) and its tensor-op steps (any others) both
+/// follow the definition, outputs and the input's gradient: the fused path is checked against
+/// an independent loop, and the other path keeps a test of its own.
+#[test]
+fn an_lstm_follows_its_definition_with_any_activations() {
+    let x0 = Tensor::rand(-1.0, 1.0, &[2, 4, 5], 3, &Device::Cpu).unwrap();
+    for (act, ract) in [(Activation::Tanh, Activation::Sigmoid), (Activation::Relu, Activation::HardSigmoid)] {
+        let layer = LSTM::new(3).activation(act).recurrent_activation(ract);
+        let x = weft_core::Var::new(x0.clone()).unwrap();
+        let y = layer.call(x.as_tensor(), &mut Ctx::inference()).unwrap();
+        let x2 = weft_core::Var::new(x0.clone()).unwrap();
+        let want = lstm_by_hand(&layer, x2.as_tensor(), act, ract);
+        let what = format!("{act:?}/{ract:?}");
+        let (got, w) = (y.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        assert!(got.iter().zip(&w).all(|(a, b)| (a - b).abs() < 1e-5), "{what}: {got:?} vs {w:?}");
+        let dx = y.sum_all().unwrap().backward().unwrap().get(&x).unwrap().to_vec::<f32>().unwrap();
+        let dw = want.sum_all().unwrap().backward().unwrap().get(&x2).unwrap().to_vec::<f32>().unwrap();
+        assert!(dx.iter().zip(&dw).all(|(a, b)| (a - b).abs() < 1e-5), "{what}: dx {dx:?} vs {dw:?}");
+    }
 }

@@ -36,6 +36,12 @@ pub const LAYER_NORM: &str = include_str!("../wgsl/layer_norm.wgsl");
 pub const ROW_STATS: &str = include_str!("../wgsl/row_stats.wgsl");
 /// Layer norm's backward (the input's gradient and `g * xhat`).
 pub const LAYER_NORM_GRAD: &str = include_str!("../wgsl/layer_norm_grad.wgsl");
+/// One LSTM cell step (h and the new state from the gates' pre-activations and the state).
+pub const LSTM_CELL: &str = include_str!("../wgsl/lstm_cell.wgsl");
+/// The LSTM cell step's backward (the gradients of the pre-activations and of the state).
+pub const LSTM_CELL_GRAD: &str = include_str!("../wgsl/lstm_cell_grad.wgsl");
+/// An LSTM unit's four gates and state (with LSTM_CELL and LSTM_CELL_GRAD).
+pub const LSTM_GATES: &str = include_str!("../wgsl/lstm_gates.wgsl");
 /// Tiled batched matmul.
 pub const MATMUL: &str = include_str!("../wgsl/matmul.wgsl");
 /// index_select and gather.
@@ -349,6 +355,8 @@ pub fn source(name: &str) -> Option<String> {
         "rand" if variant.is_empty() => RAND.to_string(),
         "layer_norm" if variant.is_empty() => format!("{LAYER_NORM}\n{ROW_STATS}"),
         "layer_norm_grad" if variant.is_empty() => format!("{LAYER_NORM_GRAD}\n{ROW_STATS}"),
+        "lstm_cell" if variant.is_empty() => format!("{LSTM_CELL}\n{LSTM_GATES}"),
+        "lstm_cell_grad" if variant.is_empty() => format!("{LSTM_CELL_GRAD}\n{LSTM_GATES}"),
         "matmul" if variant == "tiled" => MATMUL.to_string(),
         "matmul" if variant == "tiled_vec4" => MATMUL_VEC4.to_string(),
         "matmul" => {
@@ -408,6 +416,8 @@ pub fn all_kernels() -> Vec<String> {
             "rand",
             "layer_norm",
             "layer_norm_grad",
+            "lstm_cell",
+            "lstm_cell_grad",
             "index",
             "index_add",
             "fma_peak",

@@ -17,6 +17,7 @@ mod fma_peak;
 mod gemm_engine;
 mod gemm_pack;
 mod index;
+mod lstm;
 mod matmul;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod matmul_adam;
@@ -44,6 +45,7 @@ pub use dense_grads_product::act_bias_grads_of_product;
 pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, unary_grad, where_cond};
 pub(crate) use fma_peak::fma_peak;
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
+pub use lstm::{lstm_cell, lstm_cell_grad};
 pub use matmul::{matmul, matmul_add_unary};
 pub use norm::{layer_norm, softmax};
 pub use norm_grad::layer_norm_grad;

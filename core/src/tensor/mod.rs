@@ -13,6 +13,7 @@ mod host;
 mod index;
 mod linalg;
 mod nn;
+mod recurrent;
 mod reduce;
 mod to_index;
 mod views;

@@ -1,6 +1,7 @@
 //! Recurrent layers: SimpleRNN, GRU and LSTM, run step by step over the time axis of
-//! `[batch, time, features]`, each step built from matmuls and activations (so the gradient
-//! flows back through time by the same autograd as everything else).
+//! `[batch, time, features]`, each step built from matmuls and activations, an LSTM's gates and
+//! state update with Keras' default activations as one op (`Tensor::lstm_cell`); the gradient
+//! flows back through time by the same autograd as everything else.
 
 use crate::penalty::{Penalties, penalty_options};
 use crate::split::SplitRule;
@@ -171,6 +172,11 @@ impl Recurrent {
             };
             let (h_new, c_new) = match self.cell {
                 Cell::Simple => (act.apply(&xt.add(&hd.matmul(recurrent)?)?)?, None),
+                // Keras' default activations: one op each way (Tensor::lstm_cell).
+                Cell::Lstm { .. } if (act, ract) == (Activation::Tanh, Activation::Sigmoid) => {
+                    let (h, c_new) = Tensor::lstm_cell(&xt.add(&hd.matmul(recurrent)?)?, &c)?;
+                    (h, Some(c_new))
+                }
                 Cell::Lstm { .. } => {
                     let z = xt.add(&hd.matmul(recurrent)?)?;
                     let (i, f) = (ract.apply(&gate(&z, 0)?)?, ract.apply(&gate(&z, 1)?)?);
