@@ -1,5 +1,5 @@
-//! Two text classifiers a user brings, beyond the MLP and CNN: an LSTM (Embedding 5000x64,
-//! LSTM 128, Dense 2; batch 64 of 64 tokens) and a small transformer encoder (Embedding 5000x128,
+//! Text classifiers a user brings, beyond the MLP and CNN: an LSTM and a GRU (Embedding 5000x64,
+//! LSTM or GRU 128, Dense 2; batch 64 of 64 tokens) and a small transformer encoder (Embedding 5000x128,
 //! two pre-norm blocks of 4 heads x 32 and an MLP of 256, mean over time, Dense 2; batch 32 of 64
 //! tokens), Adam, softmax cross-entropy on logits: training steps/s and inference samples/s, on
 //! every device found. `benches/peers/text_keras.py` builds the same models in Keras:
@@ -8,7 +8,7 @@
 mod common;
 
 use std::time::Duration;
-use weft::nn::layers::{Dense, Embedding, GlobalAveragePooling1D, LSTM, TransformerBlock};
+use weft::nn::layers::{Dense, Embedding, GRU, GlobalAveragePooling1D, LSTM, TransformerBlock};
 use weft::nn::optim::Adam;
 use weft::nn::{Loss, Model, Sequential};
 use weft::prelude::*;
@@ -22,6 +22,8 @@ fn main() -> Result<()> {
     for dev in common::devices() {
         let lstm = Sequential::new().add(Embedding::new(VOCAB, 64)).add(LSTM::new(128)).add(Dense::new(2));
         measure("text_lstm", lstm, 64, &dev)?;
+        let gru = Sequential::new().add(Embedding::new(VOCAB, 64)).add(GRU::new(128)).add(Dense::new(2));
+        measure("text_gru", gru, 64, &dev)?;
         let mut encoder = Sequential::new().add(Embedding::new(VOCAB, 128));
         for _ in 0..2 {
             encoder = encoder.add(TransformerBlock::new(4, 32, 256));

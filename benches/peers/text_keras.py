@@ -1,5 +1,5 @@
 """The text classifiers of `cargo bench --bench text_models` in Keras 3 on JAX, on the CPU:
-an LSTM (Embedding 5000x64, LSTM 128, Dense 2; batch 64 of 64 tokens) and a small transformer
+an LSTM and a GRU (Embedding 5000x64, LSTM or GRU 128, Dense 2; batch 64 of 64 tokens) and a small transformer
 encoder (Embedding 5000x128, two pre-norm blocks: LayerNorm, 4 heads x 32 self-attention,
 residual, LayerNorm, Dense 256 tanh-GELU, Dense 128, residual; mean over time, Dense 2; batch 32
 of 64 tokens). Softmax cross-entropy on logits, Adam 1e-3, the same token ids as the weft bench.
@@ -33,6 +33,7 @@ def tokens(rows):
 
 
 lstm = keras.Sequential([keras.Input((LEN,), dtype="int32"), L.Embedding(VOCAB, 64), L.LSTM(128), L.Dense(2)])
-for name, m, b in [("text_lstm", lstm, 64), ("text_transformer", transformer(), 32)]:
+gru = keras.Sequential([keras.Input((LEN,), dtype="int32"), L.Embedding(VOCAB, 64), L.GRU(128), L.Dense(2)])
+for name, m, b in [("text_lstm", lstm, 64), ("text_gru", gru, 64), ("text_transformer", transformer(), 32)]:
     y = (np.arange(b * STEPS) % 2).astype(np.int32)
     measure(name, f"b{b}x{LEN}", compiled(m), np.tile(tokens(b), (STEPS, 1)), y, b, tokens(4 * b))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# weft's text classifiers on the Cpu (cargo bench --bench text_models: an LSTM and a small
+# weft's text classifiers on the Cpu (cargo bench --bench text_models: an LSTM, a GRU and a small
 # transformer encoder) against the same models in Keras 3 on JAX (benches/peers/text_keras.py);
 # see keras_side.sh.
 #

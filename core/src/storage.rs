@@ -22,6 +22,12 @@ pub enum Storage {
     Meta,
 }
 
+/// The first of `others` on another kind of device than `s` (the last when none is: two GPUs).
+fn first_other<'a>(s: &Storage, others: &[&'a Storage]) -> &'a Storage {
+    let kind = std::mem::discriminant(s);
+    others.iter().find(|o| std::mem::discriminant(**o) != kind).unwrap_or(&others[others.len() - 1])
+}
+
 fn mismatch(op: &'static str, a: &Storage, b: &Storage) -> Error {
     let name = |s: &Storage| match s {
         Storage::Cpu(_) => "cpu".to_string(),
@@ -146,10 +152,53 @@ impl Storage {
                 Storage::Gpu(gpu::lstm_cell_grad((z, lz), (c, lc), (g, lg))?.inherit(&[z, c, g]))
             }
             (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
-            _ => {
-                let other = if std::mem::discriminant(self) != std::mem::discriminant(c) { c } else { g };
-                return Err(mismatch("lstm_cell", self, other));
+            _ => return Err(mismatch("lstm_cell", self, first_other(self, &[c, g]))),
+        })
+    }
+
+    /// One GRU cell step (see [`Tensor::gru_cell`](crate::Tensor::gru_cell)): the new state,
+    /// `[rows, u]`, from `self` (the gates' input share `x`, `[rows, 3u]`), the state's share `hr`
+    /// (`[rows, 3u]`) and the state `h` (`[rows, u]`).
+    pub fn gru_cell(
+        &self,
+        lx: &Layout,
+        (hr, lr): (&Storage, &Layout),
+        (h, lh): (&Storage, &Layout),
+    ) -> Result<Storage> {
+        Ok(match (self, hr, h) {
+            (Storage::Cpu(x), Storage::Cpu(r), Storage::Cpu(h)) => {
+                Storage::Cpu(cpu::gru_cell((x, lx), (r, lr), (h, lh))?)
             }
+            (Storage::Gpu(x), Storage::Gpu(r), Storage::Gpu(h)) => {
+                for l in [lx, lr, lh] {
+                    gpu::check_layout("gru_cell", l)?;
+                }
+                Storage::Gpu(gpu::gru_cell((x, lx), (r, lr), (h, lh))?.inherit(&[x, r, h]))
+            }
+            (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("gru_cell", self, first_other(self, &[hr, h]))),
+        })
+    }
+
+    /// The backward of [`gru_cell`](Storage::gru_cell): the gradients of `x`, `hr` and `h` side by
+    /// side, `[rows, 7u]`, from the same inputs and the new state's gradient `g` (`[rows, u]`).
+    pub fn gru_cell_grad(
+        &self,
+        lx: &Layout,
+        (hr, lr): (&Storage, &Layout),
+        (h, lh): (&Storage, &Layout),
+        (g, lg): (&Storage, &Layout),
+    ) -> Result<Storage> {
+        Ok(match (self, hr, h, g) {
+            (Storage::Cpu(x), Storage::Cpu(r), Storage::Cpu(h), Storage::Cpu(g)) => {
+                Storage::Cpu(cpu::gru_cell_grad((x, lx), (r, lr), (h, lh), (g, lg))?)
+            }
+            (Storage::Gpu(x), Storage::Gpu(r), Storage::Gpu(h), Storage::Gpu(g)) => {
+                gpu::check_layout("gru_cell", lg)?;
+                Storage::Gpu(gpu::gru_cell_grad((x, lx), (r, lr), (h, lh), (g, lg))?.inherit(&[x, r, h, g]))
+            }
+            (Storage::Meta, Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("gru_cell", self, first_other(self, &[hr, h, g]))),
         })
     }
 

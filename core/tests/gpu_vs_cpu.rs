@@ -476,6 +476,9 @@ fn products_over_a_long_k_are_split_and_match_cpu() {
 /// An LSTM cell step: `(h, c')` from the gates' pre-activations and the state.
 type Cell = dyn Fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>;
 
+/// A GRU cell step: the new state from the gates' two shares and the state.
+type GruCell = dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
+
 /// One LSTM cell step (`Tensor::lstm_cell`) and its backward on a GPU: h, c' and the gradients of
 /// z and c match the Cpu's for contiguous inputs and for views (z transposed, c narrowed out of a
 /// wider tensor), over shapes of 1, 7 and 129 rows; a NaN gate stays in its unit; the step is one
@@ -483,12 +486,7 @@ type Cell = dyn Fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>;
 #[test]
 fn lstm_cell_matches_cpu() {
     let Some(g) = gpu() else { return };
-    let composed = |z: &Tensor, c: &Tensor| -> Result<(Tensor, Tensor)> {
-        let u = c.dims()[1];
-        let gate = |k: usize| z.narrow(-1, k * u, u);
-        let c2 = gate(1)?.sigmoid()?.mul(c)?.add(&gate(0)?.sigmoid()?.mul(&gate(2)?.tanh()?)?)?;
-        Ok((gate(3)?.sigmoid()?.mul(&c2.tanh()?)?, c2))
-    };
+    let composed = common::lstm_composed;
     // Outputs and gradients of a weighted loss over h and c', by `cell` on `dev`.
     let run = |rows: usize, u: usize, views: bool, dev: &Device, cell: &Cell| {
         let mut zd = Tensor::rand(-4.0, 4.0, &[rows, 4 * u], 1, &Device::Cpu).unwrap().to_vec::<f32>().unwrap();
@@ -544,6 +542,71 @@ fn lstm_cell_matches_cpu() {
     };
     let (one, many) = (backward(&fused), backward(&composed));
     eprintln!("lstm cell backward: {one} dispatches fused, {many} composed");
+    assert!(one * 2 < many, "the step backward: {one} dispatches, the tensor ops {many}");
+}
+
+/// One GRU cell step (`Tensor::gru_cell`) and its backward on a GPU: the new state and the
+/// gradients of x, hr and h match the Cpu's for contiguous inputs and views (x transposed, hr
+/// and h narrowed out of wider tensors), over 1, 7 and 129 rows; the step is one dispatch and its
+/// backward far fewer than the tensor ops' (fails without the kernels).
+#[test]
+fn gru_cell_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let composed = common::gru_composed;
+    let fused = |x: &Tensor, hr: &Tensor, h: &Tensor| Tensor::gru_cell(x, hr, h);
+    // The new state and the gradients of a weighted sum of it, by `cell` on `dev`.
+    let run = |rows: usize, u: usize, views: bool, dev: &Device, cell: &GruCell| -> Vec<Vec<f32>> {
+        let shapes = if views {
+            [vec![3 * u, rows], vec![rows, 3 * u + 2], vec![rows, u + 1]]
+        } else {
+            [vec![rows, 3 * u], vec![rows, 3 * u], vec![rows, u]]
+        };
+        let vars = [0, 1, 2].map(|k| {
+            let t = Tensor::rand(-3.0, 3.0, &shapes[k], k as u64 + 1, &Device::Cpu).unwrap();
+            weft_core::Var::new(t.to_device(dev).unwrap()).unwrap()
+        });
+        let t = |k: usize| vars[k].as_tensor().clone();
+        let (x, hr, h) = if views {
+            (t(0).t().unwrap(), t(1).narrow(1, 1, 3 * u).unwrap(), t(2).narrow(1, 1, u).unwrap())
+        } else {
+            (t(0), t(1), t(2))
+        };
+        let out = cell(&x, &hr, &h).unwrap();
+        let w = Tensor::rand(-1.0, 1.0, &[rows, u], 4, &Device::Cpu).unwrap().to_device(dev).unwrap();
+        let grads = out.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        let mut all = vec![vals(&out)];
+        all.extend(vars.iter().map(|v| vals(grads.get(v).unwrap())));
+        all
+    };
+    for rows in [1, 7, 129] {
+        for u in [1, 5, 33] {
+            for views in [false, true] {
+                let (want, got) = (run(rows, u, views, &Device::Cpu, &fused), run(rows, u, views, &g, &fused));
+                for (name, (gt, w)) in ["h'", "dx", "dhr", "dh"].iter().zip(got.iter().zip(&want)) {
+                    assert_close(gt, w, REDUCE_TOL, &format!("{name} rows {rows} u {u} views {views}"));
+                }
+            }
+        }
+    }
+    let Device::Gpu(first) = &g else { unreachable!("a GPU device") };
+    let dev = Device::gpu(first.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &dev else { unreachable!("a GPU device") };
+    let x = Tensor::rand(-3.0, 3.0, &[8, 24], 1, &dev).unwrap();
+    let hr = Tensor::rand(-3.0, 3.0, &[8, 24], 2, &dev).unwrap();
+    let h = Tensor::rand(-1.0, 1.0, &[8, 8], 3, &dev).unwrap();
+    let before = ctx.activity().dispatches;
+    let _ = Tensor::gru_cell(&x, &hr, &h).unwrap();
+    assert_eq!(ctx.activity().dispatches - before, 1, "the step forward");
+    let backward = |cell: &GruCell| {
+        let vars = [&x, &hr, &h].map(|t| weft_core::Var::new(t.clone()).unwrap());
+        let out = cell(vars[0].as_tensor(), vars[1].as_tensor(), vars[2].as_tensor()).unwrap();
+        let loss = out.sum_all().unwrap();
+        let before = ctx.activity().dispatches;
+        loss.backward().unwrap();
+        ctx.activity().dispatches - before
+    };
+    let (one, many) = (backward(&fused), backward(&composed));
+    eprintln!("gru cell backward: {one} dispatches fused, {many} composed");
     assert!(one * 2 < many, "the step backward: {one} dispatches, the tensor ops {many}");
 }
 

@@ -194,6 +194,7 @@ fn nn_ops() {
         Tensor::concat(&[h, c], 1)
     };
     check("lstm_cell", &[&[2, 12], &[2, 3]], &lstm);
+    check("gru_cell", &[&[2, 9], &[2, 9], &[2, 3]], &|x| Tensor::gru_cell(&x[0], &x[1], &x[2]));
 }
 
 #[test]

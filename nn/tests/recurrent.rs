@@ -119,8 +119,7 @@ fn bidirectional_names_and_empty_sequences() {
     assert!(e.contains("bi/forward_lstm") && e.contains("[2, 0, 4]"), "{e}");
 }
 
-/// An LSTM step by step from tensor ops, with the layer's own variables and activations: the
-/// reference for both of the layer's paths.
+/// An LSTM step by step from tensor ops, with the layer's own variables and activations.
 fn lstm_by_hand(layer: &dyn Layer, x: &Tensor, act: Activation, ract: Activation) -> Tensor {
     let vars: Vec<Tensor> = layer.variables().into_iter().map(|(_, v)| v.as_tensor().clone()).collect();
     let (kernel, recurrent, bias) = (&vars[0], &vars[1], &vars[2]);
@@ -138,23 +137,53 @@ fn lstm_by_hand(layer: &dyn Layer, x: &Tensor, act: Activation, ract: Activation
     h
 }
 
-/// The LSTM's one-op step (Keras' default activations) and its tensor-op steps (any others) both
-/// follow the definition, outputs and the input's gradient: the fused path is checked against
-/// an independent loop, and the other path keeps a test of its own.
-#[test]
-fn an_lstm_follows_its_definition_with_any_activations() {
+/// A GRU (reset after) step by step from tensor ops, with the layer's own variables.
+fn gru_by_hand(layer: &dyn Layer, x: &Tensor, act: Activation, ract: Activation) -> Tensor {
+    let vars: Vec<Tensor> = layer.variables().into_iter().map(|(_, v)| v.as_tensor().clone()).collect();
+    let (kernel, recurrent, bias) = (&vars[0], &vars[1], &vars[2]);
+    let (b, steps, u) = (x.dims()[0], x.dims()[1], recurrent.dims()[0]);
+    let (ib, rb) =
+        (bias.narrow(0, 0, 1).unwrap().squeeze(0).unwrap(), bias.narrow(0, 1, 1).unwrap().squeeze(0).unwrap());
+    let mut h = Tensor::zeros(&[b, u], x.device()).unwrap();
+    for t in 0..steps {
+        let xt = x.narrow(1, t, 1).unwrap().squeeze(1).unwrap().matmul(kernel).unwrap().add(&ib).unwrap();
+        let hr = h.matmul(recurrent).unwrap().add(&rb).unwrap();
+        let gate = |v: &Tensor, k: usize| v.narrow(1, k * u, u).unwrap();
+        let z = ract.apply(&gate(&xt, 0).add(&gate(&hr, 0)).unwrap()).unwrap();
+        let r = ract.apply(&gate(&xt, 1).add(&gate(&hr, 1)).unwrap()).unwrap();
+        let hh = act.apply(&gate(&xt, 2).add(&r.mul(&gate(&hr, 2)).unwrap()).unwrap()).unwrap();
+        h = hh.add(&z.mul(&h.sub(&hh).unwrap()).unwrap()).unwrap();
+    }
+    h
+}
+
+/// A layer's step-by-step definition: the layer (for its variables), the input, the activations.
+type ByHand = fn(&dyn Layer, &Tensor, Activation, Activation) -> Tensor;
+
+/// `layer` (made with these activations) against its step-by-step definition `by_hand`: outputs
+/// and the input's gradient.
+fn follows(make: impl Fn(Activation, Activation) -> Box<dyn Layer>, by_hand: ByHand) {
     let x0 = Tensor::rand(-1.0, 1.0, &[2, 4, 5], 3, &Device::Cpu).unwrap();
     for (act, ract) in [(Activation::Tanh, Activation::Sigmoid), (Activation::Relu, Activation::HardSigmoid)] {
-        let layer = LSTM::new(3).activation(act).recurrent_activation(ract);
+        let layer = make(act, ract);
         let x = weft_core::Var::new(x0.clone()).unwrap();
         let y = layer.call(x.as_tensor(), &mut Ctx::inference()).unwrap();
         let x2 = weft_core::Var::new(x0.clone()).unwrap();
-        let want = lstm_by_hand(&layer, x2.as_tensor(), act, ract);
-        let what = format!("{act:?}/{ract:?}");
+        let want = by_hand(layer.as_ref(), x2.as_tensor(), act, ract);
+        let what = format!("{} {act:?}/{ract:?}", layer.kind());
         let (got, w) = (y.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
         assert!(got.iter().zip(&w).all(|(a, b)| (a - b).abs() < 1e-5), "{what}: {got:?} vs {w:?}");
         let dx = y.sum_all().unwrap().backward().unwrap().get(&x).unwrap().to_vec::<f32>().unwrap();
         let dw = want.sum_all().unwrap().backward().unwrap().get(&x2).unwrap().to_vec::<f32>().unwrap();
         assert!(dx.iter().zip(&dw).all(|(a, b)| (a - b).abs() < 1e-5), "{what}: dx {dx:?} vs {dw:?}");
     }
+}
+
+/// An LSTM's and a GRU's one-op steps (Keras' default activations) and their tensor-op steps
+/// (any others) follow the definition: the fused paths against an independent loop, and the
+/// others keep a test of their own.
+#[test]
+fn recurrent_layers_follow_their_definition_with_any_activations() {
+    follows(|a, r| Box::new(LSTM::new(3).activation(a).recurrent_activation(r)), lstm_by_hand);
+    follows(|a, r| Box::new(GRU::new(3).activation(a).recurrent_activation(r)), gru_by_hand);
 }

@@ -42,6 +42,12 @@ pub const LSTM_CELL: &str = include_str!("../wgsl/lstm_cell.wgsl");
 pub const LSTM_CELL_GRAD: &str = include_str!("../wgsl/lstm_cell_grad.wgsl");
 /// An LSTM unit's four gates and state (with LSTM_CELL and LSTM_CELL_GRAD).
 pub const LSTM_GATES: &str = include_str!("../wgsl/lstm_gates.wgsl");
+/// One GRU cell step (`reset_after`: the new state from the gates' two shares and the state).
+pub const GRU_CELL: &str = include_str!("../wgsl/gru_cell.wgsl");
+/// The GRU cell step's backward (the gradients of both shares and of the state).
+pub const GRU_CELL_GRAD: &str = include_str!("../wgsl/gru_cell_grad.wgsl");
+/// A GRU unit's gates (with GRU_CELL and GRU_CELL_GRAD).
+pub const GRU_GATES: &str = include_str!("../wgsl/gru_gates.wgsl");
 /// Tiled batched matmul.
 pub const MATMUL: &str = include_str!("../wgsl/matmul.wgsl");
 /// index_select and gather.
@@ -355,6 +361,8 @@ pub fn source(name: &str) -> Option<String> {
         "rand" if variant.is_empty() => RAND.to_string(),
         "layer_norm" if variant.is_empty() => format!("{LAYER_NORM}\n{ROW_STATS}"),
         "layer_norm_grad" if variant.is_empty() => format!("{LAYER_NORM_GRAD}\n{ROW_STATS}"),
+        "gru_cell" if variant.is_empty() => format!("{GRU_CELL}\n{GRU_GATES}"),
+        "gru_cell_grad" if variant.is_empty() => format!("{GRU_CELL_GRAD}\n{GRU_GATES}"),
         "lstm_cell" if variant.is_empty() => format!("{LSTM_CELL}\n{LSTM_GATES}"),
         "lstm_cell_grad" if variant.is_empty() => format!("{LSTM_CELL_GRAD}\n{LSTM_GATES}"),
         "matmul" if variant == "tiled" => MATMUL.to_string(),
@@ -416,6 +424,8 @@ pub fn all_kernels() -> Vec<String> {
             "rand",
             "layer_norm",
             "layer_norm_grad",
+            "gru_cell",
+            "gru_cell_grad",
             "lstm_cell",
             "lstm_cell_grad",
             "index",

@@ -5,25 +5,29 @@
 //! and writes the gradients of both in one pass. The arithmetic is lstm_gates.wgsl's, term for
 //! term (sigmoid as `1 / (1 + e^-x)`, weft's `tanh`), so the GPU's kernels follow the Cpu's.
 
-use super::norm::TASK;
-use super::{CpuStorage, f32_storage, strided, try_take};
+use super::share::par_rows;
+use super::{CpuStorage, Rows, f32_storage, strided, try_take};
 use crate::ops::{UnaryOp, tanh};
 use crate::{Layout, Result};
 use std::mem::MaybeUninit;
 
+/// Values a task of a cell's step writes: each costs three or four exponentials, about ten times
+/// a plain elementwise value, so a step of a small layer (64 rows of 128 units) is still shared
+/// over the threads.
+pub(super) const CELL_TASK: usize = 1 << 11;
+
 /// `h` and the new state, `[rows, 2, u]`, from the gates' pre-activations `z` (`[rows, 4u]`,
 /// gates in Keras' order i, f, g, o) and the state `c` (`[rows, u]`), both in any layout.
 pub fn lstm_cell(z: &CpuStorage, lz: &Layout, c: &CpuStorage, lc: &Layout) -> Result<CpuStorage> {
-    let zs = strided(z.f32s("lstm_cell")?, lz)?;
-    let cs = strided(c.f32s("lstm_cell")?, lc)?;
-    let u = lc.shape().last().copied().unwrap_or(0);
-    let mut out = try_take(2 * cs.len())?;
-    rows(&mut out.spare_capacity_mut()[..2 * cs.len()], 2 * u, |r, o| {
+    let (zs, cs) = (Rows::new(z.f32s("lstm_cell")?, lz)?, Rows::new(c.f32s("lstm_cell")?, lc)?);
+    let (rows, u) = (lc.shape()[0], lc.shape()[1]);
+    let mut out = try_take(2 * rows * u)?;
+    par_rows(&mut out.spare_capacity_mut()[..2 * rows * u], 2 * u, CELL_TASK, |r, o| {
         let (h, c2) = o.split_at_mut(u);
-        forward_row(&zs[r * 4 * u..(r + 1) * 4 * u], &cs[r * u..(r + 1) * u], h, c2);
+        forward_row(zs.row(r), cs.row(r), h, c2);
     });
-    // SAFETY: `rows` wrote every value.
-    unsafe { out.set_len(2 * cs.len()) };
+    // SAFETY: `par_rows` wrote every value.
+    unsafe { out.set_len(2 * rows * u) };
     Ok(f32_storage(out))
 }
 
@@ -35,37 +39,16 @@ pub fn lstm_cell_grad(
     (c, lc): (&CpuStorage, &Layout),
     (g, lg): (&CpuStorage, &Layout),
 ) -> Result<CpuStorage> {
-    let zs = strided(z.f32s("lstm_cell")?, lz)?;
-    let cs = strided(c.f32s("lstm_cell")?, lc)?;
+    let (zs, cs) = (Rows::new(z.f32s("lstm_cell")?, lz)?, Rows::new(c.f32s("lstm_cell")?, lc)?);
     let gs = strided(g.f32s("lstm_cell")?, lg)?;
-    let u = lc.shape().last().copied().unwrap_or(0);
-    let mut out = try_take(5 * cs.len())?;
-    rows(&mut out.spare_capacity_mut()[..5 * cs.len()], 5 * u, |r, o| {
-        let (z, c, g) = (&zs[r * 4 * u..(r + 1) * 4 * u], &cs[r * u..(r + 1) * u], &gs[r * 2 * u..(r + 1) * 2 * u]);
-        backward_row(z, c, g, o);
+    let (rows, u) = (lc.shape()[0], lc.shape()[1]);
+    let mut out = try_take(5 * rows * u)?;
+    par_rows(&mut out.spare_capacity_mut()[..5 * rows * u], 5 * u, CELL_TASK, |r, o| {
+        backward_row(zs.row(r), cs.row(r), &gs[r * 2 * u..(r + 1) * 2 * u], o);
     });
-    // SAFETY: `rows` wrote every value.
-    unsafe { out.set_len(5 * cs.len()) };
+    // SAFETY: `par_rows` wrote every value.
+    unsafe { out.set_len(5 * rows * u) };
     Ok(f32_storage(out))
-}
-
-/// Run `f(row, its output)` over rows of `n` values of `out`, tasks of about [`TASK`] values
-/// shared over the threads (a step of a small LSTM is one task).
-fn rows(out: &mut [MaybeUninit<f32>], n: usize, f: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync) {
-    if n == 0 {
-        return;
-    }
-    let per = (TASK / n).max(1);
-    let task = |t: usize, o: &mut [MaybeUninit<f32>]| {
-        for (i, row) in o.chunks_mut(n).enumerate() {
-            f(t * per + i, row);
-        }
-    };
-    if out.len() <= per * n || super::one_thread() {
-        task(0, out);
-    } else {
-        super::par_chunks_mut(out, per * n, task);
-    }
 }
 
 /// A row's four gates' pre-activations, each `u` long (sliced once, so the loops over a unit

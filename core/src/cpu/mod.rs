@@ -16,6 +16,7 @@ mod elementwise;
 mod fma_peak;
 mod gemm_engine;
 mod gemm_pack;
+mod gru;
 mod index;
 mod lstm;
 mod matmul;
@@ -44,6 +45,7 @@ pub use dense_grads::act_bias_grads;
 pub use dense_grads_product::act_bias_grads_of_product;
 pub use elementwise::{add_unary, binary, cast, copy_into, rand_uniform, unary, unary_grad, where_cond};
 pub(crate) use fma_peak::fma_peak;
+pub use gru::{gru_cell, gru_cell_grad};
 pub use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use lstm::{lstm_cell, lstm_cell_grad};
 pub use matmul::{matmul, matmul_add_unary};
@@ -145,6 +147,32 @@ pub(crate) fn strided<'a>(data: &'a [f32], layout: &Layout) -> Result<Gathered<'
     } else {
         Gathered::Copied(HostBuf::new(strided_copy::to_contiguous(data, layout)?))
     })
+}
+
+/// The rows of a rank-2 layout: read where they lie when each row's values are adjacent (a
+/// narrowed or offset view, a time step of a sequence), else from a gathered copy.
+pub(crate) struct Rows<'a> {
+    data: Gathered<'a>,
+    offset: usize,
+    stride: usize,
+    len: usize,
+}
+
+impl<'a> Rows<'a> {
+    pub(crate) fn new(data: &'a [f32], l: &Layout) -> Result<Self> {
+        let (len, [s0, s1]) = (l.shape()[1], [l.strides()[0], l.strides()[1]]);
+        if (s1 == 1 || len <= 1) && l.numel() > 0 {
+            return Ok(Rows { data: Gathered::Borrowed(data), offset: l.offset(), stride: s0, len });
+        }
+        Ok(Rows { data: strided(data, l)?, offset: 0, stride: len, len })
+    }
+
+    /// Row `r`'s `len` values.
+    #[inline]
+    pub(crate) fn row(&self, r: usize) -> &[f32] {
+        let start = self.offset + r * self.stride;
+        &self.data[start..start + self.len]
+    }
 }
 
 /// A layout's elements in rows: the storage itself, or a copy that goes back to the buffer cache

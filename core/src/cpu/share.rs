@@ -78,6 +78,21 @@ pub(crate) fn par_chunks_mut<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usi
     par_row_pieces(dst, dst.len(), size, |_, start, chunk| f(start / size, chunk));
 }
 
+/// `f(r, row)` for each row of `n` elements of `out` (a whole number of them), in tasks of whole
+/// rows, about `task` elements each, through [`par_chunks_mut`]; a single task runs on this thread.
+pub(crate) fn par_rows<T: Send>(out: &mut [T], n: usize, task: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    if n == 0 {
+        return;
+    }
+    let per = (task / n).max(1);
+    let run = |t: usize, o: &mut [T]| o.chunks_mut(n).enumerate().for_each(|(i, row)| f(t * per + i, row));
+    if out.len() <= per * n || super::one_thread() {
+        run(0, out);
+    } else {
+        par_chunks_mut(out, per * n, run);
+    }
+}
+
 /// `f(r, start, piece)` for each piece of at most `size` elements of each row `r` of `dst`
 /// (rows of `row_len`, `dst` a whole number of them), the piece starting at `start` in its row,
 /// through [`par_for`]: a single long row is cut too.

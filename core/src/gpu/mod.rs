@@ -1,22 +1,22 @@
 //! The wgpu backend: adapters, open devices, and the launchers that turn a primitive op into a
 //! dispatch of a WGSL kernel from weft-shaders.
 
+mod cells;
 mod context;
 mod conv;
 mod elementwise;
 mod fault;
 mod index;
 mod long_rows;
-mod lstm;
 mod matmul;
 mod pool;
 mod rows;
 
+pub(crate) use cells::{gru_cell, gru_cell_grad, lstm_cell, lstm_cell_grad};
 pub use context::{Activity, GpuContext, HARDWARE_WIDTH};
 pub(crate) use conv::{conv2d, pool2d, pool2d_grad};
 pub(crate) use elementwise::{add_unary, binary, cast, copy_into, fill, rand_uniform, unary, unary_grad, where_cond};
 pub(crate) use index::{gather, index_add, index_check, index_select, scatter_add};
-pub(crate) use lstm::{lstm_cell, lstm_cell_grad};
 pub(crate) use matmul::matmul;
 pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul_ranking};
 pub use pool::MemoryStats;

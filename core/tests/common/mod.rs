@@ -43,3 +43,23 @@ pub fn vals(t: &Tensor) -> Vec<f32> {
 pub fn pair(data: &[f32], shape: &[usize], a: &Device, b: &Device) -> Result<(Tensor, Tensor)> {
     Ok((Tensor::from_slice(data, shape, a)?, Tensor::from_slice(data, shape, b)?))
 }
+
+/// An LSTM step `(h, c')` by tensor ops, as the LSTM layer forms it without `Tensor::lstm_cell`.
+pub fn lstm_composed(z: &Tensor, c: &Tensor) -> Result<(Tensor, Tensor)> {
+    let u = c.dims()[1];
+    let gate = |k: usize| z.narrow(-1, k * u, u);
+    let (i, f) = (gate(0)?.sigmoid()?, gate(1)?.sigmoid()?);
+    let (g, o) = (gate(2)?.tanh()?, gate(3)?.sigmoid()?);
+    let c2 = f.mul(c)?.add(&i.mul(&g)?)?;
+    Ok((o.mul(&c2.tanh()?)?, c2))
+}
+
+/// A GRU step (reset after) by tensor ops, as the GRU layer forms it without `Tensor::gru_cell`.
+pub fn gru_composed(x: &Tensor, hr: &Tensor, h: &Tensor) -> Result<Tensor> {
+    let u = h.dims()[1];
+    let gate = |t: &Tensor, k: usize| t.narrow(-1, k * u, u);
+    let z = gate(x, 0)?.add(&gate(hr, 0)?)?.sigmoid()?;
+    let r = gate(x, 1)?.add(&gate(hr, 1)?)?.sigmoid()?;
+    let hh = gate(x, 2)?.add(&r.mul(&gate(hr, 2)?)?)?.tanh()?;
+    hh.add(&z.mul(&h.sub(&hh)?)?)
+}

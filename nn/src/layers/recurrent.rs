@@ -1,7 +1,8 @@
 //! Recurrent layers: SimpleRNN, GRU and LSTM, run step by step over the time axis of
-//! `[batch, time, features]`, each step built from matmuls and activations, an LSTM's gates and
-//! state update with Keras' default activations as one op (`Tensor::lstm_cell`); the gradient
-//! flows back through time by the same autograd as everything else.
+//! `[batch, time, features]`, each step built from matmuls and activations, an LSTM's or a GRU's
+//! gates and state update with Keras' default activations as one op (`Tensor::lstm_cell`,
+//! `Tensor::gru_cell`); the gradient flows back through time by the same autograd as everything
+//! else.
 
 use crate::penalty::{Penalties, penalty_options};
 use crate::split::SplitRule;
@@ -183,6 +184,15 @@ impl Recurrent {
                     let (g, o) = (act.apply(&gate(&z, 2)?)?, ract.apply(&gate(&z, 3)?)?);
                     let c_new = f.mul(&c)?.add(&i.mul(&g)?)?;
                     (o.mul(&act.apply(&c_new)?)?, Some(c_new))
+                }
+                // Keras' defaults (reset after, tanh and sigmoid): one op each way (Tensor::gru_cell).
+                Cell::Gru { reset_after: true } if (act, ract) == (Activation::Tanh, Activation::Sigmoid) => {
+                    let hr = hd.matmul(recurrent)?;
+                    let hr = match &recurrent_bias {
+                        Some(rb) => hr.add(rb)?,
+                        None => hr,
+                    };
+                    (Tensor::gru_cell(&xt, &hr, &h)?, None)
                 }
                 Cell::Gru { reset_after } => {
                     let hr = if reset_after {

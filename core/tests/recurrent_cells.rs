@@ -1,22 +1,13 @@
-//! The LSTM cell step as one op (`Tensor::lstm_cell`) against the tensor ops it replaces: the same
-//! bits forward, the same gradients backward, over views of both inputs, on one thread and on
-//! several; and bad shapes, dtypes and devices are `Err`s that name them.
+//! The LSTM and GRU cell steps as one op each (`Tensor::lstm_cell`, `Tensor::gru_cell`) against
+//! the tensor ops they replace: the same bits forward, the same gradients backward, over views of
+//! every input, on one thread and on several; and bad shapes, dtypes and devices are `Err`s that
+//! name them.
 
 mod common;
 
-use common::assert_close;
+use common::{assert_close, gru_composed, lstm_composed as composed};
 use proptest::prelude::*;
 use weft_core::{DType, Device, Result, Tensor, Var};
-
-/// `(h, c')` by the composed ops, as the LSTM layer forms them without the fused op.
-fn composed(z: &Tensor, c: &Tensor) -> Result<(Tensor, Tensor)> {
-    let u = c.dims()[1];
-    let gate = |k: usize| z.narrow(-1, k * u, u);
-    let (i, f) = (gate(0)?.sigmoid()?, gate(1)?.sigmoid()?);
-    let (g, o) = (gate(2)?.tanh()?, gate(3)?.sigmoid()?);
-    let c2 = f.mul(c)?.add(&i.mul(&g)?)?;
-    Ok((o.mul(&c2.tanh()?)?, c2))
-}
 
 /// The tensors the gradients are taken of: z and c themselves, or tensors that z and c are views
 /// of (see [`viewed`]).
@@ -133,4 +124,76 @@ fn bad_shapes_dtypes_and_devices_are_errors_naming_them() {
     // On the Meta device alone it gives the shapes and no data.
     let (h, c2) = Tensor::lstm_cell(&Tensor::zeros(&[2, 12], &Device::Meta).unwrap(), &meta).unwrap();
     assert_eq!((h.dims(), c2.dims()), (&[2, 3][..], &[2, 3][..]));
+}
+
+/// x, hr and h for a GRU step as Vars, and the tensors fed to the cell: the Vars themselves, or
+/// views of them (x transposed from `[3u, rows]`, hr and h narrowed out of wider tensors).
+fn gru_inputs(rows: usize, u: usize, views: bool, seed: u64) -> ([Var; 3], [Tensor; 3]) {
+    let dev = Device::Cpu;
+    let shapes = if views {
+        [vec![3 * u, rows], vec![rows, 3 * u + 2], vec![rows, u + 1]]
+    } else {
+        [vec![rows, 3 * u], vec![rows, 3 * u], vec![rows, u]]
+    };
+    let vars =
+        [0, 1, 2].map(|k| Var::new(Tensor::rand(-3.0, 3.0, &shapes[k], seed + k as u64, &dev).unwrap()).unwrap());
+    let t = |k: usize| vars[k].as_tensor().clone();
+    let fed = if views {
+        [t(0).t().unwrap(), t(1).narrow(1, 1, 3 * u).unwrap(), t(2).narrow(1, 1, u).unwrap()]
+    } else {
+        [t(0), t(1), t(2)]
+    };
+    (vars, fed)
+}
+
+/// Forward bits and the three gradients of the fused GRU step against the composed ops.
+fn gru_check(rows: usize, u: usize, views: bool, seed: u64) {
+    let what = format!("gru rows {rows} u {u} views {views}");
+    let w = Tensor::rand(-1.0, 1.0, &[rows, u], seed + 9, &Device::Cpu).unwrap();
+    let (vars, [x, hr, h]) = gru_inputs(rows, u, views, seed);
+    let got = Tensor::gru_cell(&x, &hr, &h).unwrap();
+    let (wvars, [wx, whr, wh]) = gru_inputs(rows, u, views, seed);
+    let want = gru_composed(&wx, &whr, &wh).unwrap();
+    assert_eq!(bits(&got), bits(&want), "{what}: h'");
+    let grads = got.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    let wgrads = want.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+    for (k, name) in ["dx", "dhr", "dh"].iter().enumerate() {
+        let (g, wg) = (grads.get(&vars[k]).unwrap(), wgrads.get(&wvars[k]).unwrap());
+        assert_eq!(g.dims(), wg.dims(), "{what}: {name}");
+        assert_close(&g.to_vec::<f32>().unwrap(), &wg.to_vec::<f32>().unwrap(), 1e-6, &format!("{what}: {name}"));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn the_fused_gru_step_matches_the_composed_ops(rows in prop::sample::select(vec![1usize, 3, 17]),
+                                                   u in prop::sample::select(vec![1usize, 5, 33]),
+                                                   views: bool, seed in 0u64..1000) {
+        gru_check(rows, u, views, seed);
+    }
+}
+
+/// A GRU step cut into several tasks (rows of 7 x 64 gradients), on one thread and on three.
+#[test]
+fn a_gru_step_over_many_rows_matches_on_any_thread_count() {
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| gru_check(300, 64, true, 13));
+    }
+}
+
+#[test]
+fn a_gru_step_is_one_node_and_bad_input_names_itself() {
+    let (_, [x, hr, h]) = gru_inputs(2, 3, false, 5);
+    let (_, nodes) = weft_core::trace::trace(|| Tensor::gru_cell(&x, &hr, &h)).unwrap();
+    let kinds: Vec<&str> = nodes.iter().map(|n| n.kind.as_str()).collect();
+    assert!(kinds.contains(&"gru_cell") && !kinds.iter().any(|k| k.contains("sigmoid")), "{kinds:?}");
+    let err = Tensor::gru_cell(&x, &hr.narrow(1, 0, 6).unwrap(), &h).unwrap_err().to_string();
+    assert!(err.contains("gru_cell") && err.contains("[2, 6]") && err.contains("[2, 3]"), "{err}");
+    let err = Tensor::gru_cell(&x, &hr, &h.to_dtype(DType::U32).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("gru_cell") && err.to_lowercase().contains("u32"), "{err}");
+    let meta = |t: &Tensor| Tensor::zeros(t.dims(), &Device::Meta).unwrap();
+    assert!(Tensor::gru_cell(&x, &meta(&hr), &h).unwrap_err().to_string().contains("gru_cell"));
+    assert_eq!(Tensor::gru_cell(&meta(&x), &meta(&hr), &meta(&h)).unwrap().dims(), &[2, 3]);
 }
