@@ -22,7 +22,8 @@ pub enum Storage {
     Meta,
 }
 
-/// The first of `others` on another kind of device than `s` (the last when none is: two GPUs).
+/// The first of `others` on another kind of device than `s` (the match arms that call it have
+/// seen that one is).
 fn first_other<'a>(s: &Storage, others: &[&'a Storage]) -> &'a Storage {
     let kind = std::mem::discriminant(s);
     others.iter().find(|o| std::mem::discriminant(**o) != kind).unwrap_or(&others[others.len() - 1])

@@ -572,8 +572,11 @@ fn gru_cell_matches_cpu() {
             (t(0), t(1), t(2))
         };
         let out = cell(&x, &hr, &h).unwrap();
-        let w = Tensor::rand(-1.0, 1.0, &[rows, u], 4, &Device::Cpu).unwrap().to_device(dev).unwrap();
-        let grads = out.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        // The new state is read as the second half of a concatenation, so its gradient reaches
+        // the cell as a view (an offset of u, a row stride of 2u).
+        let w = Tensor::rand(-1.0, 1.0, &[rows, 2 * u], 4, &Device::Cpu).unwrap().to_device(dev).unwrap();
+        let both = Tensor::concat(&[Tensor::ones(&[rows, u], dev).unwrap(), out.clone()], 1).unwrap();
+        let grads = both.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
         let mut all = vec![vals(&out)];
         all.extend(vars.iter().map(|v| vals(grads.get(v).unwrap())));
         all

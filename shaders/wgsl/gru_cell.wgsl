@@ -1,6 +1,6 @@
 // gru_cell.wgsl: one step of a GRU cell, one invocation per (row, unit): the new state
 // h' = hh + z * (h - hh), with the gates of gru_gates.wgsl, written [rows, u]. As tensor ops a
-// step was about nine dispatches, each a pass over [rows, units].
+// step was about ten dispatches, each a pass over [rows, units].
 
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 

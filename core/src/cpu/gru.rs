@@ -1,6 +1,6 @@
 //! One step of a GRU cell (Keras' `reset_after`, its default) on the Cpu, one pass each way.
-//! Composed, a step was about nine tensor ops forward (two sums and two sigmoids for the update
-//! and reset gates, a product, a sum and a tanh for the candidate, and the blend) and eighteen
+//! Composed, a step was about ten tensor ops forward (two sums and two sigmoids for the update
+//! and reset gates, a product, a sum and a tanh for the candidate, three for the blend) and eighteen
 //! backward; here the forward writes the new state and the backward works the gates out again
 //! from the inputs and writes every gradient in one pass. The arithmetic is gru_gates.wgsl's,
 //! term for term.

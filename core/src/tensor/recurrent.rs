@@ -66,7 +66,7 @@ impl Tensor {
     /// `z = sigmoid(x_z + hr_z)`, `r = sigmoid(x_r + hr_r)`, `hh = tanh(x_h + r hr_h)`, and the
     /// new state `hh + z (h - hh)`.
     ///
-    /// One node each way where composed it is about nine ops forward and eighteen backward.
+    /// One node each way where composed it is about ten ops forward and eighteen backward.
     ///
     /// ```
     /// use weft_core::{Device, Tensor};
