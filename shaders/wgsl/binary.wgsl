@@ -18,10 +18,8 @@ fn op(a: f32, b: f32) -> f32 {
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     for (var i = linear_id(gid, nwg); i < info[0]; i = i + grid_size(nwg)) {
-        let rank = info[1];
-        let oa = strided_offset(i, rank, 4u, 4u + MAX_RANK, info[2]);
-        let ob = strided_offset(i, rank, 4u, 4u + 2u * MAX_RANK, info[3]);
-        z_buf[i] = op(a_buf[oa], b_buf[ob]);
+        let o = strided_offset2(i, info[1], 4u, 4u + MAX_RANK, 4u + 2u * MAX_RANK, info[2], info[3]);
+        z_buf[i] = op(a_buf[o.x], b_buf[o.y]);
     }
 }
 

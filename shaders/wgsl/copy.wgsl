@@ -2,7 +2,7 @@
 // element type (f32, u32, i32). `contiguous()` uses it with a row-major destination; concat uses
 // it to write each input into its slice of the output.
 //
-// One invocation per element: both offsets come from the same row-major index.
+// One invocation per element: both offsets come from the same row-major index, decomposed once.
 //
 // info: [numel, rank, src_offset, dst_offset, shape[8], src_strides[8], dst_strides[8]]
 
@@ -12,9 +12,7 @@
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     for (var i = linear_id(gid, nwg); i < info[0]; i = i + grid_size(nwg)) {
-        let rank = info[1];
-        let os = strided_offset(i, rank, 4u, 4u + MAX_RANK, info[2]);
-        let od = strided_offset(i, rank, 4u, 4u + 2u * MAX_RANK, info[3]);
-        dst[od] = src[os];
+        let o = strided_offset2(i, info[1], 4u, 4u + MAX_RANK, 4u + 2u * MAX_RANK, info[2], info[3]);
+        dst[o.y] = src[o.x];
     }
 }
