@@ -425,8 +425,10 @@ fn products_over_a_long_k_are_split_and_match_cpu() {
         ctx.force_parallel_width(width);
         dev
     };
-    let wide: Vec<(&str, Device)> =
-        weft_core::gpu::MATMUL_VARIANTS.iter().map(|v| (v.kernel, own(v.kernel, 128))).collect();
+    let wide: Vec<(&str, Device)> = weft_core::gpu::MATMUL_VARIANTS
+        .iter()
+        .map(|v| (v.kernel, own(v.kernel, weft_core::gpu::HARDWARE_WIDTH)))
+        .collect();
     for (m, k, n, batch, ta, tb) in [
         (128, 2048, 128, 0, true, false),
         (7, 1001, 5, 3, false, true),
@@ -657,7 +659,7 @@ fn column_reductions_in_chunks_match_cpu() {
         let got = gpu_t.argmax(axes[axes.len() - 1], false).unwrap().to_vec::<u32>().unwrap();
         assert_eq!(got, want, "argmax {shape:?}");
     }
-    // What the Cpu gave is itself right: ties keep the first row, NaN wins from its first row.
+    // The GPU's own figures, not only their agreement: ties keep the first row, NaN wins from its first row.
     let t = Tensor::from_slice(&first, &[1000, 37], &g).unwrap();
     let arg = t.argmax(0, false).unwrap().to_vec::<u32>().unwrap();
     assert_eq!((arg[3], arg[5]), (0, 300));

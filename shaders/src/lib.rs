@@ -86,7 +86,7 @@ pub const UNARY_OPS: &[(&str, &str)] = &[
     ("square", "x * x"),
     ("recip", "1.0 / x"),
     ("tanh", "tanh_(x)"),
-    ("sigmoid", "1.0 / (1.0 + exp(-x))"),
+    ("sigmoid", "sigmoid_(x)"),
     ("relu", "select(max(x, 0.0), x, is_nan_(x))"),
     ("gelu_tanh", "x / (1.0 + exp(-1.5957692 * (x + 0.044715 * x * x * x)))"),
     ("gelu_erf", "0.5 * x * (1.0 + erf_(x * 0.70710677))"),

@@ -12,10 +12,6 @@
 @group(0) @binding(2) var<storage, read> hr_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> h_buf: array<f32>;
 
-fn sigmoid_(v: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-v));
-}
-
 struct Unit {
     z: f32,
     r: f32,

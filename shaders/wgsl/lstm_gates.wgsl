@@ -10,10 +10,6 @@
 @group(0) @binding(1) var<storage, read> z_buf: array<f32>;
 @group(0) @binding(2) var<storage, read> c_buf: array<f32>;
 
-fn sigmoid_(x: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-x));
-}
-
 struct Gates {
     i: f32,
     f: f32,

@@ -105,8 +105,8 @@ fn main_small(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     // Invocation j takes output j % n_out and chunk j / n_out: neighbours take neighbouring
     // outputs, so a sum down columns reads adjacent values side by side.
     for (var j = linear_id(gid, nwg); j < info[0] * info[6]; j = j + grid_size(nwg)) {
-        let o = j % info[0];
         let c = j / info[0];
+        let o = j - c * info[0];
         let base = base_of(o);
         let start = c * info[5];
         let end = start + min(info[5], info[1] - start);

@@ -5,9 +5,8 @@
 //! from the inputs and writes every gradient in one pass. The arithmetic is gru_gates.wgsl's,
 //! term for term.
 
-use super::lstm::CELL_TASK;
-use super::share::par_rows;
-use super::{CpuStorage, Rows, f32_storage, try_take};
+use super::share::{CELL_TASK, par_rows};
+use super::{CpuStorage, Rows, f32_storage};
 use crate::ops::{UnaryOp, tanh};
 use crate::{Layout, Result};
 use std::mem::MaybeUninit;
@@ -24,12 +23,9 @@ pub fn gru_cell(
     let [xs, rs, hs] = [x, hr, h].map(|(s, l)| s.f32s("gru_cell").and_then(|v| Rows::new(v, l)));
     let (xs, rs, hs) = (xs?, rs?, hs?);
     let (rows, u) = (h.1.shape()[0], h.1.shape()[1]);
-    let mut out = try_take(rows * u)?;
-    par_rows(&mut out.spare_capacity_mut()[..rows * u], u, CELL_TASK, |r, o| {
+    let out = par_rows(rows * u, u, CELL_TASK, |r, o| {
         forward_row(&Row::of(&xs, &rs, &hs, r), o);
-    });
-    // SAFETY: `par_rows` wrote every value.
-    unsafe { out.set_len(rows * u) };
+    })?;
     Ok(f32_storage(out))
 }
 
@@ -45,12 +41,9 @@ pub fn gru_cell_grad(
     let [xs, rs, hs, gs] = [x, hr, h, g].map(|(s, l)| s.f32s("gru_cell").and_then(|v| Rows::new(v, l)));
     let (xs, rs, hs, gs) = (xs?, rs?, hs?, gs?);
     let (rows, u) = (h.1.shape()[0], h.1.shape()[1]);
-    let mut out = try_take(7 * rows * u)?;
-    par_rows(&mut out.spare_capacity_mut()[..7 * rows * u], 7 * u, CELL_TASK, |r, o| {
+    let out = par_rows(7 * rows * u, 7 * u, CELL_TASK, |r, o| {
         backward_row(&Row::of(&xs, &rs, &hs, r), gs.row(r), o);
-    });
-    // SAFETY: `par_rows` wrote every value.
-    unsafe { out.set_len(7 * rows * u) };
+    })?;
     Ok(f32_storage(out))
 }
 

@@ -5,29 +5,21 @@
 //! and writes the gradients of both in one pass. The arithmetic is lstm_gates.wgsl's, term for
 //! term (sigmoid as `1 / (1 + e^-x)`, weft's `tanh`), so the GPU's kernels follow the Cpu's.
 
-use super::share::par_rows;
-use super::{CpuStorage, Rows, f32_storage, strided, try_take};
+use super::share::{CELL_TASK, par_rows};
+use super::{CpuStorage, Rows, f32_storage, strided};
 use crate::ops::{UnaryOp, tanh};
 use crate::{Layout, Result};
 use std::mem::MaybeUninit;
-
-/// Values a task of a cell's step writes: each costs three or four exponentials, about ten times
-/// a plain elementwise value, so a step of a small layer (64 rows of 128 units) is still shared
-/// over the threads.
-pub(super) const CELL_TASK: usize = 1 << 11;
 
 /// `h` and the new state, `[rows, 2, u]`, from the gates' pre-activations `z` (`[rows, 4u]`,
 /// gates in Keras' order i, f, g, o) and the state `c` (`[rows, u]`), both in any layout.
 pub fn lstm_cell(z: &CpuStorage, lz: &Layout, c: &CpuStorage, lc: &Layout) -> Result<CpuStorage> {
     let (zs, cs) = (Rows::new(z.f32s("lstm_cell")?, lz)?, Rows::new(c.f32s("lstm_cell")?, lc)?);
     let (rows, u) = (lc.shape()[0], lc.shape()[1]);
-    let mut out = try_take(2 * rows * u)?;
-    par_rows(&mut out.spare_capacity_mut()[..2 * rows * u], 2 * u, CELL_TASK, |r, o| {
+    let out = par_rows(2 * rows * u, 2 * u, CELL_TASK, |r, o| {
         let (h, c2) = o.split_at_mut(u);
         forward_row(zs.row(r), cs.row(r), h, c2);
-    });
-    // SAFETY: `par_rows` wrote every value.
-    unsafe { out.set_len(2 * rows * u) };
+    })?;
     Ok(f32_storage(out))
 }
 
@@ -42,12 +34,9 @@ pub fn lstm_cell_grad(
     let (zs, cs) = (Rows::new(z.f32s("lstm_cell")?, lz)?, Rows::new(c.f32s("lstm_cell")?, lc)?);
     let gs = strided(g.f32s("lstm_cell")?, lg)?;
     let (rows, u) = (lc.shape()[0], lc.shape()[1]);
-    let mut out = try_take(5 * rows * u)?;
-    par_rows(&mut out.spare_capacity_mut()[..5 * rows * u], 5 * u, CELL_TASK, |r, o| {
+    let out = par_rows(5 * rows * u, 5 * u, CELL_TASK, |r, o| {
         backward_row(zs.row(r), cs.row(r), &gs[r * 2 * u..(r + 1) * 2 * u], o);
-    });
-    // SAFETY: `par_rows` wrote every value.
-    unsafe { out.set_len(5 * rows * u) };
+    })?;
     Ok(f32_storage(out))
 }
 

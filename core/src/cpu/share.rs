@@ -78,19 +78,37 @@ pub(crate) fn par_chunks_mut<T: Send>(dst: &mut [T], size: usize, f: impl Fn(usi
     par_row_pieces(dst, dst.len(), size, |_, start, chunk| f(start / size, chunk));
 }
 
-/// `f(r, row)` for each row of `n` elements of `out` (a whole number of them), in tasks of whole
-/// rows, about `task` elements each, through [`par_chunks_mut`]; a single task runs on this thread.
-pub(crate) fn par_rows<T: Send>(out: &mut [T], n: usize, task: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    if n == 0 {
-        return;
+/// Values a task of a recurrent cell's step writes (`par_rows`): each costs three or four
+/// exponentials, about ten times a plain elementwise value, so a step of a small layer (64 rows of
+/// 128 units) is still shared over the threads.
+pub(crate) const CELL_TASK: usize = 1 << 11;
+
+/// A new vector of `len` values (a whole number of rows of `n`), `f(r, row)` writing every value
+/// of each row `r`, in tasks of whole rows, about `task` values each, through
+/// [`par_chunks_mut`]; a single task runs on this thread.
+pub(crate) fn par_rows(
+    len: usize,
+    n: usize,
+    task: usize,
+    f: impl Fn(usize, &mut [std::mem::MaybeUninit<f32>]) + Sync,
+) -> Result<Vec<f32>> {
+    let mut out = super::try_take(len)?;
+    let rows = &mut out.spare_capacity_mut()[..len];
+    if let Some(per) = task.checked_div(n) {
+        let per = per.max(1);
+        let run = |t: usize, o: &mut [std::mem::MaybeUninit<f32>]| {
+            o.chunks_mut(n).enumerate().for_each(|(i, row)| f(t * per + i, row))
+        };
+        if len <= per * n || super::one_thread() {
+            run(0, rows);
+        } else {
+            par_chunks_mut(rows, per * n, run);
+        }
     }
-    let per = (task / n).max(1);
-    let run = |t: usize, o: &mut [T]| o.chunks_mut(n).enumerate().for_each(|(i, row)| f(t * per + i, row));
-    if out.len() <= per * n || super::one_thread() {
-        run(0, out);
-    } else {
-        par_chunks_mut(out, per * n, run);
-    }
+    // SAFETY: `f` wrote every value of every row, and the rows cover `len` values (none when
+    // `n` is 0, when `len` is 0 too).
+    unsafe { out.set_len(len) };
+    Ok(out)
 }
 
 /// `f(r, start, piece)` for each piece of at most `size` elements of each row `r` of `dst`

@@ -160,6 +160,9 @@ impl Recurrent {
         let u = self.units;
         let gate = |t: &Tensor, i: usize| t.narrow(-1, i * u, u);
         let (act, ract) = (self.activation, self.recurrent_activation);
+        // Keras' default activations: an LSTM's or a reset-after GRU's step is one op each way
+        // (Tensor::lstm_cell, Tensor::gru_cell).
+        let fused = (act, ract) == (Activation::Tanh, Activation::Sigmoid);
         let mut h = Tensor::zeros(&[b, u], x.device())?;
         let mut c = Tensor::zeros(&[b, u], x.device())?;
         let mut outputs = Vec::with_capacity(if self.return_sequences { steps } else { 0 });
@@ -173,26 +176,17 @@ impl Recurrent {
             };
             let (h_new, c_new) = match self.cell {
                 Cell::Simple => (act.apply(&xt.add(&hd.matmul(recurrent)?)?)?, None),
-                // Keras' default activations: one op each way (Tensor::lstm_cell).
-                Cell::Lstm { .. } if (act, ract) == (Activation::Tanh, Activation::Sigmoid) => {
-                    let (h, c_new) = Tensor::lstm_cell(&xt.add(&hd.matmul(recurrent)?)?, &c)?;
-                    (h, Some(c_new))
-                }
                 Cell::Lstm { .. } => {
                     let z = xt.add(&hd.matmul(recurrent)?)?;
-                    let (i, f) = (ract.apply(&gate(&z, 0)?)?, ract.apply(&gate(&z, 1)?)?);
-                    let (g, o) = (act.apply(&gate(&z, 2)?)?, ract.apply(&gate(&z, 3)?)?);
-                    let c_new = f.mul(&c)?.add(&i.mul(&g)?)?;
-                    (o.mul(&act.apply(&c_new)?)?, Some(c_new))
-                }
-                // Keras' defaults (reset after, tanh and sigmoid): one op each way (Tensor::gru_cell).
-                Cell::Gru { reset_after: true } if (act, ract) == (Activation::Tanh, Activation::Sigmoid) => {
-                    let hr = hd.matmul(recurrent)?;
-                    let hr = match &recurrent_bias {
-                        Some(rb) => hr.add(rb)?,
-                        None => hr,
-                    };
-                    (Tensor::gru_cell(&xt, &hr, &h)?, None)
+                    if fused {
+                        let (h, c_new) = Tensor::lstm_cell(&z, &c)?;
+                        (h, Some(c_new))
+                    } else {
+                        let (i, f) = (ract.apply(&gate(&z, 0)?)?, ract.apply(&gate(&z, 1)?)?);
+                        let (g, o) = (act.apply(&gate(&z, 2)?)?, ract.apply(&gate(&z, 3)?)?);
+                        let c_new = f.mul(&c)?.add(&i.mul(&g)?)?;
+                        (o.mul(&act.apply(&c_new)?)?, Some(c_new))
+                    }
                 }
                 Cell::Gru { reset_after } => {
                     let hr = if reset_after {
@@ -204,16 +198,20 @@ impl Recurrent {
                     } else {
                         hd.matmul(&recurrent.narrow(1, 0, 2 * u)?)?
                     };
-                    let z = ract.apply(&gate(&xt, 0)?.add(&gate(&hr, 0)?)?)?;
-                    let r = ract.apply(&gate(&xt, 1)?.add(&gate(&hr, 1)?)?)?;
-                    let candidate = if reset_after {
-                        r.mul(&gate(&hr, 2)?)?
+                    if reset_after && fused {
+                        (Tensor::gru_cell(&xt, &hr, &h)?, None)
                     } else {
-                        r.mul(&hd)?.matmul(&recurrent.narrow(1, 2 * u, u)?)?
-                    };
-                    let hh = act.apply(&gate(&xt, 2)?.add(&candidate)?)?;
-                    // h = z h + (1 - z) hh
-                    (hh.add(&z.mul(&h.sub(&hh)?)?)?, None)
+                        let z = ract.apply(&gate(&xt, 0)?.add(&gate(&hr, 0)?)?)?;
+                        let r = ract.apply(&gate(&xt, 1)?.add(&gate(&hr, 1)?)?)?;
+                        let candidate = if reset_after {
+                            r.mul(&gate(&hr, 2)?)?
+                        } else {
+                            r.mul(&hd)?.matmul(&recurrent.narrow(1, 2 * u, u)?)?
+                        };
+                        let hh = act.apply(&gate(&xt, 2)?.add(&candidate)?)?;
+                        // h = z h + (1 - z) hh
+                        (hh.add(&z.mul(&h.sub(&hh)?)?)?, None)
+                    }
                 }
             };
             // A masked step carries the state (and the output) on unchanged, as Keras does.
