@@ -436,19 +436,8 @@ fn products_over_a_long_k_are_split_and_match_cpu() {
         (1, 4099, 3, 0, false, false),
         (64, 1028, 64, 0, false, false),
     ] {
-        let lead: Vec<usize> = if batch == 0 { vec![] } else { vec![batch] };
-        let shape = |t: bool, r: usize, c: usize| -> Vec<usize> {
-            lead.iter().copied().chain(if t { [c, r] } else { [r, c] }).collect()
-        };
-        let a = Tensor::rand(-1.0, 1.0, &shape(ta, m, k), 3, &Device::Cpu).unwrap();
-        // A batch of two is given one b, broadcast over it.
-        let b_shape = if batch == 2 { if tb { vec![n, k] } else { vec![k, n] } } else { shape(tb, k, n) };
-        let b = Tensor::rand(-1.0, 1.0, &b_shape, 4, &Device::Cpu).unwrap();
-        let product = |a: &Tensor, b: &Tensor| {
-            let a = if ta { a.t().unwrap() } else { a.clone() };
-            let b = if tb { b.t().unwrap() } else { b.clone() };
-            a.matmul(&b).unwrap()
-        };
+        let (a, b) = product_operands((m, k, n), batch, (ta, tb), 3);
+        let product = |a: &Tensor, b: &Tensor| transposed_product(a, b, ta, tb);
         let want = vals(&product(&a, &b));
         for (variant, dev) in &wide {
             let got = product(&a.to_device(dev).unwrap(), &b.to_device(dev).unwrap());
@@ -472,6 +461,59 @@ fn products_over_a_long_k_are_split_and_match_cpu() {
             REDUCE_TOL,
             &format!("k {k}"),
         );
+    }
+}
+
+/// Random Cpu operands of `a @ b` for `m x k x n` (`[batch, ..]` where `batch` is not 0; a batch
+/// of two is given one b, broadcast over it), each stored transposed where `ta` / `tb` say, for
+/// [`transposed_product`] to read through a transposed view.
+fn product_operands(
+    (m, k, n): (usize, usize, usize),
+    batch: usize,
+    (ta, tb): (bool, bool),
+    seed: u64,
+) -> (Tensor, Tensor) {
+    let shape = |lead: bool, t: bool, r: usize, c: usize| -> Vec<usize> {
+        let lead = if lead && batch > 0 { Some(batch) } else { None };
+        lead.into_iter().chain(if t { [c, r] } else { [r, c] }).collect()
+    };
+    let a = Tensor::rand(-1.0, 1.0, &shape(true, ta, m, k), seed, &Device::Cpu).unwrap();
+    let b = Tensor::rand(-1.0, 1.0, &shape(batch != 2, tb, k, n), seed + 1, &Device::Cpu).unwrap();
+    (a, b)
+}
+
+/// `a @ b`, each operand read through a transposed view where `ta` / `tb` say.
+fn transposed_product(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Tensor {
+    let view = |x: &Tensor, t: bool| if t { x.t().unwrap() } else { x.clone() };
+    view(a, ta).matmul(&view(b, tb)).unwrap()
+}
+
+/// A tall, narrow product runs as its transpose then a copy (a row variant forced on a device:
+/// its 4 x 256 tiles pad a 10-wide output 25 times, its transpose's 10 rows three tenths), and
+/// matches the Cpu over transposed, batched and broadcast operands; two dispatches where K is
+/// short (fails if the transposed product's copy reads its output untransposed).
+#[test]
+fn tall_narrow_products_run_transposed_and_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let Device::Gpu(first) = &g else { unreachable!("a GPU device") };
+    let dev = Device::gpu(first.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &dev else { unreachable!("a GPU device") };
+    ctx.force_matmul("matmul/rows4x4").unwrap();
+    for (m, k, n, batch, ta, tb) in [
+        (256, 64, 10, 0, false, false),
+        (300, 129, 3, 0, true, false),
+        (129, 77, 7, 3, false, true),
+        (200, 33, 1, 2, true, true),
+    ] {
+        let (a, b) = product_operands((m, k, n), batch, (ta, tb), 7);
+        let product = |a: &Tensor, b: &Tensor| transposed_product(a, b, ta, tb);
+        let before = ctx.activity().dispatches;
+        let got = product(&a.to_device(&dev).unwrap(), &b.to_device(&dev).unwrap());
+        if batch == 0 && k == 64 {
+            assert_eq!(ctx.activity().dispatches - before, 2, "{m} x {k} x {n}: the product and its copy");
+        }
+        assert_eq!(got.dims(), product(&a, &b).dims());
+        assert_close(&vals(&got), &vals(&product(&a, &b)), REDUCE_TOL, &format!("m{m} k{k} n{n} batch{batch}"));
     }
 }
 

@@ -4,9 +4,10 @@
 //! while lavapipe, which runs invocations as SIMD lanes on the CPU, is several times faster with
 //! large register blocks and no barriers (`directTMxTN`). The first matmul on an adapter times
 //! every variant on one problem, checks each against the others, and ranks them; later calls use
-//! the best-ranked variant whose tile the problem fills at least halfway, else one that pads it
-//! little (`choose`). The row variants (`rowsTMxTN`, 64 x 1 workgroups) serve products of fewer
-//! than 64 rows only.
+//! the best-ranked variant whose tile the problem fills at least halfway and pads little, else one
+//! that pads it little (`choose`). The row variants (`rowsTMxTN`, 64 x 1 workgroups) serve
+//! products of fewer than 64 rows only; a tall, narrow product runs as its transpose where that
+//! pads half as much (`transposed`).
 
 use super::{GpuContext, GpuStorage};
 use crate::layout::Dims;
@@ -124,9 +125,13 @@ fn vec4_ok(la: &Layout, lb: &Layout) -> bool {
 /// belongs to a tile that reuses its loads.
 const FEW_ROWS: usize = 64;
 
-/// The variant for these layouts: the best-ranked one that applies and whose tile the `m x n`
-/// output fills at least halfway in both directions, else the best-ranked applicable one whose
-/// tiles cover the output with at most half again the least padding any does. (Padding alone
+/// The variant for these layouts: of the applicable ones whose tile the `m x n` output fills at
+/// least halfway in both directions, the best-ranked one whose tiles pad the output at most a
+/// quarter more than the snuggest of them (the ranking is one problem's timing: lavapipe ranks
+/// `direct16x16`'s 256 x 256 tile first, yet a 2,048 x 128 output, half of each of those tiles
+/// idle, ran 1.2 times faster on `direct8x8`'s 128 x 128, and a 128 x 128 weight gradient 2.3
+/// times); where none fills its tile halfway, the best-ranked applicable one whose tiles cover
+/// the output with at most half again the least padding any does. (Padding alone
 /// would favour the thinnest tile: an attention's 11 x 11 scores went to `rows1x4`, whose
 /// invocations reuse a loaded value 4 times, at 24.8 ms for 512 of them on lavapipe, against
 /// 13.8 for `direct4x4`'s 64 x 64 tiles.)
@@ -139,10 +144,13 @@ fn choose(ranked: &[MatmulVariant], la: &Layout, lb: &Layout) -> MatmulVariant {
     // (A tall output only 10 wide, a classifier's logits, is no row variant's: its 256-wide
     // tile would pad the output's columns 25 times.)
     let padded = |v: &&MatmulVariant| m.next_multiple_of(v.tile_m) * n.next_multiple_of(v.tile_n);
+    let fills = |v: &&MatmulVariant| 2 * m >= v.tile_m && 2 * n >= v.tile_n;
+    let snug = ranked.iter().filter(usable).filter(fills).map(|v| padded(&v)).min();
     ranked
         .iter()
         .filter(usable)
-        .find(|v| 2 * m >= v.tile_m && 2 * n >= v.tile_n)
+        .filter(fills)
+        .find(|v| snug.is_some_and(|least| 4 * padded(v) <= 5 * least))
         .or_else(|| {
             let least = ranked.iter().filter(usable).map(|v| padded(&v)).min()?;
             ranked.iter().filter(usable).find(|v| 2 * padded(v) <= 3 * least)
@@ -166,6 +174,36 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
         Some(v) => vec![v],
         None => matmul_ranking(&a.ctx)?,
     };
+    if let Some((ta, tb)) = transposed(&ranked, la, lb)? {
+        // `b^T a^T`, then its transpose copied out.
+        let t = runs(b, &ta, a, &tb, &ranked)?;
+        let r = la.rank();
+        let lt = Layout::contiguous(&out_shape(&ta, &tb)).transpose(r - 2, r - 1)?;
+        let out = GpuStorage::alloc(&a.ctx, lt.numel(), DType::F32)?;
+        super::copy_into(&t, &lt, &out, &Layout::contiguous(lt.shape()))?;
+        return Ok(out.inherit(&[&t]));
+    }
+    runs(a, la, b, lb, &ranked)
+}
+
+/// The operands' layouts of `b^T a^T` where that product pads its tiles at most half as much as
+/// `a @ b` would (then a copy transposes it): a tall, narrow output, a classifier's 10 logits for
+/// 256 rows, pads each 64-wide tile's columns six times, where its transpose of 10 rows fills a
+/// row variant's tiles.
+fn transposed(ranked: &[MatmulVariant], la: &Layout, lb: &Layout) -> Result<Option<(Layout, Layout)>> {
+    let r = la.rank();
+    let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
+    if m * k * n == 0 {
+        return Ok(None);
+    }
+    let (ta, tb) = (lb.transpose(r - 2, r - 1)?, la.transpose(r - 2, r - 1)?);
+    let padded = |v: MatmulVariant, m: usize, n: usize| m.next_multiple_of(v.tile_m) * n.next_multiple_of(v.tile_n);
+    let pads_less = 2 * padded(choose(ranked, &ta, &tb), n, m) <= padded(choose(ranked, la, lb), m, n);
+    Ok(pads_less.then_some((ta, tb)))
+}
+
+/// `a @ b` by runs of K of at most [`K_RUN`], added.
+fn runs(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, ranked: &[MatmulVariant]) -> Result<GpuStorage> {
     let r = la.rank();
     let k = la.shape()[r - 1];
     let mut sum: Option<GpuStorage> = None;
@@ -176,7 +214,7 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
         } else {
             (la.narrow(r - 1, start, len)?, lb.narrow(r - 2, start, len)?)
         };
-        let part = run_split(a, &pa, b, &pb, choose(&ranked, &pa, &pb))?;
+        let part = run_split(a, &pa, b, &pb, choose(ranked, &pa, &pb))?;
         sum = Some(match sum {
             None => part,
             Some(acc) => {
@@ -357,13 +395,60 @@ mod tests {
     /// `direct4x4`, not `rows1x4`.
     #[test]
     fn a_small_square_output_takes_the_best_ranked_tile_that_pads_it_little() {
-        let order = ["direct16x16", "direct8x8", "direct4x4", "rows4x4", "rows1x4", "tiled", "tiled_vec4"];
-        let ranked: Vec<MatmulVariant> = order
-            .iter()
-            .map(|k| *MATMUL_VARIANTS.iter().find(|v| v.kernel == format!("matmul/{k}")).unwrap())
-            .collect();
+        let ranked = lavapipe_ranking();
         let (la, lb) = (Layout::contiguous(&[512, 11, 16]), Layout::contiguous(&[512, 16, 11]));
         assert_eq!(choose(&ranked, &la, &lb).kernel, "matmul/direct4x4");
+    }
+
+    /// Lavapipe's ranking, fastest first.
+    fn lavapipe_ranking() -> Vec<MatmulVariant> {
+        let order = ["direct16x16", "direct8x8", "direct4x4", "rows4x4", "rows1x4", "tiled", "tiled_vec4"];
+        order.iter().map(|k| *MATMUL_VARIANTS.iter().find(|v| v.kernel == format!("matmul/{k}")).unwrap()).collect()
+    }
+
+    /// A tile the output fills halfway but pads by more than a quarter over a smaller tile's
+    /// padding gives way to the smaller tile (fails with the halfway rule alone, which gave
+    /// `direct16x16` every one of these); an output that fills the best-ranked tile keeps it.
+    #[test]
+    fn an_output_takes_a_tile_that_pads_it_little() {
+        let ranked = lavapipe_ranking();
+        for (m, k, n, want) in [
+            (2048, 128, 128, "direct8x8"),
+            (128, 2048, 128, "direct8x8"),
+            (64, 128, 512, "direct4x4"),
+            (2048, 256, 384, "direct8x8"),
+            (256, 784, 1024, "direct16x16"),
+            (2048, 128, 512, "direct16x16"),
+        ] {
+            let (la, lb) = (Layout::contiguous(&[m, k]), Layout::contiguous(&[k, n]));
+            assert_eq!(choose(&ranked, &la, &lb).kernel, format!("matmul/{want}"), "{m} x {k} x {n}");
+        }
+    }
+
+    /// A tall output a few columns wide runs as its transpose where that pads half as much (a
+    /// classifier's logits, a weight's gradient for them); square-ish and short outputs do not.
+    #[test]
+    fn a_tall_narrow_product_runs_transposed() {
+        let ranked = lavapipe_ranking();
+        for (m, k, n, batch, want) in [
+            (256, 1024, 10, 0, true),
+            (1024, 256, 10, 0, true),
+            (300, 64, 3, 4, true),
+            (256, 1024, 1024, 0, false),
+            (10, 1024, 256, 0, false),
+            (11, 16, 11, 512, false),
+            (1, 64, 10, 0, false),
+            (0, 64, 10, 0, false),
+        ] {
+            let lead: Vec<usize> = if batch == 0 { vec![] } else { vec![batch] };
+            let dims = |r: usize, c: usize| lead.iter().copied().chain([r, c]).collect::<Vec<_>>();
+            let (la, lb) = (Layout::contiguous(&dims(m, k)), Layout::contiguous(&dims(k, n)));
+            let got = transposed(&ranked, &la, &lb).unwrap();
+            assert_eq!(got.is_some(), want, "{m} x {k} x {n}, batch {batch}");
+            if let Some((ta, tb)) = got {
+                assert_eq!(out_shape(&ta, &tb), dims(n, m));
+            }
+        }
     }
 
     /// A variant forced on a device (the ranking's only one) runs every product it can, a row
