@@ -489,9 +489,10 @@ fn transposed_product(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Tensor {
 }
 
 /// A tall, narrow product runs as its transpose then a copy (a row variant forced on a device:
-/// its 4 x 256 tiles pad a 10-wide output 25 times, its transpose's 10 rows three tenths), and
-/// matches the Cpu over transposed, batched and broadcast operands; two dispatches where K is
-/// short (fails if the transposed product's copy reads its output untransposed).
+/// its 4 x 256 tiles pad a 10-wide output's columns 25 times, its transpose's 10 rows by a fifth),
+/// and matches the Cpu over transposed, batched and broadcast operands; two dispatches, one for a
+/// single column (fails if the transposed product's copy reads its output
+/// untransposed).
 #[test]
 fn tall_narrow_products_run_transposed_and_match_cpu() {
     let Some(g) = gpu() else { return };
@@ -499,8 +500,11 @@ fn tall_narrow_products_run_transposed_and_match_cpu() {
     let dev = Device::gpu(first.adapter_index()).unwrap();
     let Device::Gpu(ctx) = &dev else { unreachable!("a GPU device") };
     ctx.force_matmul("matmul/rows4x4").unwrap();
+    // (One workgroup wide: no product here has its K split.)
+    ctx.force_parallel_width(1);
     for (m, k, n, batch, ta, tb) in [
-        (256, 64, 10, 0, false, false),
+        (256, 1024, 10, 0, false, false),
+        (4099, 1024, 1, 0, false, false),
         (300, 129, 3, 0, true, false),
         (129, 77, 7, 3, false, true),
         (200, 33, 1, 2, true, true),
@@ -509,8 +513,9 @@ fn tall_narrow_products_run_transposed_and_match_cpu() {
         let product = |a: &Tensor, b: &Tensor| transposed_product(a, b, ta, tb);
         let before = ctx.activity().dispatches;
         let got = product(&a.to_device(&dev).unwrap(), &b.to_device(&dev).unwrap());
-        if batch == 0 && k == 64 {
-            assert_eq!(ctx.activity().dispatches - before, 2, "{m} x {k} x {n}: the product and its copy");
+        if batch == 0 && k == 1024 {
+            let want = if n == 1 { 1 } else { 2 };
+            assert_eq!(ctx.activity().dispatches - before, want, "{m} x {k} x {n}: the product and its copy");
         }
         assert_eq!(got.dims(), product(&a, &b).dims());
         assert_close(&vals(&got), &vals(&product(&a, &b)), REDUCE_TOL, &format!("m{m} k{k} n{n} batch{batch}"));

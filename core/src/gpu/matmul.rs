@@ -174,10 +174,14 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
         Some(v) => vec![v],
         None => matmul_ranking(&a.ctx)?,
     };
-    if let Some((ta, tb)) = transposed(&ranked, la, lb)? {
-        // `b^T a^T`, then its transpose copied out.
+    let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
+    if let Some((ta, tb)) = transposed(&ranked, la, lb, max_groups)? {
+        // `b^T a^T`, then its transpose copied out (a single column's is already in order).
         let t = runs(b, &ta, a, &tb, &ranked)?;
         let r = la.rank();
+        if lb.shape()[r - 1] == 1 {
+            return Ok(t);
+        }
         let lt = Layout::contiguous(&out_shape(&ta, &tb)).transpose(r - 2, r - 1)?;
         let out = GpuStorage::alloc(&a.ctx, lt.numel(), DType::F32)?;
         super::copy_into(&t, &lt, &out, &Layout::contiguous(lt.shape()))?;
@@ -186,20 +190,35 @@ pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Resul
     runs(a, la, b, lb, &ranked)
 }
 
+/// The least work a transposed product saves, in multiply-adds: about what its copy's dispatch
+/// costs (a quarter of a millisecond on lavapipe, microseconds on a GPU).
+const MIN_SAVED: usize = 1 << 20;
+
 /// The operands' layouts of `b^T a^T` where that product pads its tiles at most half as much as
 /// `a @ b` would (then a copy transposes it): a tall, narrow output, a classifier's 10 logits for
 /// 256 rows, pads each 64-wide tile's columns six times, where its transpose of 10 rows fills a
-/// row variant's tiles.
-fn transposed(ranked: &[MatmulVariant], la: &Layout, lb: &Layout) -> Result<Option<(Layout, Layout)>> {
+/// row variant's tiles. Not where that saves fewer than [`MIN_SAVED`] multiply-adds (the copy
+/// would cost more), nor where the transpose's column tiles would pass `max_groups`, the
+/// workgroups a dispatch may have along x (`run` cuts rows, not columns).
+fn transposed(
+    ranked: &[MatmulVariant],
+    la: &Layout,
+    lb: &Layout,
+    max_groups: usize,
+) -> Result<Option<(Layout, Layout)>> {
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     if m * k * n == 0 {
         return Ok(None);
     }
     let (ta, tb) = (lb.transpose(r - 2, r - 1)?, la.transpose(r - 2, r - 1)?);
+    let (v, tv) = (choose(ranked, la, lb), choose(ranked, &ta, &tb));
     let padded = |v: MatmulVariant, m: usize, n: usize| m.next_multiple_of(v.tile_m) * n.next_multiple_of(v.tile_n);
-    let pads_less = 2 * padded(choose(ranked, &ta, &tb), n, m) <= padded(choose(ranked, la, lb), m, n);
-    Ok(pads_less.then_some((ta, tb)))
+    let (as_is, swapped) = (padded(v, m, n), padded(tv, n, m));
+    let nb: usize = la.shape()[..r - 2].iter().product();
+    let saved = as_is.saturating_sub(swapped).saturating_mul(k).saturating_mul(nb);
+    let pays = 2 * swapped <= as_is && saved >= MIN_SAVED && m.div_ceil(tv.tile_n) <= max_groups;
+    Ok(pays.then_some((ta, tb)))
 }
 
 /// `a @ b` by runs of K of at most [`K_RUN`], added.
@@ -239,7 +258,7 @@ const MIN_SLICE: usize = 128;
 /// Run `v`, its K cut into slices when the output's tiles alone would leave the adapter idle.
 ///
 /// A weight's gradient is a small output over a long K (128 x 128 summed over a batch of 2,048
-/// tokens is one tile of `direct16x16` and four of `tiled`): one workgroup, so one of lavapipe's
+/// tokens is one tile of `direct8x8` and four of `tiled`): one workgroup, so one of lavapipe's
 /// threads or one of a GPU's hundred cores, loops over all of K. Split, the slices are an extra
 /// batch axis of the same kernel (A's `[m, k]` viewed as `[s, m, len]`, B's `[k, n]` as
 /// `[s, len, n]`), and one reduction sums the `s` partial products. The slice count is one that
@@ -426,7 +445,10 @@ mod tests {
     }
 
     /// A tall output a few columns wide runs as its transpose where that pads half as much (a
-    /// classifier's logits, a weight's gradient for them); square-ish and short outputs do not.
+    /// classifier's logits, a weight's gradient for them); square-ish and short outputs do not,
+    /// nor one that saves too little work for its copy (40 x 3 over 64), nor one whose transpose
+    /// has more column tiles than a dispatch may have (20 million rows of one column: 78,125
+    /// tiles of 256).
     #[test]
     fn a_tall_narrow_product_runs_transposed() {
         let ranked = lavapipe_ranking();
@@ -439,11 +461,15 @@ mod tests {
             (11, 16, 11, 512, false),
             (1, 64, 10, 0, false),
             (0, 64, 10, 0, false),
+            (40, 64, 3, 0, false),
+            (256, 64, 10, 0, false),
+            (20_000_000, 1, 1, 0, false),
+            (1_000_000, 1, 1, 0, true),
         ] {
             let lead: Vec<usize> = if batch == 0 { vec![] } else { vec![batch] };
             let dims = |r: usize, c: usize| lead.iter().copied().chain([r, c]).collect::<Vec<_>>();
             let (la, lb) = (Layout::contiguous(&dims(m, k)), Layout::contiguous(&dims(k, n)));
-            let got = transposed(&ranked, &la, &lb).unwrap();
+            let got = transposed(&ranked, &la, &lb, 65_535).unwrap();
             assert_eq!(got.is_some(), want, "{m} x {k} x {n}, batch {batch}");
             if let Some((ta, tb)) = got {
                 assert_eq!(out_shape(&ta, &tb), dims(n, m));
@@ -451,8 +477,9 @@ mod tests {
         }
     }
 
-    /// A variant forced on a device (the ranking's only one) runs every product it can, a row
-    /// variant's of 64 rows or more and a large tile's of a small output included.
+    /// A variant forced on a device (the ranking's only one) is chosen for every product it can
+    /// run, a row variant for 64 rows or more and a large tile for a small output included (a
+    /// tall, narrow product may still run transposed: `transposed`).
     #[test]
     fn a_forced_variant_runs_wherever_it_can() {
         for v in MATMUL_VARIANTS {
