@@ -27,7 +27,7 @@ pub enum Op {
     /// Batched matmul (operands already broadcast).
     Matmul(Tensor, Tensor),
     /// `op(x @ w + b)` in one op, for `x` `[m, k]`, `w` `[k, n]` and `b` `[1, n]` (a dense layer in
-    /// training on the Cpu: see [`Tensor::matmul_add_unary`]), `op` one whose gradient is read
+    /// training on the Cpu or a GPU: see [`Tensor::matmul_add_unary`]), `op` one whose gradient is read
     /// from its output (identity, relu, tanh, sigmoid, exp).
     Dense {
         /// The layer's input.

@@ -311,8 +311,9 @@ impl Storage {
     }
 
     /// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a compact bias of `n` values, the
-    /// bias and activation applied to the product's output blocks while in cache: Cpu storage
-    /// only (`None` otherwise, for the caller to run the ops one after another).
+    /// bias and activation applied to the product's output blocks while in cache (Cpu), or by the
+    /// product's kernel as it stores them (GPU); `None` where neither can, for the caller to run
+    /// the ops one after another.
     pub fn matmul_add_unary(
         &self,
         la: &Layout,
@@ -321,9 +322,19 @@ impl Storage {
         bias: &Storage,
         op: UnaryOp,
     ) -> Result<Option<Storage>> {
-        let (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) = (self, rhs, bias) else { return Ok(None) };
-        let bias = cpu_bias(bias, lb.shape()[lb.rank() - 1], "matmul_add_unary")?;
-        Ok(Some(Storage::Cpu(cpu::matmul_add_unary(a, la, b, lb, bias, op)?)))
+        match (self, rhs, bias) {
+            (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) => {
+                let bias = cpu_bias(bias, lb.shape()[lb.rank() - 1], "matmul_add_unary")?;
+                Ok(Some(Storage::Cpu(cpu::matmul_add_unary(a, la, b, lb, bias, op)?)))
+            }
+            (Storage::Gpu(a), Storage::Gpu(b), Storage::Gpu(c)) => {
+                gpu::check_layout("matmul", la)?;
+                gpu::check_layout("matmul", lb)?;
+                let out = gpu::matmul_add_unary(a, la, b, lb, c, op)?;
+                Ok(out.map(|s| Storage::Gpu(s.inherit(&[a, b, c]))))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// A dense layer's backward through `op` and its bias in one pass: for the gradient `self`

@@ -522,6 +522,78 @@ fn tall_narrow_products_run_transposed_and_match_cpu() {
     }
 }
 
+/// A dense layer's forward, `op(x @ w + b)`, runs as one product whose kernel adds the bias and
+/// applies the op as it stores each value: on every variant, over awkward shapes and a weight
+/// read transposed, its values are the bits of the product then `add_unary` on the same device,
+/// and match the Cpu's; in training its gradients (x, w, b) match the Cpu's; one dispatch where
+/// the product is one (fails if the epilogue misses the bias, its column, or the op's parameters).
+/// (Every op on the tiled kernel, two on the others: each pair is a pipeline to compile.)
+#[test]
+fn dense_products_apply_bias_and_op_as_they_store() {
+    use weft_core::ops::UnaryOp;
+    let Some(g) = gpu() else { return };
+    let ops = [
+        UnaryOp::Relu,
+        UnaryOp::Identity,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::GeluTanh,
+        UnaryOp::LeakyRelu(0.1),
+        UnaryOp::Affine { mul: 2.0, add: -0.5 },
+    ];
+    let cases = [(1, 7, 129, false), (7, 129, 1, true), (129, 33, 10, false), (64, 64, 64, true)];
+    let run = |x: &Tensor, w: &Tensor, b: &Tensor, op: UnaryOp, fused: bool| {
+        weft_core::no_grad(|| if fused { x.matmul_add_unary(w, b, op) } else { x.matmul(w)?.add_unary(b, op) }).unwrap()
+    };
+    for (i, &(m, k, n, wt)) in cases.iter().enumerate() {
+        let x = Tensor::rand(-1.0, 1.0, &[m, k], 10 + i as u64, &Device::Cpu).unwrap();
+        let w =
+            Tensor::rand(-1.0, 1.0, if wt { [n, k] } else { [k, n] }.as_slice(), 20 + i as u64, &Device::Cpu).unwrap();
+        let b = Tensor::rand(-1.0, 1.0, &[n], 30 + i as u64, &Device::Cpu).unwrap();
+        let view = |t: &Tensor| if wt { t.t().unwrap() } else { t.clone() };
+        for op in ops {
+            let want = vals(&run(&x, &view(&w), &b, op, false));
+            // Every op on the tiled kernel; relu and leaky relu (a parameter) on every one.
+            let some = matches!(op, UnaryOp::Relu | UnaryOp::LeakyRelu(_));
+            for (variant, dev) in matmul_devices(&g).into_iter().filter(|(v, _)| some || *v == "matmul/tiled") {
+                let on = |t: &Tensor| t.to_device(&dev).unwrap();
+                let (xg, wg, bg) = (on(&x), view(&on(&w)), on(&b));
+                let got = vals(&run(&xg, &wg, &bg, op, true));
+                let apart = vals(&run(&xg, &wg, &bg, op, false));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&apart), "{variant} {op:?} {m}x{k}x{n}: fused and apart");
+                assert_close(&got, &want, REDUCE_TOL, &format!("{variant} {op:?} {m}x{k}x{n}"));
+            }
+        }
+    }
+    // Gradients in training, against the Cpu's.
+    let grads = |dev: &Device| -> Vec<Vec<f32>> {
+        let x = weft_core::Var::new(Tensor::rand(-1.0, 1.0, &[33, 20], 1, dev).unwrap()).unwrap();
+        let w = weft_core::Var::new(Tensor::rand(-1.0, 1.0, &[20, 17], 2, dev).unwrap()).unwrap();
+        let b = weft_core::Var::new(Tensor::rand(-1.0, 1.0, &[17], 3, dev).unwrap()).unwrap();
+        let r = Tensor::rand(-1.0, 1.0, &[33, 17], 4, dev).unwrap();
+        let y = x.as_tensor().matmul_add_unary(w.as_tensor(), b.as_tensor(), UnaryOp::Tanh).unwrap();
+        let store = y.mul(&r).unwrap().sum_all().unwrap().backward().unwrap();
+        let mut out = vec![vals(&y)];
+        out.extend([&x, &w, &b].map(|v| vals(store.get(v.as_tensor()).unwrap())));
+        out
+    };
+    for (got, want) in grads(&g).iter().zip(grads(&Device::Cpu)) {
+        assert_close(got, &want, REDUCE_TOL, "training: y, dx, dw, db");
+    }
+    // One dispatch, on a device one workgroup wide (no K is split).
+    let Device::Gpu(first) = &g else { unreachable!("a GPU device") };
+    let dev = Device::gpu(first.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &dev else { unreachable!("a GPU device") };
+    ctx.force_parallel_width(1);
+    let x = Tensor::rand(-1.0, 1.0, &[129, 64], 5, &dev).unwrap();
+    let (w, b) = (Tensor::rand(-1.0, 1.0, &[64, 129], 6, &dev).unwrap(), Tensor::ones(&[129], &dev).unwrap());
+    dev.synchronize().unwrap();
+    let before = ctx.activity().dispatches;
+    run(&x, &w, &b, UnaryOp::Relu, true);
+    assert_eq!(ctx.activity().dispatches - before, 1, "product, bias and relu");
+}
+
 /// An LSTM cell step: `(h, c')` from the gates' pre-activations and the state.
 type Cell = dyn Fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>;
 

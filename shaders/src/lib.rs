@@ -289,7 +289,9 @@ pub fn matmul_direct_source(tm: usize, tn: usize, (wx, wy): (usize, usize)) -> O
     for i in 0..tm {
         for j in 0..tn {
             let (r, col) = (format!("row0 + {i}u"), format!("col0 + {}u", wx * j));
-            store.push(format!("    if ({r} < m && {col} < n) {{ c[out + ({r}) * n + {col}] = c_{i}_{j}; }}"));
+            store.push(format!(
+                "    if ({r} < m && {col} < n) {{ c[out + ({r}) * n + {col}] = epilogue(c_{i}_{j}, {col}); }}"
+            ));
         }
     }
     Some(
@@ -302,6 +304,21 @@ pub fn matmul_direct_source(tm: usize, tn: usize, (wx, wy): (usize, usize)) -> O
             .replace("{{STEP}}", &step.join("\n"))
             .replace("{{STORE}}", &store.join("\n")),
     )
+}
+
+/// What a matmul kernel stores for the sum `v` of output column `col`: `v` itself, or with an
+/// op, `op(v + bias[col])` from a bias at binding 4 and the op's parameters at info 23 and 24
+/// (after the product's own info), the same sum as `add_unary`'s.
+fn matmul_epilogue(op: Option<&str>) -> Option<String> {
+    let Some(op) = op else {
+        return Some("fn epilogue(v: f32, col: u32) -> f32 {\n    return v;\n}\n".into());
+    };
+    let expr = UNARY_OPS.iter().find(|(n, _)| *n == op)?.1;
+    Some(format!(
+        "@group(0) @binding(4) var<storage, read> bias: array<f32>;\n\
+         fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n\
+         fn epilogue(v: f32, col: u32) -> f32 {{\n    return un(v + bias[col], param(23u), param(24u));\n}}\n"
+    ))
 }
 
 fn with_common(body: &str) -> String {
@@ -365,16 +382,25 @@ pub fn source(name: &str) -> Option<String> {
         "gru_cell_grad" if variant.is_empty() => format!("{GRU_CELL_GRAD}\n{GRU_GATES}"),
         "lstm_cell" if variant.is_empty() => format!("{LSTM_CELL}\n{LSTM_GATES}"),
         "lstm_cell_grad" if variant.is_empty() => format!("{LSTM_CELL_GRAD}\n{LSTM_GATES}"),
-        "matmul" if variant == "tiled" => MATMUL.to_string(),
-        "matmul" if variant == "tiled_vec4" => MATMUL_VEC4.to_string(),
+        // `matmul/direct8x8`, or with a bias and an op applied to each value stored,
+        // `matmul/direct8x8/relu` (a dense layer's forward in one pass).
         "matmul" => {
-            // `direct8x8`, `rows1x4`: the workgroup's shape and the register block are in the name.
-            let (block, wg) = match variant.strip_prefix("direct") {
-                Some(block) => (block, (16, 16)),
-                None => (variant.strip_prefix("rows")?, (64, 1)),
+            let (variant, op) = variant.split_once('/').map_or((variant, None), |(v, op)| (v, Some(op)));
+            let body = match variant {
+                "tiled" => MATMUL.to_string(),
+                "tiled_vec4" => MATMUL_VEC4.to_string(),
+                _ => {
+                    // `direct8x8`, `rows1x4`: the workgroup's shape and the register block are
+                    // in the name.
+                    let (block, wg) = match variant.strip_prefix("direct") {
+                        Some(block) => (block, (16, 16)),
+                        None => (variant.strip_prefix("rows")?, (64, 1)),
+                    };
+                    let (tm, tn) = block.split_once('x')?;
+                    matmul_direct_source(tm.parse().ok()?, tn.parse().ok()?, wg)?
+                }
             };
-            let (tm, tn) = block.split_once('x')?;
-            matmul_direct_source(tm.parse().ok()?, tn.parse().ok()?, wg)?
+            format!("{body}\n{}", matmul_epilogue(op)?)
         }
         "index" if variant.is_empty() => INDEX.to_string(),
         "index_add" if variant.is_empty() => INDEX_ADD.to_string(),
@@ -402,20 +428,12 @@ pub fn all_kernels() -> Vec<String> {
     names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
     names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
     names.extend(INDEX_CHECKS.iter().map(|c| format!("index_check/{}", c.0)));
-    names.extend(
-        [
-            "softmax/softmax",
-            "softmax/log",
-            "matmul/tiled",
-            "matmul/tiled_vec4",
-            "matmul/direct4x4",
-            "matmul/direct8x8",
-            "matmul/direct16x16",
-            "matmul/rows1x4",
-            "matmul/rows4x4",
-        ]
-        .map(String::from),
-    );
+    names.extend(["softmax/softmax", "softmax/log"].map(String::from));
+    // Each matmul as it is and with an epilogue; every op's epilogue on the tiled kernel.
+    for v in ["tiled", "tiled_vec4", "direct4x4", "direct8x8", "direct16x16", "rows1x4", "rows4x4"] {
+        names.extend([format!("matmul/{v}"), format!("matmul/{v}/relu")]);
+    }
+    names.extend(UNARY_OPS.iter().filter(|(n, _)| *n != "relu").map(|(n, _)| format!("matmul/tiled/{n}")));
     names.extend(
         [
             "where",

@@ -86,7 +86,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var j = 0u; j < 4u; j = j + 1u) {
             let col = col0 + lid.x + 16u * j;
             if (r < m && col < n) {
-                c[batch * m * n + r * n + col] = acc[i * 4u + j];
+                c[batch * m * n + r * n + col] = epilogue(acc[i * 4u + j], col);
             }
         }
     }

@@ -11,6 +11,7 @@
 
 use super::{GpuContext, GpuStorage};
 use crate::layout::Dims;
+use crate::ops::UnaryOp;
 use crate::{DType, Error, Layout, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -76,7 +77,7 @@ fn autotune(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
     let mut reference: Option<Vec<f32>> = None;
     for v in MATMUL_VARIANTS {
         // A variant that fails to compile or run, or disagrees with the first one, is left out.
-        let Ok(out) = run(&a, &la, &b, &lb, *v) else {
+        let Ok(out) = run(&a, &la, &b, &lb, *v, None) else {
             continue;
         };
         let Ok(bytes) = ctx.read(&out.buf, 0, (m * n * 4) as u64, &[]) else {
@@ -90,7 +91,7 @@ fn autotune(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
         }
         let start = std::time::Instant::now();
         for _ in 0..2 {
-            run(&a, &la, &b, &lb, *v)?;
+            run(&a, &la, &b, &lb, *v, None)?;
         }
         ctx.synchronize()?;
         timed.push((start.elapsed().as_secs_f64(), *v));
@@ -168,12 +169,7 @@ const K_RUN: usize = 16_384;
 
 /// `a @ b` for `[batch.., m, k]` and `[batch.., k, n]` layouts with one batch shape.
 pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
-    let ranked = match a.ctx.forced_matmul() {
-        // A ranking of one, so that `choose` runs it wherever it can; a vec4 kernel still falls
-        // back to the plain tiled one on layouts it cannot read (`choose`'s default).
-        Some(v) => vec![v],
-        None => matmul_ranking(&a.ctx)?,
-    };
+    let ranked = ranking(a)?;
     let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
     if let Some((ta, tb)) = transposed(&ranked, la, lb, max_groups)? {
         // `b^T a^T`, then its transpose copied out (a single column's is already in order).
@@ -245,6 +241,16 @@ fn runs(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, ranked: &[Matm
     sum.ok_or_else(|| Error::Gpu("matmul produced no output".into()))
 }
 
+/// The variants `a`'s device ranks: a forced one alone, so that `choose` runs it wherever it can
+/// (a vec4 kernel still falls back to the plain tiled one on layouts it cannot read: `choose`'s
+/// default).
+fn ranking(a: &GpuStorage) -> Result<Vec<MatmulVariant>> {
+    match a.ctx.forced_matmul() {
+        Some(v) => Ok(vec![v]),
+        None => matmul_ranking(&a.ctx),
+    }
+}
+
 /// `[batch.., m, n]` of two operand layouts.
 fn out_shape(la: &Layout, lb: &Layout) -> Vec<usize> {
     let r = la.rank();
@@ -267,12 +273,10 @@ const MIN_SLICE: usize = 128;
 /// bits, follow the adapter's width.)
 fn run_split(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVariant) -> Result<GpuStorage> {
     let r = la.rank();
-    let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
-    let nb: usize = la.shape()[..r - 2].iter().product();
-    let tiles = nb * m.div_ceil(v.tile_m) * n.div_ceil(v.tile_n);
-    let most = a.ctx.parallel_width().div_ceil(tiles.max(1)).min(k / MIN_SLICE);
-    if tiles == 0 || most < 2 || r - 2 >= MAX_BATCH_RANK {
-        return run(a, la, b, lb, v);
+    let k = la.shape()[r - 1];
+    let most = split_count(a, la, lb, v);
+    if most < 2 {
+        return run(a, la, b, lb, v, None);
     }
     // A vec4 kernel reads K four at a time from aligned offsets: slices of a multiple of 4.
     let whole = |s: usize| k.is_multiple_of(s) && (!v.vec4 || (k / s).is_multiple_of(4));
@@ -288,7 +292,7 @@ fn run_split(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: Matmul
         Layout::new(shape, strides, l.offset())
     };
     let (sa, sb) = (sliced(la, r - 1), sliced(lb, r - 2));
-    let partials = run(a, &sa, b, &sb, fitting(v, &sa, &sb))?;
+    let partials = run(a, &sa, b, &sb, fitting(v, &sa, &sb), None)?;
     let mut shape = out_shape(la, lb);
     shape.insert(r - 2, slices);
     let sum = super::reduce(crate::ops::ReduceOp::Sum, &partials, &Layout::contiguous(&shape), &[r - 2])?;
@@ -297,9 +301,22 @@ fn run_split(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: Matmul
         return Ok(sum);
     }
     let (ra, rb) = (la.narrow(r - 1, done, k - done)?, lb.narrow(r - 2, done, k - done)?);
-    let rest = run(a, &ra, b, &rb, fitting(v, &ra, &rb))?;
+    let rest = run(a, &ra, b, &rb, fitting(v, &ra, &rb), None)?;
     let l = Layout::contiguous(&out_shape(la, lb));
     super::binary(crate::ops::BinaryOp::Add, &sum, &l, &rest, &l)
+}
+
+/// The most slices `run_split` would cut K into for `v` (1: none): as many as fill the adapter's
+/// width with the output's tiles, each at least [`MIN_SLICE`] long.
+fn split_count(a: &GpuStorage, la: &Layout, lb: &Layout, v: MatmulVariant) -> usize {
+    let r = la.rank();
+    let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
+    let nb: usize = la.shape()[..r - 2].iter().product();
+    let tiles = nb * m.div_ceil(v.tile_m) * n.div_ceil(v.tile_n);
+    if tiles == 0 || r - 2 >= MAX_BATCH_RANK {
+        return 1;
+    }
+    a.ctx.parallel_width().div_ceil(tiles).min(k / MIN_SLICE).max(1)
 }
 
 /// `v`, or the plain tiled kernel where `v` reads vec4 and these layouts do not allow it.
@@ -307,8 +324,44 @@ fn fitting(v: MatmulVariant, la: &Layout, lb: &Layout) -> MatmulVariant {
     if v.vec4 && !vec4_ok(la, lb) { MATMUL_VARIANTS[0] } else { v }
 }
 
-/// Run one variant.
-fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVariant) -> Result<GpuStorage> {
+/// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a compact bias of `n` values, the bias
+/// and op applied by the product's kernel as it stores each value (a dense layer's forward in one
+/// dispatch, the values `add_unary` gives the product). `None` where the product would take more
+/// than one dispatch (K cut into runs or slices, a transposed product, rows past a dispatch's
+/// limit): the caller then runs the two ops.
+pub fn matmul_add_unary(
+    a: &GpuStorage,
+    la: &Layout,
+    b: &GpuStorage,
+    lb: &Layout,
+    bias: &GpuStorage,
+    op: UnaryOp,
+) -> Result<Option<GpuStorage>> {
+    let ranked = ranking(a)?;
+    let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
+    if la.rank() != 2 || lb.rank() != 2 {
+        return Ok(None);
+    }
+    let (m, k) = (la.shape()[0], la.shape()[1]);
+    if m * k * lb.shape()[1] == 0 || k > K_RUN || transposed(&ranked, la, lb, max_groups)?.is_some() {
+        return Ok(None);
+    }
+    let v = choose(&ranked, la, lb);
+    if split_count(a, la, lb, v) > 1 || m > max_groups * v.tile_m {
+        return Ok(None);
+    }
+    run(a, la, b, lb, v, Some((bias, op))).map(Some)
+}
+
+/// Run one variant, with an epilogue (a bias and an op) where given.
+fn run(
+    a: &GpuStorage,
+    la: &Layout,
+    b: &GpuStorage,
+    lb: &Layout,
+    v: MatmulVariant,
+    epilogue: Option<(&GpuStorage, UnaryOp)>,
+) -> Result<GpuStorage> {
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
     let batch_shape = &la.shape()[..r - 2];
@@ -335,7 +388,7 @@ fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVarian
         let lo = Layout::contiguous(&out_shape(la, lb));
         for start in (0..m).step_by(rows_per) {
             let len = rows_per.min(m - start);
-            let part = run(a, &la.narrow(r - 2, start, len)?, b, lb, v)?;
+            let part = run(a, &la.narrow(r - 2, start, len)?, b, lb, v, None)?;
             let block = lo.narrow(r - 2, start, len)?;
             super::copy_into(&part, &Layout::contiguous(block.shape()), &out, &block)?;
             out = out.inherit(&[&part]);
@@ -368,7 +421,15 @@ fn run(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVarian
         push4(&mut info, &la.strides()[..r - 2], 0);
         push4(&mut info, &lb.strides()[..r - 2], 0);
         info.push(batch_shape.len() as u32);
-        a.ctx.dispatch(v.kernel, "main", &info, &[&a.buf, &b.buf, &out.buf], [groups[0], groups[1], count as u32])?;
+        let grid = [groups[0], groups[1], count as u32];
+        match epilogue {
+            Some((bias, op)) => {
+                info.extend(op.params().map(f32::to_bits));
+                let kernel = format!("{}/{}", v.kernel, op.name());
+                a.ctx.dispatch(&kernel, "main", &info, &[&a.buf, &b.buf, &out.buf, &bias.buf], grid)?;
+            }
+            None => a.ctx.dispatch(v.kernel, "main", &info, &[&a.buf, &b.buf, &out.buf], grid)?,
+        }
         start += count;
     }
     Ok(out)

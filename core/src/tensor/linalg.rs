@@ -62,8 +62,11 @@ impl Tensor {
     /// from its output (identity, relu, tanh, sigmoid, exp), as one node whose backward takes
     /// the activation's and the bias's gradients in one pass, then the product's (the kernel's
     /// may be left to the optimizer: [`backward_deferring`](Tensor::backward_deferring)).
-    /// Otherwise it is [`matmul`](Tensor::matmul) then [`add_unary`](Tensor::add_unary), with
-    /// their gradients. The same values and gradients either way, bit for bit (NaN as NaN).
+    /// On a GPU, in the same cases, the product's kernel adds the bias and applies the op as it
+    /// stores each value, where the product is one dispatch (one dispatch and one pass over the
+    /// output fewer; the backward as the ops'). Otherwise it is [`matmul`](Tensor::matmul) then
+    /// [`add_unary`](Tensor::add_unary), with their gradients. The same values and gradients
+    /// either way, bit for bit on one device (NaN as NaN).
     ///
     /// ```
     /// use weft_core::{no_grad, ops::UnaryOp, Device, Tensor};
@@ -80,7 +83,7 @@ impl Tensor {
         // With a gradient, one node whose backward takes the activation's and bias's gradients
         // in one pass: for an activation whose gradient is read from its output.
         let training = crate::backprop::grad_enabled();
-        let fused = matches!(self.device(), Device::Cpu) && (!training || crate::backprop::reads_output_only(op));
+        let fused = !matches!(self.device(), Device::Meta) && (!training || crate::backprop::reads_output_only(op));
         let n = rhs.dims().last().copied().unwrap_or(0);
         // The ops one after another (their own checks name any mismatch).
         let apart = || self.matmul(rhs)?.add_unary(bias, op);
