@@ -675,8 +675,9 @@ fn f32_like(storage: crate::storage::Storage, like: &Tensor, dims: &[usize]) -> 
 /// way.
 fn dense_grads(op: UnaryOp, out: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
     let n = out.dims()[1];
-    // (The identity's gradient is `g` as it comes, a view or not: nothing to fuse.)
-    if op != UnaryOp::Identity {
+    // (The identity's gradient is `g` as it comes, a view or not: nothing to fuse; nor on a GPU,
+    // where the copy would be thrown away.)
+    if op != UnaryOp::Identity && matches!(out.device(), crate::Device::Cpu) {
         let gc = g.contiguous_from_zero()?;
         if let Some((d, db)) = gc.storage().act_bias_grads(gc.layout(), &out.storage(), out.layout(), op)? {
             let d = f32_like(d, out, out.dims());

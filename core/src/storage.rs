@@ -310,27 +310,27 @@ impl Storage {
         })
     }
 
-    /// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a compact bias of `n` values, the
-    /// bias and activation applied to the product's output blocks while in cache (Cpu), or by the
-    /// product's kernel as it stores them (GPU); `None` where neither can, for the caller to run
-    /// the ops one after another.
+    /// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a bias of `n` adjacent values from
+    /// `bias_offset`, the bias and activation applied to the product's output blocks while in
+    /// cache (Cpu), or by the product's kernel as it stores them (GPU); `None` where neither can,
+    /// for the caller to run the ops one after another.
     pub fn matmul_add_unary(
         &self,
         la: &Layout,
         rhs: &Storage,
         lb: &Layout,
-        bias: &Storage,
+        (bias, bias_offset): (&Storage, usize),
         op: UnaryOp,
     ) -> Result<Option<Storage>> {
         match (self, rhs, bias) {
             (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) => {
-                let bias = cpu_bias(bias, lb.shape()[lb.rank() - 1], "matmul_add_unary")?;
+                let bias = cpu_bias(bias, bias_offset, lb.shape()[lb.rank() - 1], "matmul_add_unary")?;
                 Ok(Some(Storage::Cpu(cpu::matmul_add_unary(a, la, b, lb, bias, op)?)))
             }
             (Storage::Gpu(a), Storage::Gpu(b), Storage::Gpu(c)) => {
                 gpu::check_layout("matmul", la)?;
                 gpu::check_layout("matmul", lb)?;
-                let out = gpu::matmul_add_unary(a, la, b, lb, c, op)?;
+                let out = gpu::matmul_add_unary(a, la, b, lb, (c, bias_offset), op)?;
                 Ok(out.map(|s| Storage::Gpu(s.inherit(&[a, b, c]))))
             }
             _ => Ok(None),
@@ -406,7 +406,7 @@ impl Storage {
         op: UnaryOp,
     ) -> Result<Option<Storage>> {
         let (Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(bias)) = (self, rhs, bias) else { return Ok(None) };
-        let bias = cpu_bias(bias, lb.shape()[3], "conv2d")?;
+        let bias = cpu_bias(bias, 0, lb.shape()[3], "conv2d")?;
         Ok(Some(Storage::Cpu(cpu::conv2d(a, la, b, lb, g, Some((bias, op)))?)))
     }
 
@@ -581,8 +581,8 @@ impl Storage {
 
 /// The first `n` values of a fused op's bias: compact from 0, its storage may be longer (a view
 /// of a larger tensor); shorter is an Err naming `op`.
-fn cpu_bias<'a>(bias: &'a cpu::CpuStorage, n: usize, op: &'static str) -> Result<&'a [f32]> {
+fn cpu_bias<'a>(bias: &'a cpu::CpuStorage, offset: usize, n: usize, op: &'static str) -> Result<&'a [f32]> {
     bias.f32s(op)?
-        .get(..n)
+        .get(offset..offset + n)
         .ok_or_else(|| crate::Error::invalid(op, format!("a bias of fewer than the output's {n} columns")))
 }

@@ -523,8 +523,8 @@ fn tall_narrow_products_run_transposed_and_match_cpu() {
 }
 
 /// A dense layer's forward, `op(x @ w + b)`, runs as one product whose kernel adds the bias and
-/// applies the op as it stores each value: on every variant, over awkward shapes and a weight
-/// read transposed, its values are the bits of the product then `add_unary` on the same device,
+/// applies the op as it stores each value: on every variant, over awkward shapes, a weight read
+/// transposed and a bias read at an offset, its values are the bits of the product then `add_unary` on the same device,
 /// and match the Cpu's; in training its gradients (x, w, b) match the Cpu's; one dispatch where
 /// the product is one (fails if the epilogue misses the bias, its column, or the op's parameters).
 /// (Every op on the tiled kernel, two on the others: each pair is a pipeline to compile.)
@@ -549,7 +549,9 @@ fn dense_products_apply_bias_and_op_as_they_store() {
         let x = Tensor::rand(-1.0, 1.0, &[m, k], 10 + i as u64, &Device::Cpu).unwrap();
         let w =
             Tensor::rand(-1.0, 1.0, if wt { [n, k] } else { [k, n] }.as_slice(), 20 + i as u64, &Device::Cpu).unwrap();
-        let b = Tensor::rand(-1.0, 1.0, &[n], 30 + i as u64, &Device::Cpu).unwrap();
+        // The bias the second row of a wider tensor (as a GRU's recurrent bias): read at an offset.
+        let b = Tensor::rand(-1.0, 1.0, &[2, n], 30 + i as u64, &Device::Cpu).unwrap();
+        let b = b.narrow(0, 1, 1).unwrap().reshape(&[n]).unwrap();
         let view = |t: &Tensor| if wt { t.t().unwrap() } else { t.clone() };
         for op in ops {
             let want = vals(&run(&x, &view(&w), &b, op, false));
@@ -557,7 +559,8 @@ fn dense_products_apply_bias_and_op_as_they_store() {
             let some = matches!(op, UnaryOp::Relu | UnaryOp::LeakyRelu(_));
             for (variant, dev) in matmul_devices(&g).into_iter().filter(|(v, _)| some || *v == "matmul/tiled") {
                 let on = |t: &Tensor| t.to_device(&dev).unwrap();
-                let (xg, wg, bg) = (on(&x), view(&on(&w)), on(&b));
+                let wide = on(&b.reshape(&[1, n]).unwrap().broadcast_to(&[2, n]).unwrap().contiguous().unwrap());
+                let (xg, wg, bg) = (on(&x), view(&on(&w)), wide.narrow(0, 1, 1).unwrap().reshape(&[n]).unwrap());
                 let got = vals(&run(&xg, &wg, &bg, op, true));
                 let apart = vals(&run(&xg, &wg, &bg, op, false));
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

@@ -358,9 +358,9 @@ pub fn linear(
 /// [`linear`], with `product` given the bias and activation to apply itself (`op(y + bias)`, the
 /// identity for a linear activation) where the split allows (not after a row split's
 /// all-reduce): a convolution applies them to its output blocks while in cache, and so does a
-/// dense layer's product on the Cpu ([`Tensor::matmul_add_unary`]: in training too, as one node,
-/// for an activation whose gradient is read from its output). Given `None`, it returns the bare
-/// product.
+/// dense layer's product on the Cpu, or its kernel as it stores on a GPU where the product is one
+/// dispatch ([`Tensor::matmul_add_unary`]: in training too, as one node, for an activation whose
+/// gradient is read from its output). Given `None`, it returns the bare product.
 pub fn linear_fused(
     layer: &dyn crate::Layer,
     ctx: &crate::Ctx,

@@ -307,8 +307,8 @@ pub fn matmul_direct_source(tm: usize, tn: usize, (wx, wy): (usize, usize)) -> O
 }
 
 /// What a matmul kernel stores for the sum `v` of output column `col`: `v` itself, or with an
-/// op, `op(v + bias[col])` from a bias at binding 4 and the op's parameters at info 23 and 24
-/// (after the product's own info), the same sum as `add_unary`'s.
+/// op, `op(v + bias[col])` from a bias at binding 4 (its first value at info 25) and the op's
+/// parameters at info 23 and 24 (after the product's own info), the same sum as `add_unary`'s.
 fn matmul_epilogue(op: Option<&str>) -> Option<String> {
     let Some(op) = op else {
         return Some("fn epilogue(v: f32, col: u32) -> f32 {\n    return v;\n}\n".into());
@@ -317,7 +317,7 @@ fn matmul_epilogue(op: Option<&str>) -> Option<String> {
     Some(format!(
         "@group(0) @binding(4) var<storage, read> bias: array<f32>;\n\
          fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n\
-         fn epilogue(v: f32, col: u32) -> f32 {{\n    return un(v + bias[col], param(23u), param(24u));\n}}\n"
+         fn epilogue(v: f32, col: u32) -> f32 {{\n    return un(v + bias[info[25] + col], param(23u), param(24u));\n}}\n"
     ))
 }
 

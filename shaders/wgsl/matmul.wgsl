@@ -14,7 +14,9 @@
 //
 // info: [M, N, K, a_offset, b_offset, a_row_stride, a_col_stride, b_row_stride, b_col_stride,
 //        batch_start, batch_shape[4] at 10, a_batch_strides[4] at 14, b_batch_strides[4] at 18,
-//        batch_rank at 22]
+//        batch_rank at 22]; with an epilogue (`matmul/tiled/relu`: weft-shaders' matmul_epilogue),
+//        the op's two parameters at 23 and 24 and the bias's first value at 25, the bias at
+//        binding 4.
 
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;

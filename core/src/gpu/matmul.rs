@@ -324,8 +324,8 @@ fn fitting(v: MatmulVariant, la: &Layout, lb: &Layout) -> MatmulVariant {
     if v.vec4 && !vec4_ok(la, lb) { MATMUL_VARIANTS[0] } else { v }
 }
 
-/// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a compact bias of `n` values, the bias
-/// and op applied by the product's kernel as it stores each value (a dense layer's forward in one
+/// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a bias of `n` adjacent values from
+/// `bias_offset`, the bias and op applied by the product's kernel as it stores each value (a dense layer's forward in one
 /// dispatch, the values `add_unary` gives the product). `None` where the product would take more
 /// than one dispatch (K cut into runs or slices, a transposed product, rows past a dispatch's
 /// limit): the caller then runs the two ops.
@@ -334,7 +334,7 @@ pub fn matmul_add_unary(
     la: &Layout,
     b: &GpuStorage,
     lb: &Layout,
-    bias: &GpuStorage,
+    bias: (&GpuStorage, usize),
     op: UnaryOp,
 ) -> Result<Option<GpuStorage>> {
     let ranked = ranking(a)?;
@@ -360,7 +360,7 @@ fn run(
     b: &GpuStorage,
     lb: &Layout,
     v: MatmulVariant,
-    epilogue: Option<(&GpuStorage, UnaryOp)>,
+    epilogue: Option<((&GpuStorage, usize), UnaryOp)>,
 ) -> Result<GpuStorage> {
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);
@@ -382,6 +382,8 @@ fn run(
     let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
     let rows_per = max_groups * v.tile_m;
     if m > rows_per {
+        // (matmul_add_unary never sends a product here: the blocks would drop its epilogue.)
+        debug_assert!(epilogue.is_none(), "an epilogue on a product of row blocks");
         // More row tiles than one dispatch may have along y (a stack of rows folded into one
         // product can reach it): products of row blocks, each copied into its rows of the output.
         let mut out = GpuStorage::alloc(&a.ctx, nb * m * n, DType::F32)?;
@@ -423,8 +425,9 @@ fn run(
         info.push(batch_shape.len() as u32);
         let grid = [groups[0], groups[1], count as u32];
         match epilogue {
-            Some((bias, op)) => {
+            Some(((bias, offset), op)) => {
                 info.extend(op.params().map(f32::to_bits));
+                info.push(offset as u32);
                 let kernel = format!("{}/{}", v.kernel, op.name());
                 a.ctx.dispatch(&kernel, "main", &info, &[&a.buf, &b.buf, &out.buf, &bias.buf], grid)?;
             }

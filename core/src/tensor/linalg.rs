@@ -109,8 +109,11 @@ impl Tensor {
         let mut shape = self.dims().to_vec();
         *shape.last_mut().expect("rank >= 2") = n;
         super::check_shape(what, &shape, self.device())?;
-        let b = bias.contiguous_from_zero()?;
-        let storage = match x.storage().matmul_add_unary(x.layout(), &rhs.storage(), rhs.layout(), &b.storage(), op)? {
+        // (A bias cut from a wider variable, a GRU's recurrent half, is read where it lies.)
+        let b = bias.contiguous()?;
+        let bias_storage = b.storage();
+        let bias_at = (&bias_storage, b.layout().offset());
+        let storage = match x.storage().matmul_add_unary(x.layout(), &rhs.storage(), rhs.layout(), bias_at, op)? {
             Some(s) => s,
             None => return apart(),
         };

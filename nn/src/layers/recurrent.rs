@@ -8,7 +8,7 @@ use crate::penalty::{Penalties, penalty_options};
 use crate::split::SplitRule;
 use crate::{Activation, Ctx, Initializer, Layer, tp};
 use std::sync::OnceLock;
-use weft_core::ops::BinaryOp;
+use weft_core::ops::{BinaryOp, UnaryOp};
 use weft_core::{DType, Error, Result, Tensor, Var, trace};
 
 /// Which cell a recurrent layer runs.
@@ -149,14 +149,16 @@ impl Recurrent {
             }
         }
         // Keras' dropout: one mask for the inputs and one for the state, kept over every step.
-        let mut xs = match step_mask(ctx, &path, self.dropout, 0, b, x.dims()[2], x.device())? {
-            Some(m) => x.mul(&m.unsqueeze(1)?)?.matmul(kernel)?,
+        let x = match step_mask(ctx, &path, self.dropout, 0, b, x.dims()[2], x.device())? {
+            Some(m) => x.mul(&m.unsqueeze(1)?)?,
+            None => x.clone(),
+        };
+        // The input bias added by the product as it stores (one op).
+        let xs = match &input_bias {
+            Some(ib) => x.matmul_add_unary(kernel, ib, UnaryOp::Identity)?,
             None => x.matmul(kernel)?,
         };
         let state_mask = step_mask(ctx, &path, self.recurrent_dropout, 1, b, self.units, x.device())?;
-        if let Some(ib) = &input_bias {
-            xs = xs.add(ib)?;
-        }
         let u = self.units;
         let gate = |t: &Tensor, i: usize| t.narrow(-1, i * u, u);
         let (act, ract) = (self.activation, self.recurrent_activation);
@@ -190,10 +192,10 @@ impl Recurrent {
                 }
                 Cell::Gru { reset_after } => {
                     let hr = if reset_after {
-                        let hr = hd.matmul(recurrent)?;
+                        // The recurrent bias added by the product as it stores (one op).
                         match &recurrent_bias {
-                            Some(rb) => hr.add(rb)?,
-                            None => hr,
+                            Some(rb) => hd.matmul_add_unary(recurrent, rb, UnaryOp::Identity)?,
+                            None => hd.matmul(recurrent)?,
                         }
                     } else {
                         hd.matmul(&recurrent.narrow(1, 0, 2 * u)?)?
