@@ -121,39 +121,55 @@ impl Storage {
     }
 
     /// One LSTM cell step (see [`Tensor::lstm_cell`](crate::Tensor::lstm_cell)): `h` and the new
-    /// state, `[rows, 2, u]`, from `self` (the gates' pre-activations `z`, `[rows, 4u]`) and the
-    /// state `c` (`[rows, u]`).
-    pub fn lstm_cell(&self, lz: &Layout, c: &Storage, lc: &Layout) -> Result<Storage> {
-        Ok(match (self, c) {
-            (Storage::Cpu(z), Storage::Cpu(c)) => Storage::Cpu(cpu::lstm_cell(z, lz, c, lc)?),
-            (Storage::Gpu(z), Storage::Gpu(c)) => {
-                gpu::check_layout("lstm_cell", lz)?;
-                gpu::check_layout("lstm_cell", lc)?;
-                Storage::Gpu(gpu::lstm_cell(z, lz, c, lc)?.inherit(&[z, c]))
+    /// state, `[rows, 2, u]`, from `self` (the gates' pre-activations `z`, `[rows, 4u]`, or with
+    /// `second`, one share of them, the other `second`) and the state `c` (`[rows, u]`).
+    pub fn lstm_cell(
+        &self,
+        lz: &Layout,
+        second: Option<(&Storage, &Layout)>,
+        (c, lc): (&Storage, &Layout),
+    ) -> Result<Storage> {
+        let other = second.map_or(self, |s| s.0);
+        Ok(match (self, other, c) {
+            (Storage::Cpu(z), Storage::Cpu(h), Storage::Cpu(c)) => {
+                let gates = cpu::lstm::Gates::new((z, lz), second.map(|(_, l)| (h, l)))?;
+                Storage::Cpu(cpu::lstm_cell(&gates, c, lc)?)
             }
-            (Storage::Meta, Storage::Meta) => Storage::Meta,
-            _ => return Err(mismatch("lstm_cell", self, c)),
+            (Storage::Gpu(z), Storage::Gpu(h), Storage::Gpu(c)) => {
+                for l in [Some(lz), second.map(|s| s.1), Some(lc)].into_iter().flatten() {
+                    gpu::check_layout("lstm_cell", l)?;
+                }
+                let gates = ((z, lz), second.map(|(_, l)| (h, l)));
+                Storage::Gpu(gpu::lstm_cell(gates, (c, lc))?.inherit(&[z, h, c]))
+            }
+            (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("lstm_cell", self, first_other(self, &[other, c]))),
         })
     }
 
     /// The backward of [`lstm_cell`](Storage::lstm_cell): the gradients of `z` and `c` side by
-    /// side, `[rows, 5u]`, from `self` (`z`), `c` and the output's gradient `g` (`[rows, 2, u]`).
+    /// side, `[rows, 5u]`, from `self` (`z`, or with `second` one share of it), `c` and the
+    /// output's gradient `g` (`[rows, 2, u]`).
     pub fn lstm_cell_grad(
         &self,
         lz: &Layout,
+        second: Option<(&Storage, &Layout)>,
         (c, lc): (&Storage, &Layout),
         (g, lg): (&Storage, &Layout),
     ) -> Result<Storage> {
-        Ok(match (self, c, g) {
-            (Storage::Cpu(z), Storage::Cpu(c), Storage::Cpu(g)) => {
-                Storage::Cpu(cpu::lstm_cell_grad((z, lz), (c, lc), (g, lg))?)
+        let other = second.map_or(self, |s| s.0);
+        Ok(match (self, other, c, g) {
+            (Storage::Cpu(z), Storage::Cpu(h), Storage::Cpu(c), Storage::Cpu(g)) => {
+                let gates = cpu::lstm::Gates::new((z, lz), second.map(|(_, l)| (h, l)))?;
+                Storage::Cpu(cpu::lstm_cell_grad(&gates, (c, lc), (g, lg))?)
             }
-            (Storage::Gpu(z), Storage::Gpu(c), Storage::Gpu(g)) => {
+            (Storage::Gpu(z), Storage::Gpu(h), Storage::Gpu(c), Storage::Gpu(g)) => {
                 gpu::check_layout("lstm_cell", lg)?;
-                Storage::Gpu(gpu::lstm_cell_grad((z, lz), (c, lc), (g, lg))?.inherit(&[z, c, g]))
+                let gates = ((z, lz), second.map(|(_, l)| (h, l)));
+                Storage::Gpu(gpu::lstm_cell_grad(gates, (c, lc), (g, lg))?.inherit(&[z, h, c, g]))
             }
-            (Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
-            _ => return Err(mismatch("lstm_cell", self, first_other(self, &[c, g]))),
+            (Storage::Meta, Storage::Meta, Storage::Meta, Storage::Meta) => Storage::Meta,
+            _ => return Err(mismatch("lstm_cell", self, first_other(self, &[other, c, g]))),
         })
     }
 

@@ -597,6 +597,48 @@ fn dense_products_apply_bias_and_op_as_they_store() {
     assert_eq!(ctx.activity().dispatches - before, 1, "product, bias and relu");
 }
 
+/// An LSTM step given its gates as two shares (`Tensor::lstm_cell_of_shares`) is the step of
+/// their sum, bit for bit, on the Cpu and on a GPU: h, c' and the gradients (each share gets the
+/// sum's, c its own), with the shares read through views (one transposed, one narrowed); the
+/// GPU's step is one dispatch where the sum and the step were two (fails if the kernel reads one
+/// share, or a share at the other's strides).
+#[test]
+fn an_lstm_step_of_two_shares_is_the_step_of_their_sum() {
+    let Some(g) = gpu() else { return };
+    let (rows, u) = (7, 5);
+    let run = |dev: &Device, shares: bool| -> Vec<Vec<u32>> {
+        let on = |t: Tensor| weft_core::Var::new(t.to_device(dev).unwrap()).unwrap();
+        let xv = on(Tensor::rand(-3.0, 3.0, &[4 * u, rows], 1, &Device::Cpu).unwrap());
+        let hv = on(Tensor::rand(-3.0, 3.0, &[rows, 4 * u + 3], 2, &Device::Cpu).unwrap());
+        let cv = on(Tensor::rand(-2.0, 2.0, &[rows, u], 3, &Device::Cpu).unwrap());
+        let (x, h) = (xv.as_tensor().t().unwrap(), hv.as_tensor().narrow(1, 2, 4 * u).unwrap());
+        let (h1, c1) = if shares {
+            Tensor::lstm_cell_of_shares(&x, &h, cv.as_tensor()).unwrap()
+        } else {
+            Tensor::lstm_cell(&x.add(&h).unwrap(), cv.as_tensor()).unwrap()
+        };
+        let w = |s: u64| Tensor::rand(-1.0, 1.0, &[rows, u], s, &Device::Cpu).unwrap().to_device(dev).unwrap();
+        let loss = h1.mul(&w(4)).unwrap().sum_all().unwrap().add(&c1.mul(&w(5)).unwrap().sum_all().unwrap()).unwrap();
+        let grads = loss.backward().unwrap();
+        let bits = |t: &Tensor| vals(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let mut out = vec![bits(&h1), bits(&c1)];
+        out.extend([&xv, &hv, &cv].map(|v| bits(grads.get(v.as_tensor()).unwrap())));
+        out
+    };
+    for dev in [Device::Cpu, g.clone()] {
+        assert_eq!(run(&dev, true), run(&dev, false), "{}", dev.describe());
+    }
+    // A device of its own: other tests' dispatches on the shared one would count too.
+    let Device::Gpu(first) = &g else { unreachable!("a GPU device") };
+    let dev = Device::gpu(first.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &dev else { unreachable!("a GPU device") };
+    let (x, h) = (Tensor::ones(&[rows, 4 * u], &dev).unwrap(), Tensor::ones(&[rows, 4 * u], &dev).unwrap());
+    let c = Tensor::ones(&[rows, u], &dev).unwrap();
+    let before = ctx.activity().dispatches;
+    weft_core::no_grad(|| Tensor::lstm_cell_of_shares(&x, &h, &c)).unwrap();
+    assert_eq!(ctx.activity().dispatches - before, 1, "the step of two shares");
+}
+
 /// An LSTM cell step: `(h, c')` from the gates' pre-activations and the state.
 type Cell = dyn Fn(&Tensor, &Tensor) -> Result<(Tensor, Tensor)>;
 

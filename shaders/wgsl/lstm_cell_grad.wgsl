@@ -9,6 +9,7 @@
 
 @group(0) @binding(3) var<storage, read> g_buf: array<f32>;
 @group(0) @binding(4) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(5) var<storage, read> z2_buf: array<f32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

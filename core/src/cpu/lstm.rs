@@ -11,14 +11,45 @@ use crate::ops::{UnaryOp, tanh};
 use crate::{Layout, Result};
 use std::mem::MaybeUninit;
 
+/// The gates' pre-activations: one tensor `z`, or two shares (`x W + b` and `h U`) whose sum it is.
+pub struct Gates<'a> {
+    z: Rows<'a>,
+    second: Option<Rows<'a>>,
+}
+
+impl<'a> Gates<'a> {
+    /// `z` (`[rows, 4u]`), plus `second` of the same shape where given, both in any layout.
+    pub fn new((z, lz): (&'a CpuStorage, &Layout), second: Option<(&'a CpuStorage, &Layout)>) -> Result<Self> {
+        let z = Rows::new(z.f32s("lstm_cell")?, lz)?;
+        let second = second.map(|(s, l)| Rows::new(s.f32s("lstm_cell")?, l)).transpose()?;
+        Ok(Gates { z, second })
+    }
+
+    /// `f` of row `r`'s pre-activations, summed into a room kept per thread where there are two
+    /// shares (the bits of adding the two tensors).
+    fn with_row<T>(&self, r: usize, f: impl FnOnce(&[f32]) -> T) -> T {
+        thread_local! {
+            static ROOM: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        match &self.second {
+            None => f(self.z.row(r)),
+            Some(h) => ROOM.with_borrow_mut(|room| {
+                room.clear();
+                room.extend(self.z.row(r).iter().zip(h.row(r)).map(|(a, b)| a + b));
+                f(room)
+            }),
+        }
+    }
+}
+
 /// `h` and the new state, `[rows, 2, u]`, from the gates' pre-activations `z` (`[rows, 4u]`,
 /// gates in Keras' order i, f, g, o) and the state `c` (`[rows, u]`), both in any layout.
-pub fn lstm_cell(z: &CpuStorage, lz: &Layout, c: &CpuStorage, lc: &Layout) -> Result<CpuStorage> {
-    let (zs, cs) = (Rows::new(z.f32s("lstm_cell")?, lz)?, Rows::new(c.f32s("lstm_cell")?, lc)?);
+pub fn lstm_cell(z: &Gates, c: &CpuStorage, lc: &Layout) -> Result<CpuStorage> {
+    let cs = Rows::new(c.f32s("lstm_cell")?, lc)?;
     let (rows, u) = (lc.shape()[0], lc.shape()[1]);
     let out = par_rows(2 * rows * u, 2 * u, CELL_TASK, |r, o| {
         let (h, c2) = o.split_at_mut(u);
-        forward_row(zs.row(r), cs.row(r), h, c2);
+        z.with_row(r, |z| forward_row(z, cs.row(r), h, c2));
     })?;
     Ok(f32_storage(out))
 }
@@ -27,15 +58,15 @@ pub fn lstm_cell(z: &CpuStorage, lz: &Layout, c: &CpuStorage, lc: &Layout) -> Re
 /// of z's, then u of c's), from the same `z` and `c` and the output's gradient `g`
 /// (`[rows, 2, u]`, any layout).
 pub fn lstm_cell_grad(
-    (z, lz): (&CpuStorage, &Layout),
+    z: &Gates,
     (c, lc): (&CpuStorage, &Layout),
     (g, lg): (&CpuStorage, &Layout),
 ) -> Result<CpuStorage> {
-    let (zs, cs) = (Rows::new(z.f32s("lstm_cell")?, lz)?, Rows::new(c.f32s("lstm_cell")?, lc)?);
+    let cs = Rows::new(c.f32s("lstm_cell")?, lc)?;
     let gs = strided(g.f32s("lstm_cell")?, lg)?;
     let (rows, u) = (lc.shape()[0], lc.shape()[1]);
     let out = par_rows(5 * rows * u, 5 * u, CELL_TASK, |r, o| {
-        backward_row(zs.row(r), cs.row(r), &gs[r * 2 * u..(r + 1) * 2 * u], o);
+        z.with_row(r, |z| backward_row(z, cs.row(r), &gs[r * 2 * u..(r + 1) * 2 * u], o));
     })?;
     Ok(f32_storage(out))
 }

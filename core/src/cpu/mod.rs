@@ -18,7 +18,7 @@ mod gemm_engine;
 mod gemm_pack;
 mod gru;
 mod index;
-mod lstm;
+pub(crate) mod lstm;
 mod matmul;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod matmul_adam;

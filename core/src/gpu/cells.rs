@@ -16,26 +16,46 @@ fn info(state: &Layout, operands: &[&Layout]) -> (Vec<u32>, usize) {
     (info, rows * u)
 }
 
-/// `h` and the new state, `[rows, 2, u]`, from `z` (`[rows, 4u]`) and `c` (`[rows, u]`).
-pub fn lstm_cell(z: &GpuStorage, lz: &Layout, c: &GpuStorage, lc: &Layout) -> Result<GpuStorage> {
-    let (info, n) = info(lc, &[lz, lc]);
+/// An LSTM's gate pre-activations `z` (`[rows, 4u]`), or one share of them and the other.
+pub type LstmGates<'a> = ((&'a GpuStorage, &'a Layout), Option<(&'a GpuStorage, &'a Layout)>);
+
+/// The second share's info (at 12: whether there is one, its offset and strides) and buffer, bound
+/// after the kernel's own (z's again where there is none: bound, never read).
+fn second_share<'a>(((z, _), second): &LstmGates<'a>) -> ([u32; 4], &'a GpuStorage) {
+    match second {
+        Some((h, l)) => ([1, l.offset() as u32, l.strides()[0] as u32, l.strides()[1] as u32], h),
+        None => ([0; 4], z),
+    }
+}
+
+/// `h` and the new state, `[rows, 2, u]`, from the gates (`[rows, 4u]`) and `c` (`[rows, u]`).
+pub fn lstm_cell(gates: LstmGates, (c, lc): (&GpuStorage, &Layout)) -> Result<GpuStorage> {
+    let (z, lz) = gates.0;
+    let (mut info, n) = info(lc, &[lz, lc]);
+    let (more, z2) = second_share(&gates);
+    info.extend([0; 4].into_iter().chain(more));
     let out = GpuStorage::alloc(&z.ctx, 2 * n, DType::F32)?;
-    z.ctx.dispatch("lstm_cell", "main", &info, &[&z.buf, &c.buf, &out.buf], z.ctx.grid_1d(n))?;
+    let buffers = [&z.buf, &c.buf, &out.buf, &z2.buf];
+    z.ctx.dispatch("lstm_cell", "main", &info, &buffers, z.ctx.grid_1d(n))?;
     Ok(out)
 }
 
-/// The gradients of `z` and `c` side by side, `[rows, 5u]`, from the same `z` and `c` and the
+/// The gradients of `z` and `c` side by side, `[rows, 5u]`, from the same gates and `c` and the
 /// output's gradient `g` (`[rows, 2, u]`).
 pub fn lstm_cell_grad(
-    (z, lz): (&GpuStorage, &Layout),
+    gates: LstmGates,
     (c, lc): (&GpuStorage, &Layout),
     (g, lg): (&GpuStorage, &Layout),
 ) -> Result<GpuStorage> {
+    let (z, lz) = gates.0;
     let (mut info, n) = info(lc, &[lz, lc]);
     let s = lg.strides();
     info.extend([lg.offset() as u32, s[1] as u32, s[0] as u32, s[2] as u32]);
+    let (more, z2) = second_share(&gates);
+    info.extend(more);
     let out = GpuStorage::alloc(&z.ctx, 5 * n, DType::F32)?;
-    z.ctx.dispatch("lstm_cell_grad", "main", &info, &[&z.buf, &c.buf, &g.buf, &out.buf], z.ctx.grid_1d(n))?;
+    let buffers = [&z.buf, &c.buf, &g.buf, &out.buf, &z2.buf];
+    z.ctx.dispatch("lstm_cell_grad", "main", &info, &buffers, z.ctx.grid_1d(n))?;
     Ok(out)
 }
 

@@ -25,34 +25,76 @@ impl Tensor {
     /// # Ok::<(), weft_core::Error>(())
     /// ```
     pub fn lstm_cell(z: &Tensor, c: &Tensor) -> Result<(Tensor, Tensor)> {
-        z.expect_f32("lstm_cell")?;
-        c.expect_f32("lstm_cell")?;
-        z.same_device(c, "lstm_cell")?;
+        Tensor::lstm_step(z, None, c)
+    }
+
+    /// [`lstm_cell`](Tensor::lstm_cell) with the gates' pre-activations given as two shares of
+    /// one shape, `x` (the input's, `x W + b`) and `h` (the state's, `h U`), added in the step:
+    /// the bits of `lstm_cell(&x.add(h)?, c)` without a pass (a dispatch on a GPU) for the sum.
+    ///
+    /// ```
+    /// use weft_core::{Device, Tensor};
+    /// let x = Tensor::rand(-1.0, 1.0, &[2, 12], 1, &Device::Cpu)?;
+    /// let h = Tensor::rand(-1.0, 1.0, &[2, 12], 2, &Device::Cpu)?;
+    /// let c = Tensor::ones(&[2, 3], &Device::Cpu)?;
+    /// let (h1, c1) = Tensor::lstm_cell_of_shares(&x, &h, &c)?;
+    /// let (h2, c2) = Tensor::lstm_cell(&x.add(&h)?, &c)?;
+    /// assert_eq!((h1.to_vec::<f32>()?, c1.to_vec::<f32>()?), (h2.to_vec::<f32>()?, c2.to_vec::<f32>()?));
+    /// # Ok::<(), weft_core::Error>(())
+    /// ```
+    pub fn lstm_cell_of_shares(x: &Tensor, h: &Tensor, c: &Tensor) -> Result<(Tensor, Tensor)> {
+        Tensor::lstm_step(x, Some(h), c)
+    }
+
+    /// The LSTM step of `z` (or of `z + second`) and `c`.
+    fn lstm_step(z: &Tensor, second: Option<&Tensor>, c: &Tensor) -> Result<(Tensor, Tensor)> {
+        for t in [Some(z), second, Some(c)].into_iter().flatten() {
+            t.expect_f32("lstm_cell")?;
+            z.same_device(t, "lstm_cell")?;
+        }
         let fits = c.rank() == 2
             && z.rank() == 2
             && Some(z.dims()[1]) == c.dims()[1].checked_mul(4)
             && z.dims()[0] == c.dims()[0];
-        if !fits {
+        if !fits || second.is_some_and(|h| h.dims() != z.dims()) {
+            let shares = second.map_or(String::new(), |h| format!(" and {:?}", h.dims()));
             return Err(Error::invalid(
                 "lstm_cell",
                 format!(
-                    "gates of shape {:?} for a state of shape {:?}: want [rows, 4u] and [rows, u]",
+                    "gates of shape {:?}{shares} for a state of shape {:?}: want [rows, 4u] and [rows, u]",
                     z.dims(),
                     c.dims()
                 ),
             ));
         }
         let (rows, u) = (c.dims()[0], c.dims()[1]);
-        let storage = z.storage().lstm_cell(z.layout(), &c.storage(), c.layout())?;
-        let (zb, cb) = (z.clone(), c.clone());
+        let share = second.map(|h| (h.storage(), h.layout().clone()));
+        let storage =
+            z.storage().lstm_cell(z.layout(), share.as_ref().map(|(s, l)| (s, l)), (&c.storage(), c.layout()))?;
+        let (zb, hb, cb) = (z.clone(), second.cloned(), c.clone());
         let backward = Arc::new(move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
             zb.same_device(g, "lstm_cell")?;
-            let d =
-                zb.storage().lstm_cell_grad(zb.layout(), (&cb.storage(), cb.layout()), (&g.storage(), g.layout()))?;
+            let share = hb.as_ref().map(|h| (h.storage(), h.layout().clone()));
+            let d = zb.storage().lstm_cell_grad(
+                zb.layout(),
+                share.as_ref().map(|(s, l)| (s, l)),
+                (&cb.storage(), cb.layout()),
+                (&g.storage(), g.layout()),
+            )?;
             let d = Tensor::from_storage(d, &[rows, 5 * u], DType::F32, zb.device().clone(), None);
-            Ok(vec![Some(d.narrow(1, 0, 4 * u)?), Some(d.narrow(1, 4 * u, u)?)])
+            let dz = d.narrow(1, 0, 4 * u)?;
+            // Both shares of a sum get its gradient.
+            let mut grads = vec![Some(dz.clone())];
+            if hb.is_some() {
+                grads.push(Some(dz));
+            }
+            grads.push(Some(d.narrow(1, 4 * u, u)?));
+            Ok(grads)
         });
-        let node = Op::Custom { name: "lstm_cell", inputs: vec![z.clone(), c.clone()], backward };
+        let mut inputs = vec![z.clone()];
+        inputs.extend(second.cloned());
+        inputs.push(c.clone());
+        let node = Op::Custom { name: "lstm_cell", inputs, backward };
         let out = Tensor::from_storage(storage, &[rows, 2, u], DType::F32, z.device().clone(), Some(node));
         // c' first: h is the last tensor made, the layer's output where a region's last is read
         // as its output (`Model::summary`, the planner's graph).

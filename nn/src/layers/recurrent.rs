@@ -179,11 +179,13 @@ impl Recurrent {
             let (h_new, c_new) = match self.cell {
                 Cell::Simple => (act.apply(&xt.add(&hd.matmul(recurrent)?)?)?, None),
                 Cell::Lstm { .. } => {
-                    let z = xt.add(&hd.matmul(recurrent)?)?;
+                    let hz = hd.matmul(recurrent)?;
                     if fused {
-                        let (h, c_new) = Tensor::lstm_cell(&z, &c)?;
+                        // The two shares of the gates added in the step.
+                        let (h, c_new) = Tensor::lstm_cell_of_shares(&xt, &hz, &c)?;
                         (h, Some(c_new))
                     } else {
+                        let z = xt.add(&hz)?;
                         let (i, f) = (ract.apply(&gate(&z, 0)?)?, ract.apply(&gate(&z, 1)?)?);
                         let (g, o) = (act.apply(&gate(&z, 2)?)?, ract.apply(&gate(&z, 3)?)?);
                         let c_new = f.mul(&c)?.add(&i.mul(&g)?)?;
