@@ -595,8 +595,8 @@ impl Storage {
     }
 }
 
-/// The first `n` values of a fused op's bias: compact from 0, its storage may be longer (a view
-/// of a larger tensor); shorter is an Err naming `op`.
+/// The `n` values of a fused op's bias from `offset`: adjacent, its storage may be longer (a view
+/// of a larger tensor, a GRU's recurrent half); shorter is an Err naming `op`.
 fn cpu_bias<'a>(bias: &'a cpu::CpuStorage, offset: usize, n: usize, op: &'static str) -> Result<&'a [f32]> {
     bias.f32s(op)?
         .get(offset..offset + n)

@@ -1,8 +1,9 @@
 //! Recurrent layers: SimpleRNN, GRU and LSTM, run step by step over the time axis of
 //! `[batch, time, features]`, each step built from matmuls and activations, an LSTM's or a GRU's
-//! gates and state update with Keras' default activations as one op (`Tensor::lstm_cell`,
-//! `Tensor::gru_cell`); the gradient flows back through time by the same autograd as everything
-//! else.
+//! gates and state update with Keras' default activations as one op
+//! (`Tensor::lstm_cell_of_shares`, `Tensor::gru_cell`), the biases added by the products
+//! (`Tensor::matmul_add_unary`); the gradient flows back through time by the same autograd as
+//! everything else.
 
 use crate::penalty::{Penalties, penalty_options};
 use crate::split::SplitRule;
@@ -163,7 +164,7 @@ impl Recurrent {
         let gate = |t: &Tensor, i: usize| t.narrow(-1, i * u, u);
         let (act, ract) = (self.activation, self.recurrent_activation);
         // Keras' default activations: an LSTM's or a reset-after GRU's step is one op each way
-        // (Tensor::lstm_cell, Tensor::gru_cell).
+        // (Tensor::lstm_cell_of_shares, Tensor::gru_cell).
         let fused = (act, ract) == (Activation::Tanh, Activation::Sigmoid);
         let mut h = Tensor::zeros(&[b, u], x.device())?;
         let mut c = Tensor::zeros(&[b, u], x.device())?;
