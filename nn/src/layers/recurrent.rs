@@ -178,7 +178,15 @@ impl Recurrent {
                 None => h.clone(),
             };
             let (h_new, c_new) = match self.cell {
-                Cell::Simple => (act.apply(&xt.add(&hd.matmul(recurrent)?)?)?, None),
+                Cell::Simple => {
+                    let hz = hd.matmul(recurrent)?;
+                    // The sum and the activation in one pass where the activation is one op.
+                    let h = match act.as_unary() {
+                        Some(op) => xt.add_unary(&hz, op)?,
+                        None => act.apply(&xt.add(&hz)?)?,
+                    };
+                    (h, None)
+                }
                 Cell::Lstm { .. } => {
                     let hz = hd.matmul(recurrent)?;
                     if fused {
