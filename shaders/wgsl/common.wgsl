@@ -131,14 +131,14 @@ fn min_(a: f32, b: f32) -> f32 {
     return min(a, b);
 }
 
-// tanh: x P(x^2) / Q(x^2) inside (-9, 9), ±1 from there on, within 4e-7 (the same rational fit, in the
-// same order, as the Cpu reference `ops::tanh`); finite for large |x| on every driver, and keeps a NaN.
 // The logistic function, as `unary/sigmoid` and the Cpu's `UnaryOp::Sigmoid` form it (the
 // recurrent cells' gates).
 fn sigmoid_(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-x));
 }
 
+// tanh: x P(x^2) / Q(x^2) inside (-9, 9), ±1 from there on, within 4e-7 (the same rational fit, in the
+// same order, as the Cpu reference `ops::tanh`); finite for large |x| on every driver, and keeps a NaN.
 fn tanh_(x: f32) -> f32 {
     if (is_nan_(x)) {
         return x;

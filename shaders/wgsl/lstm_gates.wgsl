@@ -4,8 +4,7 @@
 // from the gates' pre-activations z = [z_i | z_f | z_g | z_o] (a row of 4u) and the state c, both
 // read through their strides. z may come as two shares, x W + b and h U, added here (info[12] = 1:
 // the second share in z2_buf, which each kernel binds after its own buffers) rather than by a pass
-// of their own. The arithmetic is the Cpu's
-// (core/src/cpu/lstm.rs), term for term.
+// of their own. The arithmetic is the Cpu's (core/src/cpu/lstm.rs), term for term.
 //
 // info: [rows, u, z offset, z row stride, z unit stride, c offset, c row stride, c unit stride,
 //        (lstm_cell_grad.wgsl:) g offset, g stride from h to c, g row stride, g unit stride,
@@ -14,7 +13,7 @@
 @group(0) @binding(1) var<storage, read> z_buf: array<f32>;
 @group(0) @binding(2) var<storage, read> c_buf: array<f32>;
 
-/// Gate pre-activation `k` (`k * u + j` along the row) of row `r`: z's, plus the second share's.
+// Gate pre-activation `k` (`k * u + j` along the row) of row `r`: z's, plus the second share's.
 fn pre(r: u32, k: u32) -> f32 {
     let v = z_buf[info[2] + r * info[3] + k * info[4]];
     if (info[12] == 0u) {

@@ -325,8 +325,8 @@ fn fitting(v: MatmulVariant, la: &Layout, lb: &Layout) -> MatmulVariant {
 }
 
 /// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a bias of `n` adjacent values from
-/// `bias_offset`, the bias and op applied by the product's kernel as it stores each value (a dense layer's forward in one
-/// dispatch, the values `add_unary` gives the product). `None` where the product would take more
+/// `bias_offset`, the bias and op applied by the product's kernel as it stores each value (a
+/// dense layer's forward in one dispatch, the values `add_unary` gives the product). `None` where the product would take more
 /// than one dispatch (K cut into runs or slices, a transposed product, rows past a dispatch's
 /// limit): the caller then runs the two ops.
 pub fn matmul_add_unary(
@@ -337,13 +337,16 @@ pub fn matmul_add_unary(
     bias: (&GpuStorage, usize),
     op: UnaryOp,
 ) -> Result<Option<GpuStorage>> {
-    let ranked = ranking(a)?;
-    let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
     if la.rank() != 2 || lb.rank() != 2 {
         return Ok(None);
     }
     let (m, k) = (la.shape()[0], la.shape()[1]);
-    if m * k * lb.shape()[1] == 0 || k > K_RUN || transposed(&ranked, la, lb, max_groups)?.is_some() {
+    if m * k * lb.shape()[1] == 0 || k > K_RUN {
+        return Ok(None);
+    }
+    let ranked = ranking(a)?;
+    let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
+    if transposed(&ranked, la, lb, max_groups)?.is_some() {
         return Ok(None);
     }
     let v = choose(&ranked, la, lb);

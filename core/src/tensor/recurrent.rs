@@ -2,7 +2,8 @@
 
 use super::Tensor;
 use crate::backprop::Op;
-use crate::{DType, Error, Result};
+use crate::storage::Storage;
+use crate::{DType, Error, Layout, Result};
 use std::sync::Arc;
 
 impl Tensor {
@@ -68,19 +69,13 @@ impl Tensor {
             ));
         }
         let (rows, u) = (c.dims()[0], c.dims()[1]);
-        let share = second.map(|h| (h.storage(), h.layout().clone()));
-        let storage =
-            z.storage().lstm_cell(z.layout(), share.as_ref().map(|(s, l)| (s, l)), (&c.storage(), c.layout()))?;
+        let storage = with_share(second, |h| z.storage().lstm_cell(z.layout(), h, (&c.storage(), c.layout())))?;
         let (zb, hb, cb) = (z.clone(), second.cloned(), c.clone());
         let backward = Arc::new(move |g: &Tensor| -> Result<Vec<Option<Tensor>>> {
             zb.same_device(g, "lstm_cell")?;
-            let share = hb.as_ref().map(|h| (h.storage(), h.layout().clone()));
-            let d = zb.storage().lstm_cell_grad(
-                zb.layout(),
-                share.as_ref().map(|(s, l)| (s, l)),
-                (&cb.storage(), cb.layout()),
-                (&g.storage(), g.layout()),
-            )?;
+            let d = with_share(hb.as_ref(), |h| {
+                zb.storage().lstm_cell_grad(zb.layout(), h, (&cb.storage(), cb.layout()), (&g.storage(), g.layout()))
+            })?;
             let d = Tensor::from_storage(d, &[rows, 5 * u], DType::F32, zb.device().clone(), None);
             let dz = d.narrow(1, 0, 4 * u)?;
             // Both shares of a sum get its gradient.
@@ -152,5 +147,13 @@ impl Tensor {
         });
         let node = Op::Custom { name: "gru_cell", inputs: vec![x.clone(), hr.clone(), h.clone()], backward };
         Ok(Tensor::from_storage(storage, &[rows, u], DType::F32, x.device().clone(), Some(node)))
+    }
+}
+
+/// `f` given the storage and layout of the second share of an LSTM's gates, where there is one.
+fn with_share<T>(h: Option<&Tensor>, f: impl FnOnce(Option<(&Storage, &Layout)>) -> Result<T>) -> Result<T> {
+    match h {
+        Some(h) => f(Some((&h.storage(), h.layout()))),
+        None => f(None),
     }
 }
