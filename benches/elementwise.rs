@@ -1,7 +1,10 @@
 //! Memory bandwidth of elementwise work on 16M elements, in GB/s of bytes read and written, on
 //! every device found: a broadcast add ([4096, 4096] + [4096]), a product of two, a difference
 //! with one value repeated along each row ([4096, 4096] - [4096, 1], as `x - mean`), and a
-//! transposed copy (`x.t().contiguous()`). `cargo bench --bench elementwise`
+//! transposed copy (`x.t().contiguous()`); and the time of two concats of many parts: an LSTM's 64
+//! steps of gate gradients (`[64, 512]` views of `[64, 640]`, joined into `[64, 64, 512]`, as its
+//! backward joins them) and a training step's 37 one-value figures (a loss and 36 gradient
+//! checks, joined for one read). `cargo bench --bench elementwise`
 
 mod common;
 
@@ -24,6 +27,14 @@ fn main() -> Result<()> {
         common::report("row_repeated_sub", &dev, "4096x4096-4096x1", bytes / secs / 1e9, "GB/s");
         let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || a.t()?.contiguous().map(drop))?;
         common::report("transpose_copy", &dev, "4096x4096", bytes / secs / 1e9, "GB/s");
+        let steps = (0..64)
+            .map(|t| Tensor::rand(-1.0, 1.0, &[64, 640], 10 + t, &dev)?.narrow(1, 0, 512)?.unsqueeze(1))
+            .collect::<Result<Vec<_>>>()?;
+        let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || Tensor::concat(&steps, 1).map(drop))?;
+        common::report("concat_steps", &dev, "64x[64x1x512]", secs * 1e3, "ms");
+        let figures = (0..37).map(|i| Tensor::full(i as f32, &[1], &dev)).collect::<Result<Vec<_>>>()?;
+        let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || Tensor::concat(&figures, 0).map(drop))?;
+        common::report("concat_figures", &dev, "37x[1]", secs * 1e6, "us");
     }
     Ok(())
 }

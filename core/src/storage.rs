@@ -545,7 +545,7 @@ impl Storage {
     }
 
     /// Write each part (storage, layout) into its slice of a new contiguous f32 tensor of `shape`,
-    /// the parts laid one after another along `axis`.
+    /// the parts laid one after another along `axis` (on a GPU, six parts to a dispatch).
     pub fn concat(parts: &[(Storage, Layout)], shape: &[usize], axis: usize) -> Result<Storage> {
         let out_layout = Layout::contiguous(shape);
         let numel = out_layout.numel();
@@ -565,22 +565,14 @@ impl Storage {
                 Ok(Storage::Cpu(crate::cpu::f32_storage(out)))
             }
             Some(Storage::Gpu(first)) => {
-                let mut out = GpuStorage::alloc(&first.ctx, numel, DType::F32)?;
-                let mut start = 0;
+                let mut on_gpu = Vec::with_capacity(parts.len());
                 for (s, l) in parts {
-                    let Storage::Gpu(s) = s else {
-                        return Err(mismatch("concat", &parts[0].0, s));
-                    };
-                    if s.ctx.ordinal != first.ctx.ordinal {
-                        return Err(mismatch("concat", &parts[0].0, &Storage::Gpu(s.clone())));
+                    match s {
+                        Storage::Gpu(g) if g.ctx.ordinal == first.ctx.ordinal => on_gpu.push((g, l)),
+                        _ => return Err(mismatch("concat", &parts[0].0, s)),
                     }
-                    gpu::check_layout("concat", l)?;
-                    let dst = out_layout.narrow(axis, start, l.shape()[axis])?;
-                    gpu::copy_into(s, l, &out, &dst)?;
-                    start += l.shape()[axis];
-                    out = out.inherit(&[s]);
                 }
-                Ok(Storage::Gpu(out))
+                Ok(Storage::Gpu(gpu::concat(&on_gpu, shape, axis)?))
             }
         }
     }

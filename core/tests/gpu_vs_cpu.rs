@@ -31,6 +31,14 @@ fn matmul_devices(g: &Device) -> Vec<(&'static str, Device)> {
 const ELEMENTWISE_TOL: f32 = 1e-5;
 const REDUCE_TOL: f32 = 1e-4;
 
+/// A device on `g`'s adapter for one test alone (opened once per binary: a proptest's cases share
+/// it), whose dispatches the tests running beside it do not add to.
+fn own_device(g: &Device) -> Device {
+    static DEV: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+    let Device::Gpu(first) = g else { unreachable!("a GPU device") };
+    DEV.get_or_init(|| Device::gpu(first.adapter_index()).unwrap()).clone()
+}
+
 /// How the input is viewed before the op.
 #[derive(Debug, Clone, Copy)]
 enum View {
@@ -337,6 +345,41 @@ proptest! {
         }
     }
 
+    /// A concat of 2 to 15 parts along any axis, each its own view (transposed, narrowed,
+    /// broadcast), some empty along the axis and one part given twice: the Cpu's bits, in a
+    /// dispatch per six parts that are not empty (fails if a part is read at another's strides
+    /// or from another's binding, or a merged axis walks a part wrongly).
+    #[test]
+    fn concat_of_many_views_matches_cpu_in_a_dispatch_per_six_parts(
+        base in shape_strategy(), axis_pick in 0usize..3, lens in prop::collection::vec(0usize..4, 1..15),
+        views in prop::collection::vec(view_strategy(), 15), seed in 0u64..1000
+    ) {
+        let Some(shared) = gpu() else { return Ok(()) };
+        let g = own_device(&shared);
+        let Device::Gpu(ctx) = &g else { unreachable!() };
+        let axis = axis_pick % base.len();
+        let run = |dev: &Device| -> Result<(Tensor, u64)> {
+            let mut parts = Vec::new();
+            for (j, &len) in lens.iter().enumerate() {
+                let mut shape = base.clone();
+                shape[axis] = len;
+                let view = if len == 0 { View::Contiguous } else { views[j] };
+                parts.push(make(&shape, view, seed + j as u64, -1.0, 1.0, dev)?);
+            }
+            parts.push(parts[0].clone());
+            let before = match dev { Device::Gpu(_) => ctx.activity().dispatches, _ => 0 };
+            let out = Tensor::concat(&parts, axis as isize)?;
+            out.to_vec::<f32>()?;
+            let after = match dev { Device::Gpu(_) => ctx.activity().dispatches, _ => 0 };
+            Ok((out, after - before))
+        };
+        let ((want, _), (got, dispatches)) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+        prop_assert_eq!(got.dims(), want.dims());
+        prop_assert_eq!(vals(&got), vals(&want));
+        let filled = lens.iter().chain(&lens[..1]).filter(|&&l| l > 0).count();
+        prop_assert_eq!(dispatches, filled.div_ceil(6) as u64, "{} parts, {} not empty", lens.len() + 1, filled);
+    }
+
     #[test]
     fn indexing_and_joining_match_cpu(rows in prop::sample::select(vec![1usize, 7, 129]), dim in prop::sample::select(vec![1usize, 7, 33]),
                                       n_ids in 1usize..40, seed in 0u64..1000) {
@@ -486,6 +529,52 @@ fn product_operands(
 fn transposed_product(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Tensor {
     let view = |x: &Tensor, t: bool| if t { x.t().unwrap() } else { x.clone() };
     view(a, ta).matmul(&view(b, tb)).unwrap()
+}
+
+/// Concats at the dispatch boundaries, 6, 7, 12 and 13 parts with elements (one given twice, empty
+/// ones between), each cut from a larger tensor along every axis, some transposed, the first large
+/// enough that a workgroup loops over several of its elements (54,000 against 171 workgroups of
+/// 256): the Cpu's bits in 1, 2, 2 and 3 dispatches.
+#[test]
+fn concats_at_the_dispatch_boundaries_match_cpu() {
+    let Some(shared) = gpu() else { return };
+    let Device::Gpu(first) = &shared else { unreachable!("a GPU device") };
+    // (A device of its own: the tests beside it add no dispatches to it.)
+    let g = Device::gpu(first.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &g else { unreachable!("a GPU device") };
+    for filled in [6usize, 7, 12, 13] {
+        let run = |dev: &Device| -> Result<(Vec<f32>, u64)> {
+            let mut parts = Vec::new();
+            for j in 0..filled - 1 {
+                let len = if j == 0 { 9_000 } else { 1 + j % 4 };
+                let part = if j % 3 == 1 {
+                    let big = Tensor::rand(-1.0, 1.0, &[3, len + 4, 5], j as u64, dev)?;
+                    big.narrow(1, 2, len)?.narrow(2, 1, 2)?.permute(&[2, 1, 0])?
+                } else {
+                    let big = Tensor::rand(-1.0, 1.0, &[3, len + 5, 7], j as u64, dev)?;
+                    big.narrow(0, 1, 2)?.narrow(1, 2, len)?.narrow(2, 3, 3)?
+                };
+                parts.push(part);
+                if j % 4 == 2 {
+                    parts.push(Tensor::zeros(&[2, 0, 3], dev)?);
+                }
+            }
+            parts.push(parts[1].clone());
+            let before = match dev {
+                Device::Gpu(_) => ctx.activity().dispatches,
+                _ => 0,
+            };
+            let out = Tensor::concat(&parts, 1)?.to_vec::<f32>()?;
+            let after = match dev {
+                Device::Gpu(_) => ctx.activity().dispatches,
+                _ => 0,
+            };
+            Ok((out, after - before))
+        };
+        let ((want, _), (got, dispatches)) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+        assert!(got == want, "{filled} parts: values differ from the Cpu's");
+        assert_eq!(dispatches, filled.div_ceil(6) as u64, "{filled} parts");
+    }
 }
 
 /// A tall, narrow product runs as its transpose then a copy (a row variant forced on a device:

@@ -20,6 +20,8 @@ pub const BINARY: &str = include_str!("../wgsl/binary.wgsl");
 pub const WHERE: &str = include_str!("../wgsl/where.wgsl");
 /// Strided 32-bit copy.
 pub const COPY: &str = include_str!("../wgsl/copy.wgsl");
+/// Up to six strided views joined along an axis (a concat) in one pass.
+pub const CONCAT: &str = include_str!("../wgsl/concat.wgsl");
 /// Constant fill.
 pub const FILL: &str = include_str!("../wgsl/fill.wgsl");
 /// Dtype conversion template.
@@ -374,6 +376,7 @@ pub fn source(name: &str) -> Option<String> {
         }
         "where" if variant.is_empty() => WHERE.to_string(),
         "copy" if variant.is_empty() => COPY.to_string(),
+        "concat" if variant.is_empty() => CONCAT.to_string(),
         "fill" if variant.is_empty() => FILL.to_string(),
         "rand" if variant.is_empty() => RAND.to_string(),
         "layer_norm" if variant.is_empty() => format!("{LAYER_NORM}\n{ROW_STATS}"),
@@ -438,6 +441,7 @@ pub fn all_kernels() -> Vec<String> {
         [
             "where",
             "copy",
+            "concat",
             "fill",
             "rand",
             "layer_norm",

@@ -33,6 +33,7 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("binary", weft_shaders::BINARY),
         ("where", weft_shaders::WHERE),
         ("copy", weft_shaders::COPY),
+        ("concat", weft_shaders::CONCAT),
         ("fill", weft_shaders::FILL),
         ("cast", weft_shaders::CAST),
         ("rand", weft_shaders::RAND),

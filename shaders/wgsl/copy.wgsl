@@ -1,6 +1,7 @@
 // copy.wgsl: copy a strided view into a strided destination, 32 bits at a time, whatever the
-// element type (f32, u32, i32). `contiguous()` uses it with a row-major destination; concat uses
-// it to write each input into its slice of the output.
+// element type (f32, u32, i32). `contiguous()` uses it with a row-major destination, a product
+// run transposed to put its output back in order; concat.wgsl copies up to six views this way in
+// one dispatch.
 //
 // One invocation per element: both offsets come from the same row-major index, decomposed once.
 //

@@ -100,8 +100,13 @@ pub fn where_cond(
 /// Copy the 32-bit elements of `src` (layout `ls`) to the positions of `ld` in `dst`.
 pub fn copy_into(src: &GpuStorage, ls: &Layout, dst: &GpuStorage, ld: &Layout) -> Result<()> {
     check_rank("copy", ls)?;
-    let info = strided_info(vec![ls.numel() as u32, 0, ls.offset() as u32, ld.offset() as u32], &[ls, ld]);
+    let info = copy_info(ls, ld);
     src.ctx.dispatch("copy", "main", &info, &[&src.buf, &dst.buf], src.ctx.grid_1d(ls.numel()))
+}
+
+/// copy.wgsl's `info` for a copy of `ls` into `ld` (one part's in concat.wgsl).
+pub(super) fn copy_info(ls: &Layout, ld: &Layout) -> Vec<u32> {
+    strided_info(vec![ls.numel() as u32, 0, ls.offset() as u32, ld.offset() as u32], &[ls, ld])
 }
 
 /// Convert a strided tensor to another dtype (contiguous output).

@@ -2,6 +2,7 @@
 //! dispatch of a WGSL kernel from weft-shaders.
 
 mod cells;
+mod concat;
 mod context;
 mod conv;
 mod elementwise;
@@ -13,6 +14,7 @@ mod pool;
 mod rows;
 
 pub(crate) use cells::{gru_cell, gru_cell_grad, lstm_cell, lstm_cell_grad};
+pub(crate) use concat::concat;
 pub use context::{Activity, GpuContext, HARDWARE_WIDTH};
 pub(crate) use conv::{conv2d, pool2d, pool2d_grad};
 pub(crate) use elementwise::{add_unary, binary, cast, copy_into, fill, rand_uniform, unary, unary_grad, where_cond};
