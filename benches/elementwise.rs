@@ -4,7 +4,8 @@
 //! transposed copy (`x.t().contiguous()`); and the time of two concats of many parts: an LSTM's 64
 //! steps of gate gradients (`[64, 512]` views of `[64, 640]`, joined into `[64, 64, 512]`, as its
 //! backward joins them) and a training step's 37 one-value figures (a loss and 36 gradient
-//! checks, joined for one read). `cargo bench --bench elementwise`
+//! checks, joined for one read); softmax's backward over 4096 rows of 4096 (`y` and `g` read,
+//! the input's gradient written, in GB/s). `cargo bench --bench elementwise`
 
 mod common;
 
@@ -35,6 +36,10 @@ fn main() -> Result<()> {
         let figures = (0..37).map(|i| Tensor::full(i as f32, &[1], &dev)).collect::<Result<Vec<_>>>()?;
         let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || Tensor::concat(&figures, 0).map(drop))?;
         common::report("concat_figures", &dev, "37x[1]", secs * 1e6, "us");
+        let x = Var::new(a.clone())?;
+        let y = x.as_tensor().softmax(-1)?;
+        let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || y.backward_with(a.clone()).map(drop))?;
+        common::report("softmax_backward", &dev, "4096x4096", 3.0 * (n * n * 4) as f64 / secs / 1e9, "GB/s");
     }
     Ok(())
 }

@@ -765,14 +765,21 @@ fn input_grads(op: &Op, out: &Tensor, g: &Tensor, need: &[bool]) -> Result<Vec<O
         // Only f32 sources take a gradient: integers have none, and f16 is a storage type here.
         Op::Cast(x) => vec![if x.dtype() == DType::F32 { Some(g.to_dtype(DType::F32)?) } else { None }],
         Op::ToDevice(x) => vec![Some(g.to_device(x.device())?)],
-        Op::Softmax(_) => {
-            let s = g.mul(out)?.sum(&[-1], true)?;
-            vec![Some(out.mul(&g.sub(&s)?)?)]
-        }
-        Op::LogSoftmax(_) => {
-            let s = g.sum(&[-1], true)?;
-            vec![Some(g.sub(&out.exp()?.mul(&s)?)?)]
-        }
+        // One op where the device has it (`Tensor::softmax_grad`), else composed.
+        Op::Softmax(_) => match out.softmax_grad(g, false)? {
+            Some(dx) => vec![Some(dx)],
+            None => {
+                let s = g.mul(out)?.sum(&[-1], true)?;
+                vec![Some(out.mul(&g.sub(&s)?)?)]
+            }
+        },
+        Op::LogSoftmax(_) => match out.softmax_grad(g, true)? {
+            Some(dx) => vec![Some(dx)],
+            None => {
+                let s = g.sum(&[-1], true)?;
+                vec![Some(g.sub(&out.exp()?.mul(&s)?)?)]
+            }
+        },
         Op::LayerNorm { x, gamma, eps, .. } => {
             if let Some((dx, gxhat)) = x.layer_norm_grad(gamma, g, *eps)? {
                 let rows: Vec<isize> = (0..x.rank() as isize - 1).collect();

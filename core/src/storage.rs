@@ -120,6 +120,25 @@ impl Storage {
         })
     }
 
+    /// Softmax's (`log`: log-softmax's) backward over the last axis in one op, from the
+    /// forward's output (`self`, `ly`) and the output's gradient `g` (one shape, any layouts):
+    /// the input's gradient, contiguous. `None` where the device has no kernel for these rows (a
+    /// GPU's rows too long for a workgroup): autograd composes it.
+    pub fn softmax_grad(&self, ly: &Layout, (g, lg): (&Storage, &Layout), log: bool) -> Result<Option<Storage>> {
+        if ly.shape() != lg.shape() {
+            return Ok(None);
+        }
+        Ok(match (self, g) {
+            (Storage::Cpu(y), Storage::Cpu(g)) => Some(Storage::Cpu(cpu::softmax_grad((y, ly), (g, lg), log)?)),
+            (Storage::Gpu(y), Storage::Gpu(g)) if ly.rank() > 0 && y.ctx.ordinal == g.ctx.ordinal => {
+                gpu::check_layout("softmax_grad", ly)?;
+                gpu::check_layout("softmax_grad", lg)?;
+                gpu::softmax_grad((y, ly), (g, lg), log)?.map(|dx| Storage::Gpu(dx.inherit(&[y, g])))
+            }
+            _ => None,
+        })
+    }
+
     /// One LSTM cell step (see [`Tensor::lstm_cell`](crate::Tensor::lstm_cell)): `h` and the new
     /// state, `[rows, 2, u]`, from `self` (the gates' pre-activations `z`, `[rows, 4u]`, or with
     /// `second`, one share of them, the other `second`) and the state `c` (`[rows, u]`).

@@ -152,3 +152,51 @@ fn deferred_products_are_the_gradients_backward_gives() {
     }
     assert!(deferred.product(&h).is_none(), "not a leaf: never deferred");
 }
+
+/// Softmax's and log-softmax's backward in one op gives the composed tensor ops' values (within
+/// rounding: its row sums run in another order), on rows of 5 (a partial lane group), 1,000
+/// (several threads' tasks; a broadcast gradient) and 33 scores with masked keys (-1e9, weight 0),
+/// each through a transposed input; a NaN in a row's gradient makes that row NaN and no other
+/// (fails if the sum is taken over the wrong values, or a NaN is dropped).
+#[test]
+fn softmax_gradients_in_one_op_are_the_composed_ops_values() {
+    use weft_core::ops::BinaryOp;
+    let dev = Device::Cpu;
+    for (rows, n) in [(3, 5), (40, 1_000), (64, 33)] {
+        let x = Tensor::rand(-4.0, 4.0, &[n, rows], 7, &dev).unwrap();
+        let at = |t: &Tensor| Tensor::arange(0.0, t.numel() as f32, 1.0, &dev).unwrap().reshape(t.dims()).unwrap();
+        let x = if n == 33 {
+            x.masked_fill(&at(&x).cmp_scalar(BinaryOp::Ge, (20 * rows) as f32).unwrap(), -1e9).unwrap()
+        } else {
+            x
+        };
+        let mut g = Tensor::rand(-1.0, 1.0, &[1, n], 8, &dev).unwrap().broadcast_to(&[rows, n]).unwrap();
+        let poisoned = n == 33;
+        if poisoned {
+            // Row 2 of the gradient holds a NaN.
+            g = g.masked_fill(&at(&g).cmp_scalar(BinaryOp::Eq, (2 * n + 1) as f32).unwrap(), f32::NAN).unwrap();
+        }
+        for log in [false, true] {
+            // The variable is stored [n, rows]: the rows softmax reads are its columns.
+            let v = Var::new(x.clone()).unwrap();
+            let xt = v.as_tensor().t().unwrap();
+            let y = if log { xt.log_softmax(-1) } else { xt.softmax(-1) }.unwrap();
+            let got = y.backward_with(g.clone()).unwrap().get(&v).unwrap().t().unwrap().to_vec::<f32>().unwrap();
+            let y = y.detach();
+            let want = if log {
+                g.sub(&y.exp().unwrap().mul(&g.sum(&[-1], true).unwrap()).unwrap()).unwrap()
+            } else {
+                y.mul(&g.sub(&g.mul(&y).unwrap().sum(&[-1], true).unwrap()).unwrap()).unwrap()
+            };
+            let want = want.to_vec::<f32>().unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                let what = format!("log {log}, {rows} x {n}, value {i}: {a} against {b}");
+                if poisoned && i / n == 2 {
+                    assert!(a.is_nan(), "{what}: the row whose gradient holds a NaN");
+                } else {
+                    assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{what}");
+                }
+            }
+        }
+    }
+}

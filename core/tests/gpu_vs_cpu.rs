@@ -410,6 +410,32 @@ proptest! {
         }
     }
 
+    /// Softmax's and log-softmax's input gradients (the GPU's one-dispatch backward,
+    /// softmax_grad.wgsl, by a workgroup per row or an invocation per short row) against the
+    /// Cpu's, along every axis, for every view of the input and every view of the output's
+    /// gradient (fed to the backward as it is: strided, offset, broadcast).
+    #[test]
+    fn softmax_gradients_match_cpu(shape in shape_strategy(), view in view_strategy(), seed in 0u64..1000,
+                                   g_view in view_strategy(), axis in 0usize..3) {
+        let Some(g) = gpu() else { return Ok(()) };
+        let ax = (axis % shape.len()) as isize;
+        let run = |dev: &Device| -> Result<Vec<Tensor>> {
+            let (x, xv) = ramped_view(&shape, view, seed, dev)?;
+            let mut out = Vec::new();
+            for log in [false, true] {
+                let y = if log { xv.log_softmax(ax)? } else { xv.softmax(ax)? };
+                let grads = y.backward_with(make(&shape, g_view, seed + 3, -1.0, 1.0, dev)?)?;
+                out.push(grads.get(&x).expect("a gradient").clone());
+            }
+            Ok(out)
+        };
+        let (want, got) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+        for (name, (w, gt)) in ["softmax", "log_softmax"].iter().zip(want.iter().zip(&got)) {
+            prop_assert_eq!(gt.dims(), w.dims());
+            assert_close(&vals(gt), &vals(w), REDUCE_TOL, &format!("{name}'s gradient, {shape:?} axis {ax} {view:?}, g {g_view:?}"));
+        }
+    }
+
     /// Layer norm's gradients (the GPU's one-dispatch backward, layer_norm_grad.wgsl, by a
     /// workgroup per row or an invocation per short row) against the Cpu's: the input's, gamma's
     /// and beta's, for every view of the input and every view of the output's gradient (fed to
@@ -999,6 +1025,58 @@ fn reductions_of_many_mid_length_runs_match_cpu() {
     for r in [t.max(&[0], false).unwrap(), t.min(&[0], false).unwrap(), t.sum(&[0], false).unwrap()] {
         let v = vals(&r);
         assert!(v[100].is_nan() && v.iter().enumerate().all(|(i, x)| i == 100 || x.is_finite()), "{v:?}");
+    }
+}
+
+/// Softmax's and log-softmax's gradients over rows short enough for one invocation each and over
+/// rows given to a workgroup each (as the forward's, `softmax_and_layer_norm_of_short_and_long_rows_match_cpu`):
+/// the Cpu's values; a row whose gradient holds a NaN, and a row whose input does (so its output
+/// is all NaN), come out all NaN, every other row finite (fails if the kernel's sum drops the NaN
+/// or a row reads another's values).
+#[test]
+fn softmax_gradients_of_short_and_long_rows_match_cpu() {
+    let Some(g) = gpu() else { return };
+    for shape in [vec![300, 11], vec![4, 32], vec![256, 1000], vec![5, 1000]] {
+        let (rows, n) = (shape[0], shape[1]);
+        let poison = |dev: &Device, seed: u64, row: usize| -> Tensor {
+            let t = Tensor::rand(-3.0, 3.0, &shape, seed, dev).unwrap();
+            let at = Tensor::arange(0.0, (rows * n) as f32, 1.0, dev).unwrap().reshape(&shape).unwrap();
+            t.masked_fill(&at.cmp_scalar(BinaryOp::Eq, (row * n + n / 2) as f32).unwrap(), f32::NAN).unwrap()
+        };
+        for log in [false, true] {
+            let run = |dev: &Device| -> Vec<f32> {
+                let x = weft_core::Var::new(poison(dev, 1, 1)).unwrap();
+                let y = if log { x.as_tensor().log_softmax(-1) } else { x.as_tensor().softmax(-1) }.unwrap();
+                vals(y.backward_with(poison(dev, 2, 2)).unwrap().get(&x).unwrap())
+            };
+            let (want, got) = (run(&Device::Cpu), run(&g));
+            let what = format!("log {log}, {shape:?}");
+            for r in 0..rows {
+                let row = &got[r * n..(r + 1) * n];
+                if r == 1 || r == 2 {
+                    assert!(row.iter().all(|v| v.is_nan()), "{what}: row {r} holds a NaN");
+                } else {
+                    assert!(row.iter().all(|v| v.is_finite()), "{what}: row {r}");
+                    assert_close(row, &want[r * n..(r + 1) * n], REDUCE_TOL, &format!("{what}: row {r}"));
+                }
+            }
+        }
+    }
+    // Rows of 700 under two outer axes (workgroups that loop over their row), read through a
+    // transposed input, the gradient broadcast over the outer axes, a third of the keys masked
+    // with -inf (log-softmax's output -inf there, its gradient g).
+    for log in [false, true] {
+        let run = |dev: &Device| -> Vec<f32> {
+            let x = weft_core::Var::new(Tensor::rand(-3.0, 3.0, &[700, 3, 2], 4, dev).unwrap()).unwrap();
+            let keys = Tensor::arange(0.0, 700.0, 1.0, dev).unwrap().cmp_scalar(BinaryOp::Lt, 233.0).unwrap();
+            let xv = x.as_tensor().permute(&[2, 1, 0]).unwrap().masked_fill(&keys, f32::NEG_INFINITY).unwrap();
+            let y = if log { xv.log_softmax(-1) } else { xv.softmax(-1) }.unwrap();
+            let g = Tensor::rand(-1.0, 1.0, &[1, 1, 700], 5, dev).unwrap().broadcast_to(&[2, 3, 700]).unwrap();
+            vals(y.backward_with(g).unwrap().get(&x).unwrap())
+        };
+        let (want, got) = (run(&Device::Cpu), run(&g));
+        assert!(got.iter().all(|v| v.is_finite()), "log {log}: rows of 700");
+        assert_close(&got, &want, REDUCE_TOL, &format!("log {log}: rows of 700"));
     }
 }
 

@@ -32,6 +32,8 @@ pub const RAND: &str = include_str!("../wgsl/rand.wgsl");
 pub const REDUCE: &str = include_str!("../wgsl/reduce.wgsl");
 /// Softmax / log-softmax template.
 pub const SOFTMAX: &str = include_str!("../wgsl/softmax.wgsl");
+/// Softmax's and log-softmax's backward template (`{{TERM}}` of `y`, `g`; `{{OUT}}` of `y`, `g`, `s`).
+pub const SOFTMAX_GRAD: &str = include_str!("../wgsl/softmax_grad.wgsl");
 /// Layer norm.
 pub const LAYER_NORM: &str = include_str!("../wgsl/layer_norm.wgsl");
 /// A short layer-norm row's mean and squared deviations (with LAYER_NORM and LAYER_NORM_GRAD).
@@ -369,6 +371,12 @@ pub fn source(name: &str) -> Option<String> {
             "log" => SOFTMAX.replace("{{OUT}}", "v - m - log(s)"),
             _ => return None,
         },
+        "softmax_grad" => match variant {
+            "softmax" => SOFTMAX_GRAD.replace("{{TERM}}", "g * y").replace("{{OUT}}", "y * (g - s)"),
+            // (A NaN in y stays out of the sum: tested on the bits, as exp may not keep it.)
+            "log" => SOFTMAX_GRAD.replace("{{TERM}}", "g").replace("{{OUT}}", "select(g - exp(y) * s, y, is_nan_(y))"),
+            _ => return None,
+        },
         "cast" => {
             let (_, i, o, conv) = CASTS.iter().find(|c| c.0 == variant)?;
             let body = CAST.replace("{{IN}}", i).replace("{{OUT}}", o).replace("{{CONV}}", conv);
@@ -431,7 +439,7 @@ pub fn all_kernels() -> Vec<String> {
     names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
     names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
     names.extend(INDEX_CHECKS.iter().map(|c| format!("index_check/{}", c.0)));
-    names.extend(["softmax/softmax", "softmax/log"].map(String::from));
+    names.extend(["softmax/softmax", "softmax/log", "softmax_grad/softmax", "softmax_grad/log"].map(String::from));
     // Each matmul as it is and with an epilogue; every op's epilogue on the tiled kernel.
     for v in ["tiled", "tiled_vec4", "direct4x4", "direct8x8", "direct16x16", "rows1x4", "rows4x4"] {
         names.extend([format!("matmul/{v}"), format!("matmul/{v}/relu")]);

@@ -39,6 +39,7 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("rand", weft_shaders::RAND),
         ("reduce", weft_shaders::REDUCE),
         ("softmax", weft_shaders::SOFTMAX),
+        ("softmax_grad", weft_shaders::SOFTMAX_GRAD),
         ("layer_norm", weft_shaders::LAYER_NORM),
         ("layer_norm_grad", weft_shaders::LAYER_NORM_GRAD),
         ("row_stats", weft_shaders::ROW_STATS),

@@ -35,6 +35,7 @@ mod share;
 mod shared_rhs;
 #[cfg(target_arch = "x86_64")]
 mod small_gemm;
+mod softmax_grad;
 mod strided_copy;
 mod sum_columns;
 
@@ -55,6 +56,7 @@ pub use pool::HostBuf;
 pub use pool::take as take_host_vec;
 pub use pooling::{pool2d, pool2d_grad};
 pub use reduce::reduce;
+pub use softmax_grad::softmax_grad;
 
 use crate::{DType, Error, Layout, Result};
 use half::f16;

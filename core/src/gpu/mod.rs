@@ -23,7 +23,7 @@ pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul_ranking};
 pub(crate) use matmul::{matmul, matmul_add_unary};
 pub use pool::MemoryStats;
 pub(crate) use pool::PooledBuffer;
-pub(crate) use rows::{layer_norm, layer_norm_grad, reduce, softmax};
+pub(crate) use rows::{layer_norm, layer_norm_grad, reduce, softmax, softmax_grad};
 
 use crate::{DType, Error, Layout, Result};
 use std::sync::{Arc, OnceLock};

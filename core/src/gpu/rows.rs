@@ -42,7 +42,7 @@ const MIN_COLUMN_CHUNK: usize = 32;
 const CHUNK: usize = 256 * 32;
 
 /// Rows longer than this are not given to one workgroup (softmax and layer norm loop over the
-/// row three times per invocation, layer norm's backward four: 16,384 iterations at this length,
+/// row three times per invocation, layer norm's backward four, softmax's two: 16,384 iterations at this length,
 /// well inside llvmpipe's budget of 65,535); `long_rows` composes them from chunked reductions
 /// and elementwise kernels instead (and autograd the backward from tensor ops).
 const LONG_ROW: usize = 1 << 20;
@@ -134,8 +134,8 @@ fn down_columns(pass: &Pass) -> bool {
 }
 
 /// Rows at most this long are worked by one invocation each (`main_short` of softmax.wgsl,
-/// layer_norm.wgsl and layer_norm_grad.wgsl) on any adapter: a workgroup of 256 per row would leave most of it idle
-/// through every barrier.
+/// softmax_grad.wgsl, layer_norm.wgsl and layer_norm_grad.wgsl) on any adapter: a workgroup of
+/// 256 per row would leave most of it idle through every barrier.
 const SHORT_ROW: usize = 32;
 
 /// On a software adapter (lavapipe), rows up to this long too, when there are at least
@@ -154,7 +154,7 @@ fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> (&'static str, [
 
 /// [`row_entry`] for a kernel that walks each row `passes` times. Half the budget also covers
 /// layer norm's backward, which reads two strided offsets a row (`4n + 15` iterations, counted
-/// as `4n + 12`).
+/// as `4n + 12`), and softmax's (`2n + 15`, counted as `2n + 12`).
 fn row_entry_passes(ctx: &super::GpuContext, rows: usize, n: usize, passes: usize) -> (&'static str, [u32; 3]) {
     let software = ctx.is_software();
     let short = n <= SHORT_ROW || (software && n <= SOFTWARE_SHORT_ROW && rows >= SOFTWARE_MIN_OUTPUTS);
@@ -195,6 +195,34 @@ pub fn softmax(s: &GpuStorage, l: &Layout, log: bool) -> Result<GpuStorage> {
     let (entry, grid) = row_entry(&s.ctx, rows, n);
     s.ctx.dispatch(kernel, entry, &info, &[&s.buf, &out.buf], grid)?;
     Ok(out)
+}
+
+/// Softmax's (`log`: log-softmax's) backward over the last axis in one dispatch
+/// (softmax_grad.wgsl): the input's gradient, contiguous, from the forward's output `y` and the
+/// output's gradient `g` (any layouts of one shape). `None` for rows too long for one workgroup
+/// ([`LONG_ROW`]): autograd composes those.
+pub fn softmax_grad(
+    (y, ly): (&GpuStorage, &Layout),
+    (g, lg): (&GpuStorage, &Layout),
+    log: bool,
+) -> Result<Option<GpuStorage>> {
+    check_rank("softmax_grad", ly)?;
+    let n = ly.shape()[ly.rank() - 1];
+    if n > LONG_ROW || lg.shape() != ly.shape() {
+        return Ok(None);
+    }
+    let dx = GpuStorage::alloc(&y.ctx, ly.numel(), DType::F32)?;
+    let (mut info, rows) = row_info(ly);
+    push_outer(&mut info, ly);
+    // g's offset, last stride and outer strides (its shape is y's).
+    let r = lg.rank();
+    info.push(lg.offset() as u32);
+    info.push(lg.strides()[r - 1] as u32);
+    push_dims(&mut info, &lg.strides()[..r - 1], 0);
+    let kernel = if log { "softmax_grad/log" } else { "softmax_grad/softmax" };
+    let (entry, grid) = row_entry_passes(&y.ctx, rows, n, 2);
+    y.ctx.dispatch(kernel, entry, &info, &[&y.buf, &g.buf, &dx.buf], grid)?;
+    Ok(Some(dx))
 }
 
 /// Layer norm over the last axis; `gamma` and `beta` must be contiguous vectors.

@@ -36,6 +36,22 @@ impl Tensor {
         self.along_axis(axis, |x| x.softmax_last(true))
     }
 
+    /// Softmax's (`log`: log-softmax's) backward over the last axis in one op where the device
+    /// has it (the Cpu; a GPU for rows one workgroup takes), from this tensor, the forward's
+    /// output, and the output's gradient `g` (this shape, this device): `y (g - sum(g y))`, or
+    /// `g - exp(y) sum(g)`. `None` elsewhere (the tensor ops then name any mismatch).
+    pub(crate) fn softmax_grad(&self, g: &Tensor, log: bool) -> Result<Option<Tensor>> {
+        if [self, g].iter().any(|t| t.dtype() != DType::F32)
+            || self.rank() == 0
+            || self.same_device(g, "softmax").is_err()
+            || g.dims() != self.dims()
+        {
+            return Ok(None);
+        }
+        let dx = self.storage().softmax_grad(self.layout(), (&g.storage(), g.layout()), log)?;
+        Ok(dx.map(|s| Tensor::from_storage(s, self.dims(), DType::F32, self.device().clone(), None)))
+    }
+
     /// Layer norm's backward in one op where the device has it (the Cpu; a GPU for rows one
     /// workgroup takes): the input's gradient and `g * xhat` (whose sums over
     /// the rows are gamma's gradient), for this input, `gamma` (`[last]`) and the output's
