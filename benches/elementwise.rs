@@ -5,7 +5,9 @@
 //! steps of gate gradients (`[64, 512]` views of `[64, 640]`, joined into `[64, 64, 512]`, as its
 //! backward joins them) and a training step's 37 one-value figures (a loss and 36 gradient
 //! checks, joined for one read); softmax's backward over 4096 rows of 4096 (`y` and `g` read,
-//! the input's gradient written, in GB/s). `cargo bench --bench elementwise`
+//! the input's gradient written, in GB/s); sparse cross-entropy's loss and logits' gradient over
+//! 4096 rows of 4096 classes (an LM's output layer; the logits read and their gradient written,
+//! in GB/s). `cargo bench --bench elementwise`
 
 mod common;
 
@@ -40,6 +42,13 @@ fn main() -> Result<()> {
         let y = x.as_tensor().softmax(-1)?;
         let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || y.backward_with(a.clone()).map(drop))?;
         common::report("softmax_backward", &dev, "4096x4096", 3.0 * (n * n * 4) as f64 / secs / 1e9, "GB/s");
+        let labels: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761) % n as u32).collect();
+        let labels = Tensor::from_vec(labels, &[n], &dev)?;
+        let secs = common::time_per_call(&dev, Duration::from_secs(2), 3, || {
+            let loss = Tensor::cross_entropy(x.as_tensor(), &labels)?;
+            loss.backward().map(drop)
+        })?;
+        common::report("cross_entropy_step", &dev, "4096x4096", 2.0 * (n * n * 4) as f64 / secs / 1e9, "GB/s");
     }
     Ok(())
 }

@@ -38,6 +38,15 @@ fn mismatch(op: &'static str, a: &Storage, b: &Storage) -> Error {
     Error::DeviceMismatch { op, lhs: name(a), rhs: name(b) }
 }
 
+/// What sparse cross-entropy's backward needs of its forward
+/// ([`Storage::log_softmax_pick`]), on the device that ran it.
+pub enum Picked {
+    /// Each row's label, max and log-sum-exp, on the host.
+    Cpu(cpu::Picked),
+    /// The labels and each row's max and log-sum-exp, on the GPU.
+    Gpu(gpu::Picked),
+}
+
 impl Storage {
     /// Elementwise unary op.
     pub fn unary(&self, op: UnaryOp, l: &Layout) -> Result<Storage> {
@@ -289,20 +298,35 @@ impl Storage {
         })
     }
 
-    /// Each row's log-softmax at its label (`ids`, one per row of `self`'s `[rows, classes]`),
-    /// with what its gradient needs, in one pass: Cpu storage only (`None` otherwise, for the
-    /// caller to run the log-softmax and the gather apart). The same bits as those two.
-    pub fn log_softmax_pick(&self, l: &Layout, ids: &Storage, li: &Layout) -> Result<Option<(Storage, cpu::Picked)>> {
-        let (Storage::Cpu(x), Storage::Cpu(ids)) = (self, ids) else { return Ok(None) };
-        let (picked, p) = cpu::log_softmax_pick(x, l, ids, li)?;
-        Ok(Some((Storage::Cpu(picked), p)))
+    /// Each row's log-softmax at its label (`ids`, one per row of `self`'s `[rows, classes]`;
+    /// u32 on a GPU), with what its gradient needs, in one pass: on the Cpu the bits of the
+    /// log-softmax and the gather, on a GPU one dispatch. `None` where the device has no such
+    /// kernel (a GPU's rows too long for a workgroup), for the caller to run those two apart.
+    pub fn log_softmax_pick(&self, l: &Layout, ids: &Storage, li: &Layout) -> Result<Option<(Storage, Picked)>> {
+        Ok(match (self, ids) {
+            (Storage::Cpu(x), Storage::Cpu(ids)) => {
+                let (picked, p) = cpu::log_softmax_pick(x, l, ids, li)?;
+                Some((Storage::Cpu(picked), Picked::Cpu(p)))
+            }
+            (Storage::Gpu(x), Storage::Gpu(ids)) if x.ctx.ordinal == ids.ctx.ordinal => {
+                gpu::check_layout("cross_entropy", li)?;
+                gpu::log_softmax_pick(x, l, ids, li)?.map(|(picked, p)| (Storage::Gpu(picked), Picked::Gpu(p)))
+            }
+            _ => None,
+        })
     }
 
     /// The gradient of [`log_softmax_pick`](Storage::log_softmax_pick) for `self` (its `x`),
-    /// given `g`, the gradient of the picks: one pass, the bits of the composed ops' gradients.
-    pub fn log_softmax_pick_grad(&self, l: &Layout, p: &cpu::Picked, g: &Storage, lg: &Layout) -> Result<Storage> {
-        match (self, g) {
-            (Storage::Cpu(x), Storage::Cpu(g)) => Ok(Storage::Cpu(cpu::log_softmax_pick_grad(x, l, p, g, lg)?)),
+    /// given `g`, the gradient of the picks: one pass (on the Cpu, the bits of the composed ops'
+    /// gradients).
+    pub fn log_softmax_pick_grad(&self, l: &Layout, p: &Picked, g: &Storage, lg: &Layout) -> Result<Storage> {
+        match (self, p, g) {
+            (Storage::Cpu(x), Picked::Cpu(p), Storage::Cpu(g)) => {
+                Ok(Storage::Cpu(cpu::log_softmax_pick_grad(x, l, p, g, lg)?))
+            }
+            (Storage::Gpu(x), Picked::Gpu(p), Storage::Gpu(g)) if x.ctx.ordinal == g.ctx.ordinal => {
+                Ok(Storage::Gpu(gpu::log_softmax_pick_grad(x, l, p, g, lg)?))
+            }
             _ => Err(mismatch("cross_entropy", self, g)),
         }
     }

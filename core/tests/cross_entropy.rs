@@ -5,10 +5,13 @@
 use proptest::prelude::*;
 use weft_core::{DType, Device, Tensor, Var};
 
-/// The loss and the logits' gradient (after scaling the loss by `scale`), fused or composed.
-fn loss_and_grad(x: &Tensor, labels: &Tensor, scale: f32, fused: bool) -> (Vec<u32>, Vec<u32>) {
+/// The loss and the logits' gradient (after scaling the loss by `scale`), fused or composed; with
+/// `transposed`, `x` is `[classes, rows]` and the loss reads its transpose (a variable is stored
+/// contiguous, so the view is taken of it).
+fn loss_and_grad(x: &Tensor, labels: &Tensor, scale: f32, fused: bool, transposed: bool) -> (Vec<u32>, Vec<u32>) {
     let v = Var::new(x.clone()).unwrap();
-    let t = v.as_tensor();
+    let t = &if transposed { v.as_tensor().t().unwrap() } else { v.as_tensor().clone() };
+    let labels = &if transposed { labels.reshape(&[t.dims()[0]]).unwrap() } else { labels.clone() };
     let loss = if fused {
         Tensor::cross_entropy(t, labels).unwrap()
     } else {
@@ -48,7 +51,7 @@ proptest! {
             vals[at % n] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1e9, 88.0][kind];
         }
         let x = if transposed {
-            // The same logical values, laid out with classes first and viewed back.
+            // The same logical values, laid out with classes first (read back through a view).
             let mut t = vec![0f32; n];
             let rows = batch * steps;
             for r in 0..rows {
@@ -56,14 +59,15 @@ proptest! {
                     t[c * rows + r] = vals[r * classes + c];
                 }
             }
-            Tensor::from_vec(t, &[classes, rows], &dev).unwrap().t().unwrap().reshape(&[batch, steps, classes]).unwrap()
+            Tensor::from_vec(t, &[classes, rows], &dev).unwrap()
         } else {
             Tensor::from_vec(vals, &[batch, steps, classes], &dev).unwrap()
         };
         let ids: Vec<u32> = (0..batch * steps).map(|i| ((i as u64 * 40503 + seed) % classes as u64) as u32).collect();
         let labels = Tensor::from_vec(ids, &[batch, steps], &dev).unwrap();
         let labels = if signed { labels.to_dtype(DType::I32).unwrap() } else { labels };
-        let (fused, composed) = (loss_and_grad(&x, &labels, scale, true), loss_and_grad(&x, &labels, scale, false));
+        let (fused, composed) =
+            (loss_and_grad(&x, &labels, scale, true, transposed), loss_and_grad(&x, &labels, scale, false, transposed));
         prop_assert!(same(&fused.0, &composed.0), "loss {:?} vs {:?}", f32::from_bits(fused.0[0]), f32::from_bits(composed.0[0]));
         prop_assert!(same(&fused.1, &composed.1), "gradients differ ({}x{}x{}, transposed {})", batch, steps, classes, transposed);
     }
@@ -104,7 +108,7 @@ fn every_thread_count_gives_the_composed_bits() {
         let labels = Tensor::from_vec(ids, &[rows], &dev).unwrap();
         let on = |threads: usize, fused: bool| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-            pool.install(|| loss_and_grad(&x, &labels, 1.5, fused))
+            pool.install(|| loss_and_grad(&x, &labels, 1.5, fused, false))
         };
         let want = on(1, false);
         for threads in [1, 3] {

@@ -410,6 +410,39 @@ proptest! {
         }
     }
 
+    /// Sparse cross-entropy on a GPU (one node, one kernel each way: cross_entropy.wgsl,
+    /// cross_entropy_grad.wgsl) against the Cpu: the loss and the logits'
+    /// gradient over rows of 1 to 1,000 classes (an invocation or a workgroup a row), logits read
+    /// in rows or through a transposed view, the loss scaled by any factor.
+    #[test]
+    fn cross_entropy_and_its_gradient_match_cpu(rows in prop::sample::select(vec![1usize, 7, 129]),
+                                                classes in prop::sample::select(vec![1usize, 2, 10, 129, 1000]),
+                                                transposed in any::<bool>(), scale in -2.0f32..2.0, seed in 0u64..1000) {
+        let Some(g) = gpu() else { return Ok(()) };
+        let labels: Vec<u32> = (0..rows).map(|i| ((i as u64 * 7919 + seed) % classes as u64) as u32).collect();
+        let run = |dev: &Device| -> Result<(Vec<f32>, Vec<f32>, Vec<String>)> {
+            // (A variable is stored contiguous: the transposed view is taken of it.)
+            let (x, logits) = if transposed {
+                let x = weft_core::Var::new(Tensor::rand(-5.0, 5.0, &[classes, rows], seed, dev)?)?;
+                let t = x.as_tensor().t()?;
+                (x, t)
+            } else {
+                let x = weft_core::Var::new(Tensor::rand(-5.0, 5.0, &[rows, classes], seed, dev)?)?;
+                let t = x.as_tensor().clone();
+                (x, t)
+            };
+            let ids = Tensor::from_slice(&labels, &[rows], dev)?;
+            let (loss, nodes) = weft_core::trace::trace(|| Tensor::cross_entropy(&logits, &ids))?;
+            let grads = loss.mul_scalar(scale)?.backward()?;
+            let kinds = nodes.iter().map(|n| n.kind.clone()).collect();
+            Ok((vals(&loss), vals(grads.get(&x).expect("a gradient")), kinds))
+        };
+        let ((want_loss, want_grad, _), (loss, grad, kinds)) = (run(&Device::Cpu).unwrap(), run(&g).unwrap());
+        prop_assert!(kinds.iter().any(|k| k == "log_softmax_pick") && !kinds.iter().any(|k| k == "gather"), "{:?}", kinds);
+        assert_close(&loss, &want_loss, REDUCE_TOL, &format!("loss, {rows} x {classes}"));
+        assert_close(&grad, &want_grad, REDUCE_TOL, &format!("gradient, {rows} x {classes}, transposed {transposed}"));
+    }
+
     /// Softmax's and log-softmax's input gradients (the GPU's one-dispatch backward,
     /// softmax_grad.wgsl, by a workgroup per row or an invocation per short row) against the
     /// Cpu's, along every axis, for every view of the input and every view of the output's
@@ -1025,6 +1058,48 @@ fn reductions_of_many_mid_length_runs_match_cpu() {
     for r in [t.max(&[0], false).unwrap(), t.min(&[0], false).unwrap(), t.sum(&[0], false).unwrap()] {
         let v = vals(&r);
         assert!(v[100].is_nan() && v.iter().enumerate().all(|(i, x)| i == 100 || x.is_finite()), "{v:?}");
+    }
+}
+
+/// Sparse cross-entropy on a GPU with a label past the classes: an `Err` naming cross_entropy, the
+/// label and its position when the loss is read (the step's one read), and the backward runs
+/// without reading a value back; a row of logits holding a NaN gives a NaN loss and a NaN
+/// gradient for that row alone, on rows of 5 and of 1,000 classes.
+#[test]
+fn cross_entropy_reports_a_bad_label_and_keeps_a_nan() {
+    let Some(g) = gpu() else { return };
+    for classes in [5usize, 1000] {
+        let x = weft_core::Var::new(Tensor::rand(-1.0, 1.0, &[3, classes], 1, &g).unwrap()).unwrap();
+        let bad = Tensor::from_slice(&[0u32, classes as u32 + 2, 1], &[3], &g).unwrap();
+        let loss = Tensor::cross_entropy(x.as_tensor(), &bad).unwrap();
+        let grads = loss.backward().unwrap();
+        let e = loss.to_vec::<f32>().unwrap_err().to_string();
+        let want = format!("index {} (at flat position 1", classes + 2);
+        assert!(e.contains("cross_entropy") && e.contains(&want), "{classes} classes: {e}");
+        assert!(
+            grads.get(&x).unwrap().to_vec::<f32>().is_err(),
+            "{classes} classes: the gradient of a bad label's loss"
+        );
+
+        let poisoned = Tensor::rand(-1.0, 1.0, &[3, classes], 2, &g).unwrap();
+        let at = Tensor::arange(0.0, (3 * classes) as f32, 1.0, &g).unwrap().reshape(&[3, classes]).unwrap();
+        // (Off row 1's label, 1: the pick is NaN only if the row's max and sum carry it.)
+        let poisoned =
+            poisoned.masked_fill(&at.cmp_scalar(BinaryOp::Eq, (classes + 3) as f32).unwrap(), f32::NAN).unwrap();
+        let x = weft_core::Var::new(poisoned).unwrap();
+        let ids = Tensor::from_slice(&[0u32, 1, 2], &[3], &g).unwrap();
+        let rows =
+            Tensor::cross_entropy(&x.as_tensor().narrow(0, 1, 1).unwrap(), &ids.narrow(0, 1, 1).unwrap()).unwrap();
+        assert!(vals(&rows)[0].is_nan(), "{classes} classes: the loss of a row holding a NaN");
+        let loss = Tensor::cross_entropy(x.as_tensor(), &ids).unwrap();
+        assert!(vals(&loss)[0].is_nan(), "{classes} classes: the mean over a row holding a NaN");
+        let grad = vals(loss.backward().unwrap().get(&x).unwrap());
+        // Every row's gradient reads the mean's gradient, not the loss: only the NaN row is NaN.
+        assert!(grad[classes..2 * classes].iter().all(|v| v.is_nan()), "{classes} classes: the NaN row's gradient");
+        assert!(
+            grad[..classes].iter().chain(&grad[2 * classes..]).all(|v| v.is_finite()),
+            "{classes} classes: the other rows"
+        );
     }
 }
 

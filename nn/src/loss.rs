@@ -414,7 +414,7 @@ impl Loss {
         match self {
             Loss::Options { .. } => self.compute_weighted(y_pred, y_true, None),
             Loss::SparseCategoricalCrossentropy { from_logits: true } => {
-                // Log-softmax and the pick of each label: one node each way on the Cpu.
+                // Log-softmax and the pick of each label: one node each way (on a GPU, one kernel).
                 let (y, classes) = sparse_labels(y_pred, y_true)?;
                 Tensor::cross_entropy(y_pred, &y.to_index_later("labels", Some(classes))?)
             }

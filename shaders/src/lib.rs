@@ -34,6 +34,12 @@ pub const REDUCE: &str = include_str!("../wgsl/reduce.wgsl");
 pub const SOFTMAX: &str = include_str!("../wgsl/softmax.wgsl");
 /// Softmax's and log-softmax's backward template (`{{TERM}}` of `y`, `g`; `{{OUT}}` of `y`, `g`, `s`).
 pub const SOFTMAX_GRAD: &str = include_str!("../wgsl/softmax_grad.wgsl");
+/// Sparse cross-entropy's forward: each row's log-softmax at its label.
+pub const CROSS_ENTROPY: &str = include_str!("../wgsl/cross_entropy.wgsl");
+/// Sparse cross-entropy's backward: the logits' gradient.
+pub const CROSS_ENTROPY_GRAD: &str = include_str!("../wgsl/cross_entropy_grad.wgsl");
+/// A softmax row's max and exponentials' sum (with SOFTMAX and CROSS_ENTROPY).
+pub const ROW_MAX_SUM: &str = include_str!("../wgsl/row_max_sum.wgsl");
 /// Layer norm.
 pub const LAYER_NORM: &str = include_str!("../wgsl/layer_norm.wgsl");
 /// A short layer-norm row's mean and squared deviations (with LAYER_NORM and LAYER_NORM_GRAD).
@@ -367,8 +373,8 @@ pub fn source(name: &str) -> Option<String> {
             REDUCE.replace("{{INDEX}}", index).replace("{{INIT}}", init).replace("{{COMBINE}}", combine)
         }
         "softmax" => match variant {
-            "softmax" => SOFTMAX.replace("{{OUT}}", "exp(v - m) / s"),
-            "log" => SOFTMAX.replace("{{OUT}}", "v - m - log(s)"),
+            "softmax" => format!("{}\n{ROW_MAX_SUM}", SOFTMAX.replace("{{OUT}}", "exp(v - m) / s")),
+            "log" => format!("{}\n{ROW_MAX_SUM}", SOFTMAX.replace("{{OUT}}", "v - m - log(s)")),
             _ => return None,
         },
         "softmax_grad" => match variant {
@@ -385,6 +391,8 @@ pub fn source(name: &str) -> Option<String> {
         "where" if variant.is_empty() => WHERE.to_string(),
         "copy" if variant.is_empty() => COPY.to_string(),
         "concat" if variant.is_empty() => CONCAT.to_string(),
+        "cross_entropy" if variant.is_empty() => format!("{CROSS_ENTROPY}\n{ROW_MAX_SUM}"),
+        "cross_entropy_grad" if variant.is_empty() => CROSS_ENTROPY_GRAD.to_string(),
         "fill" if variant.is_empty() => FILL.to_string(),
         "rand" if variant.is_empty() => RAND.to_string(),
         "layer_norm" if variant.is_empty() => format!("{LAYER_NORM}\n{ROW_STATS}"),
@@ -450,6 +458,8 @@ pub fn all_kernels() -> Vec<String> {
             "where",
             "copy",
             "concat",
+            "cross_entropy",
+            "cross_entropy_grad",
             "fill",
             "rand",
             "layer_norm",

@@ -6,8 +6,8 @@
 // partial max and sum in workgroup memory (a tree of halvings). Subtracting the maximum keeps
 // exp from overflowing. The row is read through its strides; the output is contiguous.
 // `{{OUT}}` is the result expression of `v` (the input), `m` (row max) and `s` (sum of exps).
-// The row max propagates NaN (`max_`, a test on the bits), and a row holding a NaN comes out
-// all NaN, as on the Cpu: never a finite, silently wrong distribution.
+// The row max and sum come from row_max_sum.wgsl; the max propagates NaN, and a row holding a NaN
+// comes out all NaN, as on the Cpu: never a finite, silently wrong distribution.
 //
 // info: [n_rows, n, outer_rank, offset, last_stride, outer_shape[8], outer_strides[8]]
 
@@ -15,18 +15,6 @@
 @group(0) @binding(2) var<storage, read_write> y_buf: array<f32>;
 
 var<workgroup> part: array<f32, 256>;
-
-fn tree(t: u32, is_max: bool) -> f32 {
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (t < s) {
-            part[t] = select(part[t] + part[t + s], max_(part[t], part[t + s]), is_max);
-        }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -40,24 +28,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         base = strided_offset(row, info[2], 5u, 13u, info[3]);
     }
     let stride = info[4];
-    var m = -3.4028235e38;
-    if (live) {
-        for (var j = t; j < n; j = j + WG) {
-            m = max_(m, x_buf[base + j * stride]);
-        }
-    }
-    part[t] = m;
-    workgroupBarrier();
-    m = tree(t, true);
-    var s = 0.0;
-    if (live) {
-        for (var j = t; j < n; j = j + WG) {
-            s = s + exp(x_buf[base + j * stride] - m);
-        }
-    }
-    part[t] = s;
-    workgroupBarrier();
-    s = tree(t, false);
+    let ms = workgroup_max_sum(t, live, base, stride, n);
+    let m = ms.x;
+    let s = ms.y;
     if (live) {
         for (var j = t; j < n; j = j + WG) {
             let v = x_buf[base + j * stride];
@@ -76,14 +49,9 @@ fn main_short(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let stride = info[4];
     for (var row = linear_id(gid, nwg); row < info[0]; row = row + grid_size(nwg)) {
         let base = strided_offset(row, info[2], 5u, 13u, info[3]);
-        var m = -3.4028235e38;
-        for (var j = 0u; j < n; j = j + 1u) {
-            m = max_(m, x_buf[base + j * stride]);
-        }
-        var s = 0.0;
-        for (var j = 0u; j < n; j = j + 1u) {
-            s = s + exp(x_buf[base + j * stride] - m);
-        }
+        let ms = short_max_sum(base, stride, n);
+        let m = ms.x;
+        let s = ms.y;
         for (var j = 0u; j < n; j = j + 1u) {
             let v = x_buf[base + j * stride];
             y_buf[row * n + j] = select({{OUT}}, m, is_nan_(m));

@@ -45,7 +45,7 @@ const CHUNK: usize = 256 * 32;
 /// row three times per invocation, layer norm's backward four, softmax's two: 16,384 iterations at this length,
 /// well inside llvmpipe's budget of 65,535); `long_rows` composes them from chunked reductions
 /// and elementwise kernels instead (and autograd the backward from tensor ops).
-const LONG_ROW: usize = 1 << 20;
+pub(super) const LONG_ROW: usize = 1 << 20;
 
 /// One pass's input: where the runs are, and (after the first pass) the partials' indices.
 struct Pass {
@@ -148,7 +148,7 @@ const SOFTWARE_SHORT_ROW: usize = 1024;
 /// loop iterations per row (three passes, the row loop, the outer axes' offset), and rows stay
 /// few enough per invocation for llvmpipe's loop budget (65,535 iterations, see `CHUNK`): at
 /// most 2^15 counted so, half the budget.
-fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> (&'static str, [u32; 3]) {
+pub(super) fn row_entry(ctx: &super::GpuContext, rows: usize, n: usize) -> (&'static str, [u32; 3]) {
     row_entry_passes(ctx, rows, n, 3)
 }
 

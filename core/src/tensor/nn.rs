@@ -141,8 +141,8 @@ impl Tensor {
 
     /// Mean cross-entropy of `[.., classes]` logits against integer labels of shape `[..]`,
     /// computed from log-softmax (stable for large logits): `-mean(log_softmax(logits)[label])`.
-    /// On the Cpu the log-softmax at each label and its gradient are one pass each, with the
-    /// bits of the log-softmax, `gather` and their gradients, which every other device runs.
+    /// The log-softmax at each label and its gradient are one pass each: on the Cpu with the bits
+    /// of the log-softmax, `gather` and their gradients, on a GPU (u32 labels) one dispatch each.
     ///
     /// ```
     /// # use weft_core::{Device, Tensor};
@@ -173,12 +173,15 @@ impl Tensor {
     }
 
     /// `self.log_softmax(-1)?.gather(1, ids)` for `[rows, classes]` f32 logits and `[rows, 1]`
-    /// u32 or i32 labels on the Cpu, as one node whose backward is one pass (the same bits);
-    /// `None` elsewhere.
+    /// labels, u32 or i32 on the Cpu (the same bits), u32 on a GPU (one dispatch), as one node
+    /// whose backward is one pass; `None` elsewhere.
     fn log_softmax_pick(&self, ids: &Tensor) -> Result<Option<Tensor>> {
-        let cpu = |t: &Tensor| matches!(t.device(), crate::Device::Cpu);
-        let index = matches!(ids.dtype(), DType::U32 | DType::I32);
-        if !cpu(self) || !cpu(ids) || self.dtype() != DType::F32 || !index {
+        let index = match self.device() {
+            crate::Device::Cpu => matches!(ids.dtype(), DType::U32 | DType::I32),
+            crate::Device::Gpu(_) => ids.dtype() == DType::U32,
+            _ => false,
+        };
+        if self.same_device(ids, "cross_entropy").is_err() || self.dtype() != DType::F32 || !index {
             return Ok(None);
         }
         let Some((storage, picked)) = self.storage().log_softmax_pick(self.layout(), &ids.storage(), ids.layout())?
