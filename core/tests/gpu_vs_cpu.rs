@@ -672,10 +672,10 @@ fn tall_narrow_products_run_transposed_and_match_cpu() {
 
 /// A dense layer's forward, `op(x @ w + b)`, runs as one product whose kernel adds the bias and
 /// applies the op as it stores each value: on every variant, over awkward shapes, a weight read
-/// transposed and a bias read at an offset, its values are the bits of the product then `add_unary` on the same device,
-/// and match the Cpu's; in training its gradients (x, w, b) match the Cpu's; one dispatch where
-/// the product is one (fails if the epilogue misses the bias, its column, its offset or the op's
-/// parameters). The Cpu's fused product, given the same offset bias, gives the ops' bits.
+/// transposed and a bias read at an offset, its values are the bits of the product then
+/// `add_unary` on the same device, and match the Cpu's; in training its gradients (x, w, b) match the Cpu's; one dispatch where
+/// the product is one; where K is split, the slices' sum applies them (fails if the epilogue
+/// misses the bias, its column, its offset or the op's parameters). The Cpu's fused product, given the same offset bias, gives the ops' bits.
 /// (Every op on the tiled kernel, two on the others: each pair is a pipeline to compile.)
 #[test]
 fn dense_products_apply_bias_and_op_as_they_store() {
@@ -746,6 +746,35 @@ fn dense_products_apply_bias_and_op_as_they_store() {
     let before = ctx.activity().dispatches;
     run(&x, &w, &b, UnaryOp::Relu, true);
     assert_eq!(ctx.activity().dispatches - before, 1, "product, bias and relu");
+    // On a device reckoned 128 workgroups wide, as a hardware GPU is, K is split: the slices'
+    // sum applies the bias (read at an offset) and op (two dispatches, the product and the sum,
+    // where the ops apart take three; 64 slices are summed in two passes, the last applying
+    // them), the bits of the ops apart; where the slices leave a remainder of K (257), the ops run
+    // apart.
+    ctx.force_parallel_width(128);
+    for (k, n, want) in [(512, 128, 2), (8192, 64, 3), (257, 128, 5)] {
+        let x = Tensor::rand(-1.0, 1.0, &[64, k], 7, &Device::Cpu).unwrap();
+        let w = Tensor::rand(-1.0, 1.0, &[k, n], 8, &Device::Cpu).unwrap();
+        let wide = Tensor::rand(-1.0, 1.0, &[2, n], 9, &Device::Cpu).unwrap();
+        let row1 = |t: &Tensor| t.narrow(0, 1, 1).unwrap().reshape(&[n]).unwrap();
+        let on = |t: &Tensor| t.to_device(&dev).unwrap();
+        let (b, xg, wg, bg) = (row1(&wide), on(&x), on(&w), row1(&on(&wide)));
+        for op in [UnaryOp::Relu, UnaryOp::LeakyRelu(0.1), UnaryOp::Affine { mul: 2.0, add: -0.5 }] {
+            dev.synchronize().unwrap();
+            let before = ctx.activity().dispatches;
+            let got = run(&xg, &wg, &bg, op, true);
+            assert_eq!(ctx.activity().dispatches - before, want, "64 x {k} x {n} split, {op:?}");
+            let (got, apart) = (vals(&got), vals(&run(&xg, &wg, &bg, op, false)));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&apart), "64 x {k} x {n} split, {op:?}: fused and apart");
+            assert_close(
+                &got,
+                &vals(&run(&x, &w, &b, op, false)),
+                REDUCE_TOL,
+                &format!("64 x {k} x {n} split, {op:?}"),
+            );
+        }
+    }
 }
 
 /// An LSTM step given its gates as two shares (`Tensor::lstm_cell_of_shares`) is the step of

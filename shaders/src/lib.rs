@@ -316,6 +316,21 @@ pub fn matmul_direct_source(tm: usize, tn: usize, (wx, wy): (usize, usize)) -> O
     )
 }
 
+/// What a reduction stores for the value `v` of output `o`: `v` itself, or with an op (a split
+/// product's sum), `op(v + bias[o % columns])` from a bias at binding 3 (its first value at info
+/// 40, the columns at 41) and the op's parameters at info 42 and 43, the sum `add_unary` forms.
+fn reduce_finish(op: Option<&str>) -> Option<String> {
+    let Some(op) = op else {
+        return Some("fn finish(o: u32, v: f32) -> f32 {\n    return v;\n}\n".into());
+    };
+    let expr = UNARY_OPS.iter().find(|(n, _)| *n == op)?.1;
+    Some(format!(
+        "@group(0) @binding(3) var<storage, read> bias: array<f32>;\n\
+         fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n\
+         fn finish(o: u32, v: f32) -> f32 {{\n    return un(v + bias[info[40] + o % info[41]], param(42u), param(43u));\n}}\n"
+    ))
+}
+
 /// What a matmul kernel stores for the sum `v` of output column `col`: `v` itself, or with an
 /// op, `op(v + bias[col])` from a bias at binding 4 (its first value at info 25) and the op's
 /// parameters at info 23 and 24 (after the product's own info), the same sum as `add_unary`'s.
@@ -367,10 +382,16 @@ pub fn source(name: &str) -> Option<String> {
             let dun = format!("fn dun(x: f32, p0: f32, p1: f32) -> f32 {{\n    {body}\n}}\n");
             format!("{}\n{dun}", BINARY.replace("{{OP}}", "b * select(dun(a, param(28u), param(29u)), a, is_nan_(a))"))
         }
+        // `reduce/sum`, or with a bias and an op applied to each value stored, `reduce/sum/relu`.
         "reduce" => {
+            let (variant, op) = variant.split_once('/').map_or((variant, None), |(v, op)| (v, Some(op)));
             let (_, init, combine, with_index) = REDUCE_OPS.iter().find(|r| r.0 == variant)?;
+            if op.is_some() && variant != "sum" {
+                return None;
+            }
             let index = if *with_index { REDUCE_WITH_INDEX } else { REDUCE_WITHOUT_INDEX };
-            REDUCE.replace("{{INDEX}}", index).replace("{{INIT}}", init).replace("{{COMBINE}}", combine)
+            let body = REDUCE.replace("{{INDEX}}", index).replace("{{INIT}}", init).replace("{{COMBINE}}", combine);
+            format!("{body}\n{}", reduce_finish(op)?)
         }
         "softmax" => match variant {
             "softmax" => format!("{}\n{ROW_MAX_SUM}", SOFTMAX.replace("{{OUT}}", "exp(v - m) / s")),
@@ -445,6 +466,7 @@ pub fn all_kernels() -> Vec<String> {
     names.extend(UNARY_OPS.iter().map(|(n, _)| format!("add_unary/{n}")));
     names.extend(UNARY_GRADS.iter().map(|(n, _)| format!("unary_grad/{n}")));
     names.extend(REDUCE_OPS.iter().map(|r| format!("reduce/{}", r.0)));
+    names.extend(UNARY_OPS.iter().map(|(n, _)| format!("reduce/sum/{n}")));
     names.extend(CASTS.iter().map(|c| format!("cast/{}", c.0)));
     names.extend(INDEX_CHECKS.iter().map(|c| format!("index_check/{}", c.0)));
     names.extend(["softmax/softmax", "softmax/log", "softmax_grad/softmax", "softmax_grad/log"].map(String::from));

@@ -24,6 +24,11 @@
 // index: its variant declares `xi_buf` and `out_i`, and with `idx_in` set the input indices come
 // from `xi_buf`; the other variants get `index_at` and `store_index` that do nothing.
 //
+// Each value stored passes through `finish(o, v)`: `v` itself, or for `reduce/sum/<op>` (the
+// slices of a split product summed into a dense layer's output: matmul.rs)
+// `op(v + bias[info[40] + o % info[41]])`, the op's parameters at info 42 and 43, the bias at
+// binding 3. The host gives that variant the last pass only, where each output is one value.
+//
 // info: [n_out, n_red, outer_rank, inner_rank, offset, chunk, n_chunks, idx_in,
 //        outer_shape[8], outer_strides[8], inner_shape[8], inner_strides[8]]
 
@@ -95,7 +100,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         workgroupBarrier();
     }
     if (t == 0u && live) {
-        out_v[g] = part_v[0];
+        out_v[g] = finish(o, part_v[0]);
         store_index(g, part_i[0]);
     }
 }
@@ -118,7 +123,7 @@ fn main_small(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
             acc = p.v;
             ai = p.i;
         }
-        out_v[o * info[6] + c] = acc;
+        out_v[o * info[6] + c] = finish(o, acc);
         store_index(o * info[6] + c, ai);
     }
 }

@@ -229,7 +229,7 @@ fn runs(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, ranked: &[Matm
         } else {
             (la.narrow(r - 1, start, len)?, lb.narrow(r - 2, start, len)?)
         };
-        let part = run_split(a, &pa, b, &pb, choose(ranked, &pa, &pb))?;
+        let part = run_split(a, &pa, b, &pb, choose(ranked, &pa, &pb), None)?;
         sum = Some(match sum {
             None => part,
             Some(acc) => {
@@ -271,17 +271,26 @@ const MIN_SLICE: usize = 128;
 /// divides K where one of at least half the most useful count does; otherwise the values the
 /// slices leave are one more product, added. (So the order of a product's sums, and its last
 /// bits, follow the adapter's width.)
-fn run_split(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: MatmulVariant) -> Result<GpuStorage> {
+///
+/// With an epilogue (a dense layer's bias and op), the slices' sum applies it as it stores each
+/// value (`rows::sum_add_unary`): only where the slices cover K ([`slicing`]; the caller checks).
+fn run_split(
+    a: &GpuStorage,
+    la: &Layout,
+    b: &GpuStorage,
+    lb: &Layout,
+    v: MatmulVariant,
+    epilogue: Option<Epilogue>,
+) -> Result<GpuStorage> {
     let r = la.rank();
     let k = la.shape()[r - 1];
-    let most = split_count(a, la, lb, v);
-    if most < 2 {
-        return run(a, la, b, lb, v, None);
+    let Some((slices, len)) = slicing(a, la, lb, v) else {
+        return run(a, la, b, lb, v, epilogue);
+    };
+    if epilogue.is_some() && slices * len != k {
+        // (matmul_add_unary never sends one: the epilogue would miss the remainder's product.)
+        return Err(Error::Gpu(format!("matmul: an epilogue on {slices} slices of {len} that leave part of K = {k}")));
     }
-    // A vec4 kernel reads K four at a time from aligned offsets: slices of a multiple of 4.
-    let whole = |s: usize| k.is_multiple_of(s) && (!v.vec4 || (k / s).is_multiple_of(4));
-    let slices = (most.div_ceil(2).max(2)..=most).rev().find(|&s| whole(s)).unwrap_or(most);
-    let len = if v.vec4 { k / slices / 4 * 4 } else { k / slices };
     let sliced = |l: &Layout, k_axis: usize| -> Layout {
         let mut shape: Dims = l.shape().into();
         let mut strides: Dims = l.strides().into();
@@ -295,7 +304,11 @@ fn run_split(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: Matmul
     let partials = run(a, &sa, b, &sb, fitting(v, &sa, &sb), None)?;
     let mut shape = out_shape(la, lb);
     shape.insert(r - 2, slices);
-    let sum = super::reduce(crate::ops::ReduceOp::Sum, &partials, &Layout::contiguous(&shape), &[r - 2])?;
+    let (lp, n) = (Layout::contiguous(&shape), lb.shape()[r - 1]);
+    let sum = match epilogue {
+        Some((bias, op)) => super::rows::sum_add_unary(&partials, &lp, &[r - 2], bias, n, op)?,
+        None => super::reduce(crate::ops::ReduceOp::Sum, &partials, &lp, &[r - 2])?,
+    };
     let done = slices * len;
     if done == k {
         return Ok(sum);
@@ -304,6 +317,25 @@ fn run_split(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, v: Matmul
     let rest = run(a, &ra, b, &rb, fitting(v, &ra, &rb), None)?;
     let l = Layout::contiguous(&out_shape(la, lb));
     super::binary(crate::ops::BinaryOp::Add, &sum, &l, &rest, &l)
+}
+
+/// A dense layer's bias (a buffer and the offset of its first value) and op, applied to each
+/// value a product stores.
+type Epilogue<'a> = ((&'a GpuStorage, usize), UnaryOp);
+
+/// The slices `run_split` cuts K into for `v` and their length (`None`: it runs whole). The
+/// count divides K where one of at least half the most useful count does; a vec4 kernel reads K
+/// four at a time from aligned offsets, so its slices are a multiple of 4 long.
+fn slicing(a: &GpuStorage, la: &Layout, lb: &Layout, v: MatmulVariant) -> Option<(usize, usize)> {
+    let k = la.shape()[la.rank() - 1];
+    let most = split_count(a, la, lb, v);
+    if most < 2 {
+        return None;
+    }
+    let whole = |s: usize| k.is_multiple_of(s) && (!v.vec4 || (k / s).is_multiple_of(4));
+    let slices = (most.div_ceil(2).max(2)..=most).rev().find(|&s| whole(s)).unwrap_or(most);
+    let len = if v.vec4 { k / slices / 4 * 4 } else { k / slices };
+    Some((slices, len))
 }
 
 /// The most slices `run_split` would cut K into for `v` (1: none): as many as fill the adapter's
@@ -325,10 +357,12 @@ fn fitting(v: MatmulVariant, la: &Layout, lb: &Layout) -> MatmulVariant {
 }
 
 /// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a bias of `n` adjacent values from
-/// `bias_offset`, the bias and op applied by the product's kernel as it stores each value (a
-/// dense layer's forward in one dispatch, the values `add_unary` gives the product). `None` where the product would take more
-/// than one dispatch (K cut into runs or slices, a transposed product, rows past a dispatch's
-/// limit): the caller then runs the two ops.
+/// `bias_offset`, the bias and op applied as each value is stored: by the product's kernel (a
+/// dense layer's forward in one dispatch), or where K is cut into slices (most products of a
+/// batch on a GPU of a hundred cores), by the sum of the slices; the values `add_unary` gives the
+/// product. `None` where neither stores the whole output (K cut into runs, slices that leave a
+/// remainder of K, a transposed product, rows past a dispatch's limit): the caller then runs the
+/// two ops.
 pub fn matmul_add_unary(
     a: &GpuStorage,
     la: &Layout,
@@ -350,10 +384,11 @@ pub fn matmul_add_unary(
         return Ok(None);
     }
     let v = choose(&ranked, la, lb);
-    if split_count(a, la, lb, v) > 1 || m > max_groups * v.tile_m {
+    let remainder = slicing(a, la, lb, v).is_some_and(|(slices, len)| slices * len != k);
+    if remainder || m > max_groups * v.tile_m {
         return Ok(None);
     }
-    run(a, la, b, lb, v, Some((bias, op))).map(Some)
+    run_split(a, la, b, lb, v, Some((bias, op))).map(Some)
 }
 
 /// Run one variant, with an epilogue (a bias and an op) where given.
@@ -363,7 +398,7 @@ fn run(
     b: &GpuStorage,
     lb: &Layout,
     v: MatmulVariant,
-    epilogue: Option<((&GpuStorage, usize), UnaryOp)>,
+    epilogue: Option<Epilogue>,
 ) -> Result<GpuStorage> {
     let r = la.rank();
     let (m, k, n) = (la.shape()[r - 2], la.shape()[r - 1], lb.shape()[r - 1]);

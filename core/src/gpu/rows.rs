@@ -1,7 +1,7 @@
 //! Launchers for kernels that give a workgroup a run of elements: reductions, softmax, layer norm.
 
 use super::{GpuStorage, check_rank, push_dims};
-use crate::ops::ReduceOp;
+use crate::ops::{ReduceOp, UnaryOp};
 use crate::{DType, Layout, Result};
 
 /// Runs shorter than this are reduced by one invocation each (`main_small`); longer runs get a
@@ -58,6 +58,40 @@ struct Pass {
 
 /// Reduce `axes` (output: the input shape with reduced axes of size 1, contiguous).
 pub fn reduce(op: ReduceOp, s: &GpuStorage, l: &Layout, axes: &[usize]) -> Result<GpuStorage> {
+    reduce_finished(op, s, l, axes, None)
+}
+
+/// The sum over `axes`, each output `o` then stored as `op(v + bias[offset + o % columns])`
+/// (`reduce/sum/<op>` on the last pass): a split product's slices summed into a dense layer's
+/// output, with no pass of its own for the bias and op; the values `add_unary` gives the sum.
+pub(super) fn sum_add_unary(
+    s: &GpuStorage,
+    l: &Layout,
+    axes: &[usize],
+    (bias, offset): (&GpuStorage, usize),
+    columns: usize,
+    op: UnaryOp,
+) -> Result<GpuStorage> {
+    reduce_finished(ReduceOp::Sum, s, l, axes, Some(Finish { bias, offset, columns, op }))
+}
+
+/// What the last pass of a sum applies to each output (see `sum_add_unary`).
+struct Finish<'a> {
+    bias: &'a GpuStorage,
+    offset: usize,
+    columns: usize,
+    op: UnaryOp,
+}
+
+fn reduce_finished(
+    op: ReduceOp,
+    s: &GpuStorage,
+    l: &Layout,
+    axes: &[usize],
+    finish: Option<Finish>,
+) -> Result<GpuStorage> {
+    // (`reduce/<op>/<unary>` exists for the sum alone: the bias takes argmax's binding 3.)
+    debug_assert!(finish.is_none() || op == ReduceOp::Sum, "a finish on a reduction other than the sum");
     check_rank(op.name(), l)?;
     let kept: Vec<usize> = (0..l.rank()).filter(|a| !axes.contains(a)).collect();
     let pick = |of: &[usize], which: &[usize]| -> Vec<usize> { which.iter().map(|&a| of[a]).collect() };
@@ -110,7 +144,15 @@ pub fn reduce(op: ReduceOp, s: &GpuStorage, l: &Layout, axes: &[usize]) -> Resul
             buffers.extend([&xi.buf, &out_i.buf]);
         }
         let grid = if entry == "main" { s.ctx.grid_for(groups) } else { s.ctx.grid_1d(groups) };
-        s.ctx.dispatch(&kernel, entry, &info, &buffers, grid)?;
+        match finish.as_ref().filter(|_| n_chunks == 1) {
+            Some(f) => {
+                info.extend([f.offset as u32, f.columns as u32]);
+                info.extend(f.op.params().map(f32::to_bits));
+                buffers.push(&f.bias.buf);
+                s.ctx.dispatch(&format!("{kernel}/{}", f.op.name()), entry, &info, &buffers, grid)?;
+            }
+            None => s.ctx.dispatch(&kernel, entry, &info, &buffers, grid)?,
+        }
         if n_chunks == 1 {
             return Ok(if arg { out_i } else { out_v });
         }
