@@ -673,9 +673,10 @@ fn tall_narrow_products_run_transposed_and_match_cpu() {
 /// A dense layer's forward, `op(x @ w + b)`, runs as one product whose kernel adds the bias and
 /// applies the op as it stores each value: on every variant, over awkward shapes, a weight read
 /// transposed and a bias read at an offset, its values are the bits of the product then
-/// `add_unary` on the same device, and match the Cpu's; in training its gradients (x, w, b) match the Cpu's; one dispatch where
-/// the product is one; where K is split, the slices' sum applies them (fails if the epilogue
-/// misses the bias, its column, its offset or the op's parameters). The Cpu's fused product, given the same offset bias, gives the ops' bits.
+/// `add_unary` on the same device, and match the Cpu's; in training its gradients (x, w, b)
+/// match the Cpu's; one dispatch where the product is one; where K is split, the slices' sum
+/// applies them (fails if the epilogue misses the bias, its column, its offset or the op's
+/// parameters). The Cpu's fused product, given the same offset bias, gives the ops' bits.
 /// (Every op on the tiled kernel, two on the others: each pair is a pipeline to compile.)
 #[test]
 fn dense_products_apply_bias_and_op_as_they_store() {
@@ -751,7 +752,9 @@ fn dense_products_apply_bias_and_op_as_they_store() {
     // where the ops apart take three; 64 slices are summed in two passes, the last applying
     // them), the bits of the ops apart; where the slices leave a remainder of K (257), the ops run
     // apart.
+    // (The tiled kernel forced: the slice counts follow from its 64 x 64 tiles.)
     ctx.force_parallel_width(128);
+    ctx.force_matmul("matmul/tiled").unwrap();
     for (k, n, want) in [(512, 128, 2), (8192, 64, 3), (257, 128, 5)] {
         let x = Tensor::rand(-1.0, 1.0, &[64, k], 7, &Device::Cpu).unwrap();
         let w = Tensor::rand(-1.0, 1.0, &[k, n], 8, &Device::Cpu).unwrap();
@@ -1091,9 +1094,9 @@ fn reductions_of_many_mid_length_runs_match_cpu() {
 }
 
 /// Sparse cross-entropy on a GPU with a label past the classes: an `Err` naming cross_entropy, the
-/// label and its position when the loss is read (the step's one read), and the backward runs
-/// without reading a value back; a row of logits holding a NaN gives a NaN loss and a NaN
-/// gradient for that row alone, on rows of 5 and of 1,000 classes.
+/// label and its position when the loss is read (the step's one read), and when the gradient is;
+/// a row of logits holding a NaN gives a NaN loss and a NaN gradient for that row alone, on rows
+/// of 5 and of 1,000 classes.
 #[test]
 fn cross_entropy_reports_a_bad_label_and_keeps_a_nan() {
     let Some(g) = gpu() else { return };
@@ -1165,6 +1168,21 @@ fn softmax_gradients_of_short_and_long_rows_match_cpu() {
                 }
             }
         }
+    }
+    // One dispatch each way on a device of its own (fails if the backward falls back to the
+    // tensor ops, whose values are the same).
+    let Device::Gpu(first) = &g else { unreachable!("a GPU device") };
+    let own = Device::gpu(first.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &own else { unreachable!("a GPU device") };
+    for log in [false, true] {
+        let x = weft_core::Var::new(Tensor::rand(-3.0, 3.0, &[5, 1000], 6, &own).unwrap()).unwrap();
+        let y = if log { x.as_tensor().log_softmax(-1) } else { x.as_tensor().softmax(-1) }.unwrap();
+        let seed = Tensor::rand(-1.0, 1.0, &[5, 1000], 7, &own).unwrap();
+        own.synchronize().unwrap();
+        let before = ctx.activity().dispatches;
+        let grads = y.backward_with(seed).unwrap();
+        assert_eq!(ctx.activity().dispatches - before, 1, "log {log}: the backward's dispatches");
+        assert!(grads.get(&x).is_some());
     }
     // Rows of 700 under two outer axes (workgroups that loop over their row), read through a
     // transposed input, the gradient broadcast over the outer axes, a third of the keys masked

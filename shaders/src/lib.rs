@@ -327,7 +327,8 @@ fn reduce_finish(op: Option<&str>) -> Option<String> {
     Some(format!(
         "@group(0) @binding(3) var<storage, read> bias: array<f32>;\n\
          fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n\
-         fn finish(o: u32, v: f32) -> f32 {{\n    return un(v + bias[info[40] + o % info[41]], param(42u), param(43u));\n}}\n"
+         fn finish(o: u32, v: f32) -> f32 {{\n    \
+         return un(v + bias[info[40] + o % info[41]], param(42u), param(43u));\n}}\n"
     ))
 }
 

@@ -3,9 +3,9 @@
 // backward) and a gather; here a row's max and the log of its exponentials' sum are kept instead,
 // two numbers a row (`stats`), which cross_entropy_grad.wgsl reads.
 //
-// `pick`: one workgroup per row, whose invocations stride over it and combine their partial max
+// `main`: one workgroup per row, whose invocations stride over it and combine their partial max
 // and sum in workgroup memory (row_max_sum.wgsl, as softmax.wgsl's `main`: the same values);
-// `pick_short`: one invocation per row, for short rows (the host picks, as for softmax.wgsl). A
+// `main_short`: one invocation per row, for short rows (the host picks, as for softmax.wgsl). A
 // label past the row is never read: the row's pick is 0 and the dispatch's fault slot records it
 // (`report`, as index.wgsl's), an `Err` when the loss, or anything computed from it, is read. A
 // row holding a NaN has a NaN max and picks that NaN.
@@ -42,7 +42,7 @@ fn finish(row: u32, base: u32, m: f32, s: f32) {
 }
 
 @compute @workgroup_size(256)
-fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = wid.x + wid.y * nwg.x;
     let t = lid.x;
@@ -56,7 +56,7 @@ fn pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 
 @compute @workgroup_size(256)
-fn pick_short(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn main_short(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let n = info[1];
     for (var row = linear_id(gid, nwg); row < info[0]; row = row + grid_size(nwg)) {
         let base = info[2] + row * info[3];

@@ -1,7 +1,7 @@
 //! Sparse cross-entropy's row work on the Cpu, one pass each way. Composed, it is a
-//! log-softmax, a `gather` of each row's label, and for the gradient a `scatter_add` into zeros,
-//! a row sum, an `exp` of the log-softmax, a product and a difference: five `[rows, classes]`
-//! arrays made and walked, and the log-softmax kept for the backward. Here the forward keeps three
+//! log-softmax, a `gather` of each row's label, and for the gradient a `scatter_add` into zeros
+//! and log-softmax's backward (`softmax_grad`): three `[rows, classes]` arrays made and walked,
+//! and the log-softmax kept for the backward. Here the forward keeps three
 //! numbers a row (its label, its maximum and the log of its exponentials' sum), and the backward
 //! writes its one array in one pass, working each log-softmax value out again from them and the
 //! logits.

@@ -3,7 +3,7 @@
 
 use super::fault::{FaultSlot, SLOT_BYTES};
 use super::rows::{LONG_ROW, row_entry};
-use super::{GpuStorage, check_layout, contiguous};
+use super::{GpuStorage, check_layout};
 use crate::{DType, Error, Layout, Result};
 use std::sync::Arc;
 
@@ -31,14 +31,13 @@ pub fn log_softmax_pick(
     check_layout("cross_entropy", lx)?;
     let ctx = &x.ctx;
     // (The fault slot reads a bad label back from its flat position in a contiguous buffer.)
-    let ids = if li.is_contiguous() && li.offset() == 0 { ids.clone() } else { contiguous(ids, li)? };
+    let ids = super::index::contig(ids, li)?;
     let mut picked = GpuStorage::alloc(ctx, rows, DType::F32)?;
     let stats = GpuStorage::alloc(ctx, 2 * rows, DType::F32)?;
     let info = [rows, classes, lx.offset(), lx.strides()[0], lx.strides()[1]].map(|v| v as u32);
     let buf = ctx.upload(&[0; SLOT_BYTES as usize])?;
     let slot = Arc::new(FaultSlot::new("cross_entropy", classes, buf.clone(), ids.buf.clone()));
     let (entry, grid) = row_entry(ctx, rows, classes);
-    let entry = if entry == "main_short" { "pick_short" } else { "pick" };
     ctx.dispatch_faulting(
         "cross_entropy",
         entry,

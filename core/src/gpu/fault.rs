@@ -29,8 +29,8 @@ pub(crate) const SLOT_BYTES: u64 = 16;
 
 /// What a slot's dispatch checks, for its message.
 enum Check {
-    /// Indices into an axis of this size (index_select, gather and their adjoints); the indices
-    /// buffer is contiguous.
+    /// Indices into an axis of this size (index_select, gather and their adjoints; cross-entropy's
+    /// labels); the indices buffer is contiguous.
     Axis(usize),
     /// Values that must be valid indices (`Tensor::to_index_later`): what they are, their dtype,
     /// the bound, and where they lie in their buffer.

@@ -11,7 +11,8 @@ fn split(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
 }
 
-fn contig(s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
+/// `s` as it is where `l` is contiguous from its start, else a contiguous copy of `l`.
+pub(super) fn contig(s: &GpuStorage, l: &Layout) -> Result<GpuStorage> {
     if l.is_contiguous() && l.offset() == 0 { Ok(s.clone()) } else { contiguous(s, l) }
 }
 

@@ -1,4 +1,6 @@
-//! Launchers for kernels that give a workgroup a run of elements: reductions, softmax, layer norm.
+//! Launchers for kernels that give a workgroup a run of elements: reductions (and a split
+//! product's sum with a dense layer's bias and op), softmax and its backward, layer norm and its
+//! backward. cross_entropy.rs picks its entry points with [`row_entry`] too.
 
 use super::{GpuStorage, check_rank, push_dims};
 use crate::ops::{ReduceOp, UnaryOp};
