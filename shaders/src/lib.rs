@@ -38,8 +38,10 @@ pub const SOFTMAX_GRAD: &str = include_str!("../wgsl/softmax_grad.wgsl");
 pub const CROSS_ENTROPY: &str = include_str!("../wgsl/cross_entropy.wgsl");
 /// Sparse cross-entropy's backward: the logits' gradient.
 pub const CROSS_ENTROPY_GRAD: &str = include_str!("../wgsl/cross_entropy_grad.wgsl");
-/// A softmax row's max and exponentials' sum (with SOFTMAX and CROSS_ENTROPY).
+/// A softmax row's max and exponentials' sum (with SOFTMAX and CROSS_ENTROPY, and ROW_TREE).
 pub const ROW_MAX_SUM: &str = include_str!("../wgsl/row_max_sum.wgsl");
+/// A workgroup's max or sum of its partial values (with ROW_MAX_SUM and SOFTMAX_GRAD).
+pub const ROW_TREE: &str = include_str!("../wgsl/row_tree.wgsl");
 /// Layer norm.
 pub const LAYER_NORM: &str = include_str!("../wgsl/layer_norm.wgsl");
 /// A short layer-norm row's mean and squared deviations (with LAYER_NORM and LAYER_NORM_GRAD).
@@ -318,33 +320,37 @@ pub fn matmul_direct_source(tm: usize, tn: usize, (wx, wy): (usize, usize)) -> O
 
 /// What a reduction stores for the value `v` of output `o`: `v` itself, or with an op (a split
 /// product's sum), `op(v + bias[o % columns])` from a bias at binding 3 (its first value at info
-/// 40, the columns at 41) and the op's parameters at info 42 and 43, the sum `add_unary` forms.
+/// 40, the columns at 41) and the op's parameters at info 42 and 43.
 fn reduce_finish(op: Option<&str>) -> Option<String> {
-    let Some(op) = op else {
-        return Some("fn finish(o: u32, v: f32) -> f32 {\n    return v;\n}\n".into());
-    };
-    let expr = UNARY_OPS.iter().find(|(n, _)| *n == op)?.1;
-    Some(format!(
-        "@group(0) @binding(3) var<storage, read> bias: array<f32>;\n\
-         fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n\
-         fn finish(o: u32, v: f32) -> f32 {{\n    \
-         return un(v + bias[info[40] + o % info[41]], param(42u), param(43u));\n}}\n"
-    ))
+    store_hook(op, "finish(o: u32, v: f32)", 3, "info[40] + o % info[41]", 42)
 }
 
 /// What a matmul kernel stores for the sum `v` of output column `col`: `v` itself, or with an
 /// op, `op(v + bias[col])` from a bias at binding 4 (its first value at info 25) and the op's
-/// parameters at info 23 and 24 (after the product's own info), the same sum as `add_unary`'s.
+/// parameters at info 23 and 24 (after the product's own info).
 fn matmul_epilogue(op: Option<&str>) -> Option<String> {
+    store_hook(op, "epilogue(v: f32, col: u32)", 4, "info[25] + col", 23)
+}
+
+/// A kernel's store hook `fn {signature} -> f32`: `v` itself, or with an op, `op(v + bias[{at}])`
+/// (the sum `add_unary` forms, so the same bits as the two ops) from a bias at `binding` and the
+/// op's parameters at info `params` and `params + 1`; `None` for an unknown op.
+fn store_hook(op: Option<&str>, signature: &str, binding: u32, at: &str, params: u32) -> Option<String> {
     let Some(op) = op else {
-        return Some("fn epilogue(v: f32, col: u32) -> f32 {\n    return v;\n}\n".into());
+        return Some(format!("fn {signature} -> f32 {{\n    return v;\n}}\n"));
     };
-    let expr = UNARY_OPS.iter().find(|(n, _)| *n == op)?.1;
     Some(format!(
-        "@group(0) @binding(4) var<storage, read> bias: array<f32>;\n\
-         fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n\
-         fn epilogue(v: f32, col: u32) -> f32 {{\n    return un(v + bias[info[25] + col], param(23u), param(24u));\n}}\n"
+        "@group(0) @binding({binding}) var<storage, read> bias: array<f32>;\n{}\
+         fn {signature} -> f32 {{\n    return un(v + bias[{at}], param({params}u), param({}u));\n}}\n",
+        un_fn(op)?,
+        params + 1
     ))
+}
+
+/// `fn un(x, p0, p1)`: the unary op `op` of UNARY_OPS as a WGSL function; `None` for an unknown op.
+fn un_fn(op: &str) -> Option<String> {
+    let expr = UNARY_OPS.iter().find(|(n, _)| *n == op)?.1;
+    Some(format!("fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n"))
 }
 
 fn with_common(body: &str) -> String {
@@ -372,9 +378,7 @@ pub fn source(name: &str) -> Option<String> {
         // `op(a + b)` in one pass (a dense layer's bias and activation): the binary kernel whose
         // op applies the unary one, with that op's parameters after the binary info (28, 29).
         "add_unary" => {
-            let expr = UNARY_OPS.iter().find(|(n, _)| *n == variant)?.1;
-            let un = format!("fn un(x: f32, p0: f32, p1: f32) -> f32 {{\n    return {expr};\n}}\n");
-            format!("{}\n{un}", BINARY.replace("{{OP}}", "un(a + b, param(28u), param(29u))"))
+            format!("{}\n{}", BINARY.replace("{{OP}}", "un(a + b, param(28u), param(29u))"), un_fn(variant)?)
         }
         // `b * op'(a)` in one pass (an activation's input gradient): the binary kernel whose op
         // multiplies the output's gradient `b` by the derivative at `a`, parameters as add_unary's.
@@ -395,14 +399,19 @@ pub fn source(name: &str) -> Option<String> {
             format!("{body}\n{}", reduce_finish(op)?)
         }
         "softmax" => match variant {
-            "softmax" => format!("{}\n{ROW_MAX_SUM}", SOFTMAX.replace("{{OUT}}", "exp(v - m) / s")),
-            "log" => format!("{}\n{ROW_MAX_SUM}", SOFTMAX.replace("{{OUT}}", "v - m - log(s)")),
+            "softmax" => format!("{}\n{ROW_MAX_SUM}\n{ROW_TREE}", SOFTMAX.replace("{{OUT}}", "exp(v - m) / s")),
+            "log" => format!("{}\n{ROW_MAX_SUM}\n{ROW_TREE}", SOFTMAX.replace("{{OUT}}", "v - m - log(s)")),
             _ => return None,
         },
         "softmax_grad" => match variant {
-            "softmax" => SOFTMAX_GRAD.replace("{{TERM}}", "g * y").replace("{{OUT}}", "y * (g - s)"),
+            "softmax" => {
+                format!("{}\n{ROW_TREE}", SOFTMAX_GRAD.replace("{{TERM}}", "g * y").replace("{{OUT}}", "y * (g - s)"))
+            }
             // (A NaN in y stays out of the sum: tested on the bits, as exp may not keep it.)
-            "log" => SOFTMAX_GRAD.replace("{{TERM}}", "g").replace("{{OUT}}", "select(g - exp(y) * s, y, is_nan_(y))"),
+            "log" => format!(
+                "{}\n{ROW_TREE}",
+                SOFTMAX_GRAD.replace("{{TERM}}", "g").replace("{{OUT}}", "select(g - exp(y) * s, y, is_nan_(y))")
+            ),
             _ => return None,
         },
         "cast" => {
@@ -413,7 +422,7 @@ pub fn source(name: &str) -> Option<String> {
         "where" if variant.is_empty() => WHERE.to_string(),
         "copy" if variant.is_empty() => COPY.to_string(),
         "concat" if variant.is_empty() => CONCAT.to_string(),
-        "cross_entropy" if variant.is_empty() => format!("{CROSS_ENTROPY}\n{ROW_MAX_SUM}"),
+        "cross_entropy" if variant.is_empty() => format!("{CROSS_ENTROPY}\n{ROW_MAX_SUM}\n{ROW_TREE}"),
         "cross_entropy_grad" if variant.is_empty() => CROSS_ENTROPY_GRAD.to_string(),
         "fill" if variant.is_empty() => FILL.to_string(),
         "rand" if variant.is_empty() => RAND.to_string(),

@@ -42,6 +42,7 @@ fn every_file_opens_with_a_comment_on_its_algorithm() {
         ("reduce", weft_shaders::REDUCE),
         ("softmax", weft_shaders::SOFTMAX),
         ("row_max_sum", weft_shaders::ROW_MAX_SUM),
+        ("row_tree", weft_shaders::ROW_TREE),
         ("softmax_grad", weft_shaders::SOFTMAX_GRAD),
         ("layer_norm", weft_shaders::LAYER_NORM),
         ("layer_norm_grad", weft_shaders::LAYER_NORM_GRAD),

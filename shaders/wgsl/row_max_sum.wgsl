@@ -1,20 +1,7 @@
 // row_max_sum.wgsl: a row's maximum and the sum of exp(x - max), the two numbers of a softmax,
 // shared by softmax.wgsl and cross_entropy.wgsl (which declare `x_buf` and the workgroup's
-// `part`). The maximum propagates NaN (`max_`, a test on the bits); subtracting it keeps exp from
+// `part`, and take row_tree.wgsl's `tree` with it). The maximum propagates NaN (`max_`, a test on the bits); subtracting it keeps exp from
 // overflowing.
-
-// The max (`is_max`) or the sum of every invocation's `part`, left for all: a tree of halvings.
-fn tree(t: u32, is_max: bool) -> f32 {
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (t < s) {
-            part[t] = select(part[t] + part[t + s], max_(part[t], part[t + s]), is_max);
-        }
-        workgroupBarrier();
-    }
-    let r = part[0];
-    workgroupBarrier();
-    return r;
-}
 
 // (max, sum) of the row of `n` values from `base` at `stride`, by a whole workgroup: every
 // invocation calls it (it holds barriers), `live` false in a spare workgroup's.

@@ -8,7 +8,7 @@
 // large as an attention's scores.
 //
 // `main`: one workgroup per row, whose invocations stride over it and add their partial sums in
-// workgroup memory (a tree of halvings), then write it; `main_short`: one invocation per row, for
+// workgroup memory (row_tree.wgsl), then write it; `main_short`: one invocation per row, for
 // short rows (the host picks, as for softmax.wgsl). A NaN in a row's g, or in softmax's y, makes
 // its sum NaN (0 * NaN is NaN); the whole row is then written as that NaN, tested on the bits
 // (WGSL may assume there is none), as on the Cpu; log-softmax's `{{OUT}}` tests its own y. y and
@@ -54,13 +54,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     part[t] = s;
     workgroupBarrier();
-    for (var h = WG / 2u; h > 0u; h = h / 2u) {
-        if (t < h) {
-            part[t] = part[t] + part[t + h];
-        }
-        workgroupBarrier();
-    }
-    s = part[0];
+    s = tree(t, false);
     if (live) {
         for (var j = t; j < n; j = j + WG) {
             dx_buf[row * n + j] = result(y_buf[yb + j * ys], g_buf[gb + j * gs], s);

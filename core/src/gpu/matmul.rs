@@ -45,18 +45,19 @@ pub const MATMUL_VARIANTS: &[MatmulVariant] = &[
     MatmulVariant { kernel: "matmul/rows4x4", tile_m: 4, tile_n: 256, vec4: false },
 ];
 
-/// Rankings by adapter, fastest first, so virtual devices on one adapter tune once.
-fn rankings() -> &'static Mutex<HashMap<usize, Vec<MatmulVariant>>> {
-    static R: OnceLock<Mutex<HashMap<usize, Vec<MatmulVariant>>>> = OnceLock::new();
+/// Rankings by adapter, fastest first, so virtual devices on one adapter tune once (shared, so
+/// that a product reads its adapter's ranking without copying it).
+fn rankings() -> &'static Mutex<HashMap<usize, Arc<[MatmulVariant]>>> {
+    static R: OnceLock<Mutex<HashMap<usize, Arc<[MatmulVariant]>>>> = OnceLock::new();
     R.get_or_init(Mutex::default)
 }
 
 /// The ranking of an adapter's matmul variants, fastest first (tuning it on first use).
-pub fn matmul_ranking(ctx: &Arc<GpuContext>) -> Result<Vec<MatmulVariant>> {
+pub fn matmul_ranking(ctx: &Arc<GpuContext>) -> Result<Arc<[MatmulVariant]>> {
     if let Some(r) = rankings().lock().unwrap_or_else(|p| p.into_inner()).get(&ctx.adapter_index) {
         return Ok(r.clone());
     }
-    let ranked = autotune(ctx)?;
+    let ranked: Arc<[MatmulVariant]> = autotune(ctx)?.into();
     rankings().lock().unwrap_or_else(|p| p.into_inner()).insert(ctx.adapter_index, ranked.clone());
     Ok(ranked)
 }
@@ -244,9 +245,9 @@ fn runs(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout, ranked: &[Matm
 /// The variants `a`'s device ranks: a forced one alone, so that `choose` runs it wherever it can
 /// (a vec4 kernel still falls back to the plain tiled one on layouts it cannot read: `choose`'s
 /// default).
-fn ranking(a: &GpuStorage) -> Result<Vec<MatmulVariant>> {
+fn ranking(a: &GpuStorage) -> Result<Arc<[MatmulVariant]>> {
     match a.ctx.forced_matmul() {
-        Some(v) => Ok(vec![v]),
+        Some(v) => Ok(Arc::new([v])),
         None => matmul_ranking(&a.ctx),
     }
 }
