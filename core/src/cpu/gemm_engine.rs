@@ -527,6 +527,10 @@ mod tests {
             let at = |i: usize, p: usize| a[(i as isize * ars + p as isize * acs) as usize] as f64;
             let bt = |p: usize, j: usize| b[(p as isize * brs + j as isize * bcs) as usize] as f64;
             let want: Vec<f64> = (0..m * n).map(|e| (0..k).map(|q| at(e / n, q) * bt(q, e % n)).sum()).collect();
+            // An f32 sum's rounding grows with its terms' magnitudes, not its result's: correlated
+            // values (seed 460: 158.03 over k = 409) sum far above sqrt(k).
+            let size: Vec<f64> =
+                (0..m * n).map(|e| (0..k).map(|q| (at(e / n, q) * bt(q, e % n)).abs()).sum()).collect();
             for e in engines() {
                 let mut first: Option<Vec<f32>> = None;
                 // (Sixteen threads cut a library's product into rows and columns: `cut_grid`.)
@@ -536,8 +540,9 @@ mod tests {
                         lhs_rs: ars, lhs_cs: acs, rhs: b.as_ptr(), rhs_rs: brs, rhs_cs: bcs };
                     // SAFETY: the strides above reach only inside a, b and out.
                     unsafe { p.run(e, threads) }.unwrap();
-                    for (at, (&got, &want)) in out.iter().zip(&want).enumerate() {
-                        prop_assert!((got as f64 - want).abs() <= 1e-5 * (k as f64).sqrt() * 4.0,
+                    for (at, ((&got, &want), &size)) in out.iter().zip(&want).zip(&size).enumerate() {
+                        let tol = 4.0 * (k as f64).sqrt() * (1e-5 + f64::from(f32::EPSILON) * size);
+                        prop_assert!((got as f64 - want).abs() <= tol,
                             "{e:?} threads {threads} m{m} n{n} k{k} a{ka} b{kb} at ({},{}): {got} vs {want}",
                             at / n, at % n);
                     }
