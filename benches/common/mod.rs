@@ -90,6 +90,15 @@ pub fn median_block_rate(dev: &Device, min_secs: f64, blocks: usize, mut f: impl
     Ok(rates[blocks / 2])
 }
 
+/// Seconds the calling thread has run on a CPU (Linux's `/proc/thread-self/schedstat`, in ns);
+/// `None` elsewhere. On a GPU, a step's share of it is the host's cost of recording and
+/// submitting the step's work, which a real GPU pays as lavapipe does (lavapipe runs the kernels
+/// on threads of its own).
+pub fn thread_cpu_secs() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    Some(s.split_whitespace().next()?.parse::<f64>().ok()? * 1e-9)
+}
+
 /// One JSON line: `{"bench":..,"device":..,"size":..,"value":..,"unit":..}`.
 pub fn report(bench: &str, dev: &Device, size: &str, value: f64, unit: &str) {
     let device = dev.describe().replace('"', "'");

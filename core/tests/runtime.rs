@@ -149,3 +149,38 @@ fn threads_sharing_a_device_each_read_their_own_results() {
         }
     });
 }
+
+/// Runs `ops` ops on `s` ([8, 5]) without reading anything: affines with parameters of their
+/// own, concats of 13 parts (three dispatches, each with six parts' views in its info, the
+/// largest infos weft writes) and products with `t`.
+fn chain(dev: &Device, ops: usize) -> Tensor {
+    let mut s = Tensor::arange(0.0, 40.0, 1.0, dev).unwrap().reshape(&[8, 5]).unwrap();
+    let t = Tensor::arange(0.0, 40.0, 1.0, dev).unwrap().affine(0.005, 1.0).unwrap().reshape(&[8, 5]).unwrap();
+    for i in 0..ops {
+        s = match i % 3 {
+            0 => s.affine(1.0 + i as f32 * 1e-3, i as f32 * 0.01).unwrap(),
+            1 => {
+                let parts: Vec<Tensor> = (0..13).map(|j| s.narrow(0, (j * 5 + i) % 8, 1).unwrap()).collect();
+                Tensor::concat(&parts, 0).unwrap().narrow(0, i % 5, 8).unwrap()
+            }
+            _ => s.mul(&t).unwrap(),
+        };
+    }
+    s
+}
+
+#[test]
+fn every_dispatch_of_a_batch_reads_its_own_info() {
+    let Some(_) = gpu() else { return };
+    // A device of its own, so the count of dispatches is this test's. 300 ops are 500 dispatches
+    // recorded before the one read: many batches, and arenas that fill with the concats' infos
+    // before their batch does, so some batches are submitted early.
+    let g = Device::best_gpu().unwrap();
+    let Device::Gpu(ctx) = &g else { unreachable!() };
+    let before = ctx.activity();
+    let got = chain(&g, 300);
+    let recorded = ctx.activity().dispatches - before.dispatches;
+    assert!(recorded >= 450, "{recorded} dispatches");
+    assert_eq!(ctx.activity().waits, before.waits);
+    assert_close(&vals(&got), &vals(&chain(&Device::Cpu, 300)), 1e-4, "the chain's values");
+}

@@ -3,12 +3,14 @@
 //! Kernels are not submitted one by one. `dispatch` records a pipeline, a bind group and a grid;
 //! every `FLUSH_EVERY` dispatches, and before every read-back, the batch is replayed into one
 //! command encoder and one compute pass and submitted. A recorded dispatch holds its buffers, so
-//! a tensor dropped before the batch runs cannot have its buffer reused too early.
+//! a tensor dropped before the batch runs cannot have its buffer reused too early. The batch's
+//! `info` words share one buffer, written as the batch is submitted (`info_arena.rs`).
 //!
 //! Index kernels record bad indices in fault slots of their own (see `fault.rs`); every read-back
 //! settles the outstanding slots and fails only when the storage it reads depends on a faulted one.
 
 use super::fault::{FaultSlot, SLOT_BYTES, Seen};
+use super::info_arena::InfoArena;
 use super::pool::{self, MemoryStats, Pool, PooledBuffer};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -45,6 +47,8 @@ struct Recorded {
 #[derive(Default)]
 struct Pending {
     recorded: Vec<Recorded>,
+    /// The recorded dispatches' `info` words, written when they are submitted.
+    arena: Option<InfoArena>,
     outstanding: Vec<Arc<FaultSlot>>,
     activity: Activity,
 }
@@ -71,7 +75,8 @@ pub struct GpuContext {
     pub(crate) queue: wgpu::Queue,
     pub(crate) limits: wgpu::Limits,
     pub(crate) features: wgpu::Features,
-    pipelines: Mutex<HashMap<String, Arc<Kernel>>>,
+    /// Compiled kernels by name, then entry point (looked up without building a key string).
+    pipelines: Mutex<HashMap<String, HashMap<String, Arc<Kernel>>>>,
     pool: Pool,
     pending: Mutex<Pending>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -192,10 +197,11 @@ impl GpuContext {
 
     /// The compiled pipeline of a kernel's entry point, compiling it on first use.
     fn pipeline(&self, kernel: &str, entry: &str) -> Result<Arc<Kernel>> {
-        let key = format!("{kernel}#{entry}");
-        if let Some(p) = self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        if let Some(p) = self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).get(kernel).and_then(|e| e.get(entry))
+        {
             return Ok(p.clone());
         }
+        let key = format!("{kernel}#{entry}");
         let src = weft_shaders::source(kernel).ok_or_else(|| Error::Gpu(format!("no kernel named {kernel}")))?;
         if src.starts_with("enable f16") && !self.features.contains(wgpu::Features::SHADER_F16) {
             return Err(Error::Gpu(format!(
@@ -221,7 +227,8 @@ impl GpuContext {
         }
         let layout = pipeline.get_bind_group_layout(0);
         let p = Arc::new(Kernel { pipeline, layout });
-        self.pipelines.lock().unwrap_or_else(|p| p.into_inner()).insert(key, p.clone());
+        let mut pipelines = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        pipelines.entry(kernel.to_string()).or_default().insert(entry.to_string(), p.clone());
         Ok(p)
     }
 
@@ -274,8 +281,27 @@ impl GpuContext {
             )));
         }
         let pipeline = self.pipeline(kernel, entry)?;
-        let info_buf = self.upload(bytemuck::cast_slice(info))?;
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: info_buf.buffer.as_entire_binding() }];
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        // The info goes into the batch's arena; a batch whose arena is full is submitted first.
+        let align = u64::from(self.limits.min_storage_buffer_offset_alignment);
+        let placed = pending.arena.as_mut().and_then(|a| a.place(info, align).map(|at| (a.buf.clone(), at)));
+        let (info_buf, (offset, size)) = match placed {
+            Some(p) => p,
+            None => {
+                if pending.arena.is_some() {
+                    drop(self.submit_locked(&mut pending, |_| ()));
+                }
+                let mut arena = InfoArena::new(self.alloc(InfoArena::bytes_for(info))?);
+                let at = arena
+                    .place(info, align)
+                    .ok_or_else(|| Error::Gpu(format!("{kernel}: {} info words fit no arena", info.len())))?;
+                let buf = arena.buf.clone();
+                pending.arena = Some(arena);
+                (buf, at)
+            }
+        };
+        let binding = wgpu::BufferBinding { buffer: &info_buf.buffer, offset, size: std::num::NonZeroU64::new(size) };
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(binding) }];
         for (i, b) in buffers.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.buffer.as_entire_binding() });
         }
@@ -284,9 +310,9 @@ impl GpuContext {
             layout: &pipeline.layout,
             entries: &entries,
         });
-        let mut hold: Vec<Arc<PooledBuffer>> = buffers.iter().map(|b| Arc::clone(b)).collect();
+        let mut hold: Vec<Arc<PooledBuffer>> = Vec::with_capacity(buffers.len() + 1);
+        hold.extend(buffers.iter().map(|b| Arc::clone(b)));
         hold.push(info_buf);
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         pending.recorded.push(Recorded { kernel: pipeline, bind_group, groups, _hold: hold });
         pending.activity.dispatches += 1;
         pending.activity.since_last_wait += 1;
@@ -296,7 +322,7 @@ impl GpuContext {
             settle_now = pending.outstanding.len() >= MAX_OUTSTANDING;
         }
         if pending.recorded.len() >= FLUSH_EVERY {
-            let batch = self.submit_locked(&mut pending.recorded, |_| ());
+            let batch = self.submit_locked(&mut pending, |_| ());
             drop(pending);
             drop(batch);
         } else {
@@ -365,13 +391,13 @@ impl GpuContext {
     /// Replay the recorded batch, then `extra` commands, into one encoder and submit it, all while
     /// the caller holds the `pending` lock: submits from several threads then reach the queue in
     /// the order their work was recorded (a read-back can never overtake the dispatches it reads).
-    /// Returns the batch, whose buffers go back to the pool when the caller drops it.
-    fn submit_locked(
-        &self,
-        pending: &mut Vec<Recorded>,
-        extra: impl FnOnce(&mut wgpu::CommandEncoder),
-    ) -> Vec<Recorded> {
-        let batch = std::mem::take(pending);
+    /// The batch's info words are written first. Returns the batch, whose buffers go back to
+    /// the pool when the caller drops it.
+    fn submit_locked(&self, pending: &mut Pending, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Vec<Recorded> {
+        let batch = std::mem::take(&mut pending.recorded);
+        if let Some(arena) = pending.arena.take() {
+            arena.write(&self.queue);
+        }
         let mut encoder = self.device.create_command_encoder(&Default::default());
         Self::replay(&mut encoder, &batch);
         extra(&mut encoder);
@@ -385,7 +411,7 @@ impl GpuContext {
         if pending.recorded.is_empty() {
             return;
         }
-        let batch = self.submit_locked(&mut pending.recorded, |_| ());
+        let batch = self.submit_locked(&mut pending, |_| ());
         drop(pending);
         drop(batch);
     }
@@ -444,7 +470,7 @@ impl GpuContext {
         });
         pending.activity.waits += 1;
         pending.activity.since_last_wait = 0;
-        let batch = self.submit_locked(&mut pending.recorded, |encoder| {
+        let batch = self.submit_locked(&mut pending, |encoder| {
             if let Some((buf, ..)) = data
                 && end > start
             {

@@ -9,6 +9,7 @@ mod cross_entropy;
 mod elementwise;
 mod fault;
 mod index;
+mod info_arena;
 mod long_rows;
 mod matmul;
 mod pool;
