@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # weft on a real GPU, in one prepared run: f32 matmul GFLOP/s at 1024 to 8192 against the
-# adapter's FMA ceiling (and each WGSL kernel variant), the MLP training step and inference, the
-# tiny_gpt training run and tensor_parallel split over the adapter (several devices on it).
+# adapter's FMA ceiling (and each WGSL kernel variant), the MLP training step and inference, MLPs
+# of other shapes with the host's CPU time per training step (mlp_shape_train_host: what bounds a
+# small model's step on a fast GPU), the tiny_gpt training run and tensor_parallel split over the
+# adapter (several devices on it).
 #
 #   bash benches/gpu/real_gpu.sh prepare        # where Rust is: release binaries into .devrun/
 #   bash benches/gpu/real_gpu.sh run [OUTDIR]   # on the GPU machine (or here, on lavapipe)
@@ -13,7 +15,8 @@
 # found. With the device tool: run `prepare` here, then the command
 #   bash benches/gpu/real_gpu.sh run          with carry [".devrun"]
 # Knobs for a slow adapter (lavapipe): SIZES (default 1024,2048,4096,8192), GPT_STEPS (1000),
-# TP_STEPS (the example's default), DEVICES (WEFT_BENCH_DEVICES; default: every hardware GPU).
+# TP_STEPS (the example's default), DEVICES (WEFT_BENCH_DEVICES; default: every hardware GPU),
+# MLP_SHAPES (WEFT_MLP_SHAPES; default three, tiny to the peers' MLP).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/../.."
 DIR=.devrun
@@ -22,7 +25,7 @@ prepare() {
   mkdir -p "$DIR/bin" "$DIR/gl"
   cargo build --release --example tiny_gpt --example tensor_parallel --example devices
   for e in tiny_gpt tensor_parallel devices; do cp "target/release/examples/$e" "$DIR/bin/"; done
-  cargo bench --no-run --bench matmul --bench train_step --message-format=json 2>/dev/null |
+  cargo bench --no-run --bench matmul --bench train_step --bench mlp_shapes --message-format=json 2>/dev/null |
     python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -59,6 +62,8 @@ run() {
     "$DIR/bin/devices"; } 2>&1 | tee "$out/adapters.log"
   WEFT_BENCH_SIZES=${SIZES:-1024,2048,4096,8192} "$DIR/bin/matmul" --bench 2>&1 | tee "$out/matmul.jsonl"
   "$DIR/bin/train_step" --bench 2>&1 | tee "$out/train_step.jsonl"
+  WEFT_MLP_SHAPES=${MLP_SHAPES:-8:8-8-2,32:784-256-10,256:784-1024-1024-10} "$DIR/bin/mlp_shapes" --bench 2>&1 |
+    tee "$out/mlp_shapes.jsonl"
   # The examples take the best hardware GPU (WEFT_DEVICE=gpu asks for lavapipe where it is alone).
   "$DIR/bin/tiny_gpt" --steps "${GPT_STEPS:-1000}" 2>&1 | tee "$out/tiny_gpt.log"
   "$DIR/bin/tensor_parallel" ${TP_STEPS:+--steps "$TP_STEPS"} 2>&1 | tee "$out/tensor_parallel.log"

@@ -1,8 +1,8 @@
 //! One open GPU device: its queue, pipeline cache, buffer pool and the batch of recorded work.
 //!
 //! Kernels are not submitted one by one. `dispatch` records a pipeline, a bind group and a grid;
-//! every `FLUSH_EVERY` dispatches, and before every read-back, the batch is replayed into one
-//! command encoder and one compute pass and submitted. A recorded dispatch holds its buffers, so
+//! every `FLUSH_EVERY` dispatches, when the batch's info arena fills, and before every read-back,
+//! the batch is replayed into one command encoder and one compute pass and submitted. A recorded dispatch holds its buffers, so
 //! a tensor dropped before the batch runs cannot have its buffer reused too early. The batch's
 //! `info` words share one buffer, written as the batch is submitted (`info_arena.rs`).
 //!
@@ -64,6 +64,9 @@ pub struct Activity {
     pub waits: u64,
     /// Dispatches recorded after the last wait (work the device has not been waited for).
     pub since_last_wait: u64,
+    /// Batches of recorded work submitted: every `FLUSH_EVERY` (64) dispatches, whenever a
+    /// batch's info arena fills, and at every wait that finds work recorded.
+    pub submits: u64,
 }
 
 /// An open device on one adapter. Several may be open on the same adapter ("virtual devices").
@@ -395,6 +398,9 @@ impl GpuContext {
     /// the pool when the caller drops it.
     fn submit_locked(&self, pending: &mut Pending, extra: impl FnOnce(&mut wgpu::CommandEncoder)) -> Vec<Recorded> {
         let batch = std::mem::take(&mut pending.recorded);
+        if !batch.is_empty() {
+            pending.activity.submits += 1;
+        }
         if let Some(arena) = pending.arena.take() {
             arena.write(&self.queue);
         }
