@@ -328,7 +328,10 @@ fn sorted_nodes(root: &Tensor) -> Vec<Tensor> {
 }
 
 impl Tensor {
-    /// Gradients of this scalar with respect to every tensor it depends on (vars included).
+    /// Gradients of this scalar with respect to every tensor it depends on (vars included). A
+    /// loss that ends in affine ops (`mean`'s scale, `neg`) seeds their input with the product
+    /// of their scales (the same bits, fewer ops); those ops' own outputs then have no entry
+    /// ([`backward_with`](Tensor::backward_with) runs every op and keeps them).
     ///
     /// ```
     /// # use weft_core::{Device, Tensor, Var};
@@ -374,9 +377,18 @@ impl Tensor {
         if self.numel() != 1 {
             return Err(Error::invalid("backward", format!("needs a one-element loss, got shape {:?}", self.dims())));
         }
-        let seed = Tensor::ones(self.dims(), self.device())?;
         let leaves = defer.iter().filter(|t| t.op().is_none()).map(|t| t.id()).collect();
-        self.backward_from(seed, &leaves)
+        // A loss that ends in affine ops (a mean's 1/n, a sign) passes its input a constant
+        // gradient, the product of their scales: that tensor is seeded with it (one fill, the
+        // same bits as multiplying 1 by each scale in turn) instead of the loss with 1 and a
+        // dispatch per op on a GPU. The loss itself then has no entry in the store.
+        let (mut root, mut scale) = (self.clone(), 1.0f32);
+        while let Some(Op::Unary(x, UnaryOp::Affine { mul, .. })) = root.op()
+            && x.tracks_grad()
+        {
+            (scale, root) = (scale * mul, x.clone());
+        }
+        root.backward_from(Tensor::full(scale, root.dims(), root.device())?, &leaves)
     }
 
     /// Backward from `grad`, the gradients of `defer`'s tensors left as products where they can be.

@@ -200,3 +200,24 @@ fn softmax_gradients_in_one_op_are_the_composed_ops_values() {
         }
     }
 }
+
+#[test]
+fn a_loss_ending_in_affine_ops_seeds_their_input_with_the_product_of_their_scales() {
+    // backward() folds the mean's scale, a sign and an affine into the seed of the sum they
+    // read; backward_with(1) runs them as ops: the same bits, with the scales in either order
+    // of magnitude, a scale of 1 and a variable read twice.
+    let x = var(&[0.5, -1.25, 3.0, 7.5e-3], &[4]);
+    let t = x.as_tensor();
+    for scales in [[0.25f32, -1.0, 3.0], [1.0 / 3.0, 1.0, -7.0e-5], [1.0e5, -1.0, 1.0 / 3.0]] {
+        let loss = t.square().unwrap().add(t).unwrap().sum_all().unwrap();
+        let loss = loss.mul_scalar(scales[0]).unwrap().neg().unwrap().mul_scalar(scales[1]).unwrap();
+        let loss = loss.affine(scales[2], 2.0).unwrap();
+        let folded = loss.backward().unwrap();
+        let run = loss.backward_with(Tensor::ones(&[], &Device::Cpu).unwrap()).unwrap();
+        let bits = |g: &weft_core::GradStore| -> Vec<u32> {
+            g.get(t).unwrap().to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(bits(&folded), bits(&run), "scales {scales:?}");
+        assert!(folded.get(&loss).is_none() && run.get(&loss).is_some());
+    }
+}

@@ -1093,6 +1093,30 @@ fn reductions_of_many_mid_length_runs_match_cpu() {
     }
 }
 
+/// Sparse cross-entropy's loss on a GPU is three dispatches (the picks, their sum, the mean's
+/// scale with the sign: one op, with the bits of the mean then the sign) and its logits'
+/// gradient two (the seed, folded through that scale, and the picks' backward).
+#[test]
+fn cross_entropy_takes_three_dispatches_forward_and_two_back() {
+    let Some(Device::Gpu(shared)) = gpu() else { return };
+    // A device of its own (own_device's is a proptest's), so that only this test's dispatches count.
+    let g = Device::gpu(shared.adapter_index()).unwrap();
+    let Device::Gpu(ctx) = &g else { unreachable!() };
+    let x = weft_core::Var::new(Tensor::rand(-3.0, 3.0, &[37, 10], 1, &g).unwrap()).unwrap();
+    let ids = Tensor::from_slice(&(0..37u32).map(|i| i * 7 % 10).collect::<Vec<_>>(), &[37], &g).unwrap();
+    g.synchronize().unwrap();
+    let start = ctx.activity().dispatches;
+    let loss = Tensor::cross_entropy(x.as_tensor(), &ids).unwrap();
+    let forward = ctx.activity().dispatches - start;
+    let grads = loss.backward().unwrap();
+    assert_eq!((forward, ctx.activity().dispatches - start - forward), (3, 2));
+    let picked = x.as_tensor().log_softmax(-1).unwrap().gather(1, &ids.reshape(&[37, 1]).unwrap()).unwrap();
+    let composed = picked.mean_all().unwrap().neg().unwrap();
+    assert_eq!(vals(&loss)[0].to_bits(), vals(&composed)[0].to_bits());
+    let want = composed.backward().unwrap();
+    assert_close(&vals(grads.get(&x).unwrap()), &vals(want.get(&x).unwrap()), 1e-6, "the logits' gradient");
+}
+
 /// Sparse cross-entropy on a GPU with a label past the classes: an `Err` naming cross_entropy, the
 /// label and its position when the loss is read (the step's one read), and when the gradient is;
 /// a row of logits holding a NaN gives a NaN loss and a NaN gradient for that row alone, on rows

@@ -169,7 +169,9 @@ impl Tensor {
             Some(picked) => picked,
             None => x.log_softmax(-1)?.gather(1, &ids)?,
         };
-        picked.mean_all()?.neg()
+        // The mean's scale and the sign in one op (on a GPU one dispatch each way, not two): the
+        // same bits as `picked.mean_all()?.neg()`, since -(s * (1/n)) = s * -(1/n) exactly.
+        picked.sum_all()?.mul_scalar(-(1.0 / rows.max(1) as f32))
     }
 
     /// `self.log_softmax(-1)?.gather(1, ids)` for `[rows, classes]` f32 logits and `[rows, 1]`
