@@ -329,9 +329,9 @@ fn sorted_nodes(root: &Tensor) -> Vec<Tensor> {
 
 impl Tensor {
     /// Gradients of this scalar with respect to every tensor it depends on (vars included). A
-    /// loss that ends in affine ops (`mean`'s scale, `neg`) seeds their input with the product
-    /// of their scales (the same bits, fewer ops); those ops' own outputs then have no entry
-    /// ([`backward_with`](Tensor::backward_with) runs every op and keeps them).
+    /// loss that ends in affine ops and negations (`mean`'s scale, `neg`) seeds their input with
+    /// the constant gradient they pass it (the same bits, fewer ops); the loss then has no entry
+    /// ([`backward_with`](Tensor::backward_with) runs every op and keeps it).
     ///
     /// ```
     /// # use weft_core::{Device, Tensor, Var};
@@ -378,15 +378,22 @@ impl Tensor {
             return Err(Error::invalid("backward", format!("needs a one-element loss, got shape {:?}", self.dims())));
         }
         let leaves = defer.iter().filter(|t| t.op().is_none()).map(|t| t.id()).collect();
-        // A loss that ends in affine ops (a mean's 1/n, a sign) passes its input a constant
-        // gradient, the product of their scales: that tensor is seeded with it (one fill, the
-        // same bits as multiplying 1 by each scale in turn) instead of the loss with 1 and a
-        // dispatch per op on a GPU. The loss itself then has no entry in the store.
+        // A loss that ends in affine ops and negations (a mean's 1/n, a sign) passes its input a
+        // constant gradient: that tensor is seeded with it (one fill) instead of the loss with 1
+        // and a dispatch per op on a GPU. The constant is worked out as their backward would
+        // (`g * mul + 0`, `-g`, outermost first): the same bits, but where a GPU's kernels would
+        // flush a subnormal product to zero. The loss itself then has no entry in the store.
         let (mut root, mut scale) = (self.clone(), 1.0f32);
-        while let Some(Op::Unary(x, UnaryOp::Affine { mul, .. })) = root.op()
-            && x.tracks_grad()
-        {
-            (scale, root) = (scale * mul, x.clone());
+        loop {
+            let (x, next) = match root.op() {
+                Some(Op::Unary(x, UnaryOp::Affine { mul, .. })) => (x, scale * mul + 0.0),
+                Some(Op::Unary(x, UnaryOp::Neg)) => (x, -scale),
+                _ => break,
+            };
+            if !x.tracks_grad() {
+                break;
+            }
+            (scale, root) = (next, x.clone());
         }
         root.backward_from(Tensor::full(scale, root.dims(), root.device())?, &leaves)
     }

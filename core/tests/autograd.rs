@@ -202,14 +202,19 @@ fn softmax_gradients_in_one_op_are_the_composed_ops_values() {
 }
 
 #[test]
-fn a_loss_ending_in_affine_ops_seeds_their_input_with_the_product_of_their_scales() {
-    // backward() folds the mean's scale, a sign and an affine into the seed of the sum they
-    // read; backward_with(1) runs them as ops: the same bits, with the scales in either order
-    // of magnitude, a scale of 1 and a variable read twice.
+fn a_loss_ending_in_affine_ops_seeds_their_input_with_the_gradient_they_pass_it() {
+    // backward() folds the ops after the sum (a scale, a sign, a scale, an affine) into the
+    // seed of the sum; backward_with(1) runs their backward op by op: the same bits. The
+    // scales are chosen so that multiplying them in another order rounds differently, and one
+    // is 0 after a sign (g * 0 + 0 is +0 where g * 0 alone is -0, which the sum's gradient
+    // passes on to x as it is); the sum is of x, or of x read twice.
     let x = var(&[0.5, -1.25, 3.0, 7.5e-3], &[4]);
     let t = x.as_tensor();
-    for scales in [[0.25f32, -1.0, 3.0], [1.0 / 3.0, 1.0, -7.0e-5], [1.0e5, -1.0, 1.0 / 3.0]] {
-        let loss = t.square().unwrap().add(t).unwrap().sum_all().unwrap();
+    let scale_sets =
+        [[1.0f32 / 3.0, 0.1, 1.7], [1.0 / 3.0, 1.0 / 7.0, 7.0e-5], [0.0, 1.0, 1.0], [1.0e5, -1.0, 1.0 / 3.0]];
+    for (scales, twice) in scale_sets.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+        let terms = if twice { t.square().unwrap().add(t).unwrap() } else { t.clone() };
+        let loss = terms.sum_all().unwrap();
         let loss = loss.mul_scalar(scales[0]).unwrap().neg().unwrap().mul_scalar(scales[1]).unwrap();
         let loss = loss.affine(scales[2], 2.0).unwrap();
         let folded = loss.backward().unwrap();
@@ -217,7 +222,7 @@ fn a_loss_ending_in_affine_ops_seeds_their_input_with_the_product_of_their_scale
         let bits = |g: &weft_core::GradStore| -> Vec<u32> {
             g.get(t).unwrap().to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
         };
-        assert_eq!(bits(&folded), bits(&run), "scales {scales:?}");
+        assert_eq!(bits(&folded), bits(&run), "scales {scales:?}, x read twice: {twice}");
         assert!(folded.get(&loss).is_none() && run.get(&loss).is_some());
     }
 }

@@ -169,9 +169,11 @@ impl Tensor {
             Some(picked) => picked,
             None => x.log_softmax(-1)?.gather(1, &ids)?,
         };
-        // The mean's scale and the sign in one op (on a GPU one dispatch each way, not two): the
-        // same bits as `picked.mean_all()?.neg()`, since -(s * (1/n)) = s * -(1/n) exactly.
-        picked.sum_all()?.mul_scalar(-(1.0 / rows.max(1) as f32))
+        // The mean's scale and the sign in one op (on a GPU one dispatch each way, not two):
+        // s * -(1/n) + -0 is -(s * (1/n) + 0), `picked.mean_all()?.neg()`, bit for bit for every
+        // sum but a NaN's sign and -0 (a sum of picks, x - max - log(sum exp) <= 0, is never -0;
+        // a zero sum gives -0 as before).
+        picked.sum_all()?.affine(-(1.0 / rows.max(1) as f32), -0.0)
     }
 
     /// `self.log_softmax(-1)?.gather(1, ids)` for `[rows, classes]` f32 logits and `[rows, 1]`
