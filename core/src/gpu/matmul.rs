@@ -361,9 +361,9 @@ fn fitting(v: MatmulVariant, la: &Layout, lb: &Layout) -> MatmulVariant {
 /// `bias_offset`, the bias and op applied as each value is stored: by the product's kernel (a
 /// dense layer's forward in one dispatch), or where K is cut into slices (most products of a
 /// batch on a GPU of a hundred cores), by the sum of the slices; the values `add_unary` gives the
-/// product. `None` where neither stores the whole output (K cut into runs, slices that leave a
-/// remainder of K, a transposed product, rows past a dispatch's limit): the caller then runs the
-/// two ops.
+/// product. A product that runs transposed (`transposed`) applies them as its transpose is
+/// copied out. `None` where nothing stores the whole output (K cut into runs, slices that leave a
+/// remainder of K, rows past a dispatch's limit): the caller then runs the two ops.
 pub fn matmul_add_unary(
     a: &GpuStorage,
     la: &Layout,
@@ -381,8 +381,16 @@ pub fn matmul_add_unary(
     }
     let ranked = ranking(a)?;
     let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
-    if transposed(&ranked, la, lb, max_groups)?.is_some() {
-        return Ok(None);
+    if let Some((ta, tb)) = transposed(&ranked, la, lb, max_groups)? {
+        // `b^T a^T`, then the bias and op applied as its transpose is copied out: the product
+        // and the pass `matmul` then `add_unary` would make, less the copy between them (a
+        // classifier's few logits for many rows), the same values.
+        let t = runs(b, &ta, a, &tb, &ranked)?;
+        let n = lb.shape()[1];
+        let lt = Layout::contiguous(&[n, m]).transpose(0, 1)?;
+        let (bias, offset) = bias;
+        let lbias = Layout::new([n].into_iter().collect(), [1].into_iter().collect(), offset).broadcast_to(&[m, n])?;
+        return super::add_unary(op, &t, &lt, bias, &lbias).map(|out| Some(out.inherit(&[&t, bias])));
     }
     let v = choose(&ranked, la, lb);
     let remainder = slicing(a, la, lb, v).is_some_and(|(slices, len)| slices * len != k);
