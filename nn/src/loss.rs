@@ -414,9 +414,12 @@ impl Loss {
         match self {
             Loss::Options { .. } => self.compute_weighted(y_pred, y_true, None),
             Loss::SparseCategoricalCrossentropy { from_logits: true } => {
-                // Log-softmax and the pick of each label: one node each way (on a GPU, one kernel).
+                // Log-softmax and the pick of each label: one node each way (on a GPU, one kernel,
+                // which checks u32 labels itself: no dispatch of their own to check them first).
                 let (y, classes) = sparse_labels(y_pred, y_true)?;
-                Tensor::cross_entropy(y_pred, &y.to_index_later("labels", Some(classes))?)
+                let on_gpu = matches!(y.device(), weft_core::Device::Gpu(_)) && y.dtype() == DType::U32;
+                let y = if on_gpu { y } else { y.to_index_later("labels", Some(classes))? };
+                Tensor::cross_entropy(y_pred, &y)
             }
             _ => match self.terms(y_pred, y_true, None)?.0 {
                 Terms::Elements(t) | Terms::Samples(t) => t.mean_all(),

@@ -7,6 +7,9 @@ use super::{GpuStorage, check_layout};
 use crate::{DType, Error, Layout, Result};
 use std::sync::Arc;
 
+/// How a bad label's message names the labels.
+pub(crate) const LABELS: &str = "cross_entropy's labels";
+
 /// What the backward needs of the forward: the labels (contiguous u32) and each row's max and
 /// log of its exponentials' sum, `[rows, 2]`.
 pub struct Picked {
@@ -17,7 +20,7 @@ pub struct Picked {
 /// `[rows]` picks, each row's log-softmax at its label, for `[rows, classes]` logits `x` and
 /// `rows` u32 labels `ids` (any layouts), with what the backward needs; `None` for rows too long
 /// for one workgroup (the caller composes them). A label past the row is an `Err` when the picks,
-/// or anything computed from them, are read.
+/// or anything computed from them, are read: `to_index_later`'s, naming [`LABELS`].
 pub fn log_softmax_pick(
     x: &GpuStorage,
     lx: &Layout,
@@ -36,7 +39,10 @@ pub fn log_softmax_pick(
     let stats = GpuStorage::alloc(ctx, 2 * rows, DType::F32)?;
     let info = [rows, classes, lx.offset(), lx.strides()[0], lx.strides()[1]].map(|v| v as u32);
     let buf = ctx.upload(&[0; SLOT_BYTES as usize])?;
-    let slot = Arc::new(FaultSlot::new("cross_entropy", classes, buf.clone(), ids.buf.clone()));
+    // (Named as `to_index_later` names labels, so that a caller need not check them first.)
+    let contiguous = Layout::contiguous(&[rows]);
+    let slot =
+        Arc::new(FaultSlot::values(LABELS, DType::U32, Some(classes), &contiguous, buf.clone(), ids.buf.clone()));
     let (entry, grid) = row_entry(ctx, rows, classes);
     ctx.dispatch_faulting(
         "cross_entropy",

@@ -20,7 +20,7 @@ pub(crate) use concat::concat;
 pub use context::{Activity, GpuContext, HARDWARE_WIDTH};
 pub(crate) use conv::{conv2d, pool2d, pool2d_grad};
 pub use cross_entropy::Picked;
-pub(crate) use cross_entropy::{log_softmax_pick, log_softmax_pick_grad};
+pub(crate) use cross_entropy::{LABELS, log_softmax_pick, log_softmax_pick_grad};
 pub(crate) use elementwise::{add_unary, binary, cast, copy_into, fill, rand_uniform, unary, unary_grad, where_cond};
 pub(crate) use index::{gather, index_add, index_check, index_select, scatter_add};
 pub use matmul::{MATMUL_VARIANTS, MatmulVariant, matmul_ranking};

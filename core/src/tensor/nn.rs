@@ -167,7 +167,14 @@ impl Tensor {
         let (x, ids) = (logits.reshape(&[rows, c])?, labels.reshape(&[rows, 1])?);
         let picked = match x.log_softmax_pick(&ids)? {
             Some(picked) => picked,
-            None => x.log_softmax(-1)?.gather(1, &ids)?,
+            None => {
+                // (A GPU's fused kernel checks its labels; gather's own check would not name them.)
+                let ids = match ids.device() {
+                    crate::Device::Gpu(_) => ids.to_index_later(crate::gpu::LABELS, Some(c))?,
+                    _ => ids,
+                };
+                x.log_softmax(-1)?.gather(1, &ids)?
+            }
         };
         // The mean's scale and the sign in one op (on a GPU one dispatch each way, not two):
         // s * -(1/n) + -0 is -(s * (1/n) + 0), `picked.mean_all()?.neg()`, bit for bit for every
