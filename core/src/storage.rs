@@ -371,9 +371,9 @@ impl Storage {
 
     /// `op(a @ b + bias)` for `[m, k]` and `[k, n]` layouts and a bias of `n` adjacent values from
     /// `bias_offset`, the bias and activation applied to the product's output blocks while in
-    /// cache (Cpu), or as the product's values are stored (GPU: by its kernel, or where K is split,
-    /// by the slices' sum); `None` where neither can, for the caller to run the ops one after
-    /// another.
+    /// cache (Cpu), or as the product's values are stored (GPU: by its kernel, where K is split by
+    /// the slices' sum, where the product runs transposed by the pass that copies it out); `None`
+    /// where none can, for the caller to run the ops one after another.
     pub fn matmul_add_unary(
         &self,
         la: &Layout,

@@ -749,28 +749,30 @@ fn dense_products_apply_bias_and_op_as_they_store() {
     assert_eq!(ctx.activity().dispatches - before, 1, "product, bias and relu");
     // A classifier's head runs transposed (forced on rows4x4, whose 256-wide tiles would pad 10
     // columns 25 times): the product, then the bias (read at an offset) and op applied as its
-    // transpose is copied out, two dispatches where the ops apart take three; their bits.
+    // transpose is copied out, two dispatches where the ops apart take three; their bits. One
+    // column (its weight read through a transposed view) needs no copy: two either way.
     ctx.force_matmul("matmul/rows4x4").unwrap();
     let x = Tensor::rand(-1.0, 1.0, &[256, 1024], 11, &Device::Cpu).unwrap();
-    let (w, wide) = (
-        Tensor::rand(-1.0, 1.0, &[1024, 10], 12, &Device::Cpu).unwrap(),
-        Tensor::rand(-1.0, 1.0, &[2, 10], 13, &Device::Cpu).unwrap(),
-    );
-    let row1 = |t: &Tensor| t.narrow(0, 1, 1).unwrap().reshape(&[10]).unwrap();
     let on = |t: &Tensor| t.to_device(&dev).unwrap();
-    for op in [UnaryOp::Identity, UnaryOp::Relu, UnaryOp::Affine { mul: 2.0, add: -0.5 }] {
-        let count = |fused: bool| {
-            dev.synchronize().unwrap();
-            let before = ctx.activity().dispatches;
-            let y = run(&on(&x), &on(&w), &row1(&on(&wide)), op, fused);
-            (ctx.activity().dispatches - before, vals(&y))
-        };
-        let ((n_fused, got), (n_apart, apart)) = (count(true), count(false));
-        assert_eq!((n_fused, n_apart), (2, 3), "256 x 1024 x 10, {op:?}: dispatches fused and apart");
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got), bits(&apart), "256 x 1024 x 10, {op:?}: fused and apart");
-        let want = vals(&run(&x, &w, &row1(&wide), op, false));
-        assert_close(&got, &want, REDUCE_TOL, &format!("256 x 1024 x 10, {op:?}"));
+    for (n, wt, apart_count) in [(10, false, 3), (1, true, 2)] {
+        let w = Tensor::rand(-1.0, 1.0, if wt { [n, 1024] } else { [1024, n] }.as_slice(), 12, &Device::Cpu).unwrap();
+        let w = if wt { w.t().unwrap() } else { w };
+        let wide = Tensor::rand(-1.0, 1.0, &[2, n], 13, &Device::Cpu).unwrap();
+        let row1 = |t: &Tensor| t.narrow(0, 1, 1).unwrap().reshape(&[n]).unwrap();
+        for op in [UnaryOp::Identity, UnaryOp::Relu, UnaryOp::Affine { mul: 2.0, add: -0.5 }] {
+            let count = |fused: bool| {
+                dev.synchronize().unwrap();
+                let before = ctx.activity().dispatches;
+                let y = run(&on(&x), &on(&w), &row1(&on(&wide)), op, fused);
+                (ctx.activity().dispatches - before, vals(&y))
+            };
+            let ((n_fused, got), (n_apart, apart)) = (count(true), count(false));
+            let what = format!("256 x 1024 x {n}, {op:?}");
+            assert_eq!((n_fused, n_apart), (2, apart_count), "{what}: dispatches fused and apart");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&apart), "{what}: fused and apart");
+            assert_close(&got, &vals(&run(&x, &w, &row1(&wide), op, false)), REDUCE_TOL, &what);
+        }
     }
     // On a device reckoned 128 workgroups wide, as a hardware GPU is, K is split: the slices'
     // sum applies the bias (read at an offset) and op (two dispatches, the product and the sum,

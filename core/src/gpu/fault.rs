@@ -3,8 +3,9 @@
 //! A kernel cannot return an error, so an index kernel that meets an index past its axis skips it
 //! and records it in a *fault slot*: a 16-byte buffer of its own, zeroed on creation, holding
 //! `[flag, largest bad index, !first bad position]`. `Tensor::to_index_later`'s check of values
-//! that must be indices (labels) uses the same slot, leaving the second word 0. The slot belongs
-//! to that one dispatch:
+//! that must be indices (labels) uses the same slot, and so does sparse cross-entropy for its
+//! labels; their messages name the values and read the bad one back (the second word unused).
+//! The slot belongs to that one dispatch:
 //!
 //! - the output storage carries a handle to the slot, and every storage computed from it carries
 //!   the handles of its inputs (`GpuStorage::inherit`), so a fault follows the data it spoiled;
@@ -29,11 +30,11 @@ pub(crate) const SLOT_BYTES: u64 = 16;
 
 /// What a slot's dispatch checks, for its message.
 enum Check {
-    /// Indices into an axis of this size (index_select, gather and their adjoints; cross-entropy's
-    /// labels); the indices buffer is contiguous.
+    /// Indices into an axis of this size (index_select, gather and their adjoints); the indices
+    /// buffer is contiguous.
     Axis(usize),
-    /// Values that must be valid indices (`Tensor::to_index_later`): what they are, their dtype,
-    /// the bound, and where they lie in their buffer.
+    /// Values that must be valid indices (`Tensor::to_index_later`, cross-entropy's labels): what
+    /// they are, their dtype, the bound, and where they lie in their buffer.
     Values { what: String, dtype: DType, bound: Option<usize>, layout: Layout },
 }
 
