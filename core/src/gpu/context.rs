@@ -285,24 +285,7 @@ impl GpuContext {
         }
         let pipeline = self.pipeline(kernel, entry)?;
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        // The info goes into the batch's arena; a batch whose arena is full is submitted first.
-        let align = u64::from(self.limits.min_storage_buffer_offset_alignment);
-        let placed = pending.arena.as_mut().and_then(|a| a.place(info, align).map(|at| (a.buf.clone(), at)));
-        let (info_buf, (offset, size)) = match placed {
-            Some(p) => p,
-            None => {
-                if pending.arena.is_some() {
-                    drop(self.submit_locked(&mut pending, |_| ()));
-                }
-                let mut arena = InfoArena::new(self.alloc(InfoArena::bytes_for(info))?);
-                let at = arena
-                    .place(info, align)
-                    .ok_or_else(|| Error::Gpu(format!("{kernel}: {} info words fit no arena", info.len())))?;
-                let buf = arena.buf.clone();
-                pending.arena = Some(arena);
-                (buf, at)
-            }
-        };
+        let (info_buf, (offset, size)) = self.place_info(&mut pending, kernel, info)?;
         let binding = wgpu::BufferBinding { buffer: &info_buf.buffer, offset, size: std::num::NonZeroU64::new(size) };
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(binding) }];
         for (i, b) in buffers.iter().enumerate() {
@@ -335,6 +318,27 @@ impl GpuContext {
             self.settle_faults(None, &[])?;
         }
         Ok(())
+    }
+
+    /// Places `info` in the batch's arena: its buffer, and the offset and size to bind. A batch
+    /// whose arena is full is submitted first, and a new arena started.
+    fn place_info(&self, pending: &mut Pending, kernel: &str, info: &[u32]) -> Result<(Arc<PooledBuffer>, (u64, u64))> {
+        let align = u64::from(self.limits.min_storage_buffer_offset_alignment);
+        if let Some(arena) = pending.arena.as_mut()
+            && let Some(at) = arena.place(info, align)
+        {
+            return Ok((arena.buf.clone(), at));
+        }
+        if pending.arena.is_some() {
+            drop(self.submit_locked(pending, |_| ()));
+        }
+        let mut arena = InfoArena::new(self.alloc(InfoArena::bytes_for(info))?);
+        let at = arena
+            .place(info, align)
+            .ok_or_else(|| Error::Gpu(format!("{kernel}: {} info words fit no arena", info.len())))?;
+        let buf = arena.buf.clone();
+        pending.arena = Some(arena);
+        Ok((buf, at))
     }
 
     /// The grid of a one-dimensional kernel over `n` elements: 256-wide workgroups, at most

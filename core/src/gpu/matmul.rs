@@ -172,19 +172,31 @@ const K_RUN: usize = 16_384;
 pub fn matmul(a: &GpuStorage, la: &Layout, b: &GpuStorage, lb: &Layout) -> Result<GpuStorage> {
     let ranked = ranking(a)?;
     let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
-    if let Some((ta, tb)) = transposed(&ranked, la, lb, max_groups)? {
-        // `b^T a^T`, then its transpose copied out (a single column's is already in order).
-        let t = runs(b, &ta, a, &tb, &ranked)?;
-        let r = la.rank();
-        if lb.shape()[r - 1] == 1 {
+    if let Some(swapped) = transposed(&ranked, la, lb, max_groups)? {
+        // Its transpose copied out (a single column's is already in order).
+        let (t, lt) = run_transposed(a, b, swapped, &ranked)?;
+        if lb.shape()[lb.rank() - 1] == 1 {
             return Ok(t);
         }
-        let lt = Layout::contiguous(&out_shape(&ta, &tb)).transpose(r - 2, r - 1)?;
         let out = GpuStorage::alloc(&a.ctx, lt.numel(), DType::F32)?;
         super::copy_into(&t, &lt, &out, &Layout::contiguous(lt.shape()))?;
         return Ok(out.inherit(&[&t]));
     }
     runs(a, la, b, lb, &ranked)
+}
+
+/// `b^T a^T` for the operands' layouts `transposed` gives, and the view of it as `a @ b`
+/// (`[batch.., m, n]`, its last two axes swapped).
+fn run_transposed(
+    a: &GpuStorage,
+    b: &GpuStorage,
+    (ta, tb): (Layout, Layout),
+    ranked: &[MatmulVariant],
+) -> Result<(GpuStorage, Layout)> {
+    let t = runs(b, &ta, a, &tb, ranked)?;
+    let r = ta.rank();
+    let lt = Layout::contiguous(&out_shape(&ta, &tb)).transpose(r - 2, r - 1)?;
+    Ok((t, lt))
 }
 
 /// The least work a transposed product saves, in multiply-adds: about what its copy's dispatch
@@ -381,16 +393,15 @@ pub fn matmul_add_unary(
     }
     let ranked = ranking(a)?;
     let max_groups = a.ctx.limits.max_compute_workgroups_per_dimension as usize;
-    if let Some((ta, tb)) = transposed(&ranked, la, lb, max_groups)? {
-        // `b^T a^T`, then the bias and op applied as its transpose is copied out: the product
-        // and the pass `matmul` then `add_unary` would make, less the copy between them (a
-        // classifier's few logits for many rows), the same values.
-        let t = runs(b, &ta, a, &tb, &ranked)?;
+    if let Some(swapped) = transposed(&ranked, la, lb, max_groups)? {
+        // The bias and op applied as its transpose is copied out: the product and the pass
+        // `matmul` then `add_unary` would make, less the copy between them (a classifier's few
+        // logits for many rows), the same values.
+        let (t, lt) = run_transposed(a, b, swapped, &ranked)?;
         let n = lb.shape()[1];
-        let lt = Layout::contiguous(&[n, m]).transpose(0, 1)?;
         let (bias, offset) = bias;
         let lbias = Layout::new([n].into_iter().collect(), [1].into_iter().collect(), offset).broadcast_to(&[m, n])?;
-        return super::add_unary(op, &t, &lt, bias, &lbias).map(|out| Some(out.inherit(&[&t, bias])));
+        return super::add_unary(op, &t, &lt, bias, &lbias).map(|out| Some(out.inherit(&[&t])));
     }
     let v = choose(&ranked, la, lb);
     let remainder = slicing(a, la, lb, v).is_some_and(|(slices, len)| slices * len != k);
