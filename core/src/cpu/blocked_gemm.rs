@@ -16,6 +16,14 @@
 //! with a whole tile's rows and columns run on this kernel's tiles without its blocking
 //! (`small_gemm`).
 //!
+//! Where the left matrix is read in place (512-bit tiles at full width), the first group of rows
+//! passes over the whole right block, whose panels a model's weights in inference bring from L3
+//! or memory: each tile of that pass fetches the next tile's panels into L2 as it runs
+//! (`Tile::next_b`). Measured in one process, alternating (an Intel Xeon with AVX-512, 2 MiB of
+//! L2): MiniLM's six layers of dense products 1.025-1.03x faster on one thread (the same products
+//! over one layer's weights, which stay in cache, had run 1.07x faster than over six without
+//! the fetch), and its forward 1.02-1.03x on one thread, 1.035x on two.
+//!
 //! Each output element is the sum over `k` in chunks of at most `KC` (sizes a function of `k`
 //! alone), each chunk summed in order by one FMA chain and added to the last: so the bits do not
 //! depend on `m`, `n`, the block sizes or how the work is cut over threads.
@@ -359,13 +367,20 @@ unsafe fn blocked(
                                 }
                             }
                         }
+                        let first_pass = g == 0 && isa.wide();
                         for jr in tiles() {
                             ready(jr);
                             let bp = bp0.add((jr / NR) * per);
                             let cp = c.at(i, jc + jr);
                             let nr = isa.cols().min(nc - jr);
                             let (a, lda, ldc) = (ap.ptr, ap.rs as usize, cp.1);
-                            let t = Tile { kc, a, lda, b: bp, per, c: cp.0, ldc, nr, add: pc > 0 };
+                            let next = jr + isa.cols();
+                            let next_b = if first_pass && next < nc && shared.is_none() {
+                                bp0.add((next / NR) * per)
+                            } else {
+                                std::ptr::null()
+                            };
+                            let t = Tile { kc, a, lda, b: bp, per, c: cp.0, ldc, nr, add: pc > 0, next_b };
                             tile_rows::<true>(isa.wide(), rows, t);
                         }
                         if let Some((f, (r0, c0))) = fin.filter(|_| pc + kc == k) {
@@ -396,7 +411,18 @@ unsafe fn blocked(
                         unsafe {
                             let ap = apack.add(it * isa.rows() * kc);
                             let cp = to.at(ir, jr);
-                            let t = Tile { kc, a: ap, lda: 0, b: bp, per, c: cp.0, ldc: cp.1, nr, add: pc > 0 };
+                            let t = Tile {
+                                kc,
+                                a: ap,
+                                lda: 0,
+                                b: bp,
+                                per,
+                                c: cp.0,
+                                ldc: cp.1,
+                                nr,
+                                add: pc > 0,
+                                next_b: std::ptr::null(),
+                            };
                             tile_rows::<false>(isa.wide(), rows, t);
                         }
                     }
@@ -445,6 +471,9 @@ pub(crate) struct Tile {
     pub ldc: usize,
     pub nr: usize,
     pub add: bool,
+    /// The right panels of the tile that runs next, fetched into L2 while this one runs (null:
+    /// none); 512-bit tiles only.
+    pub next_b: *const f32,
 }
 
 /// The micro-kernel for `rows` rows (1 to 6), of a packed left panel or (`IN_PLACE`) read in
@@ -685,7 +714,7 @@ pub(crate) use store_rows512;
 /// `nr <= W * NR`.
 #[target_feature(enable = "avx512f")]
 unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile) {
-    let Tile { kc, a, lda, b, per, c, ldc, nr, add } = t;
+    let Tile { kc, a, lda, b, per, c, ldc, nr, add, next_b } = t;
     debug_assert!(R <= 2 * MR && W <= 2 && nr <= W * NR);
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
@@ -710,7 +739,28 @@ unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile)
                 });
             }};
         }
-        over_k!(step, kc, ap, bp, IN_PLACE);
+        if next_b.is_null() {
+            over_k!(step, kc, ap, bp, IN_PLACE);
+        } else {
+            // Four values of k read four lines of each right panel: the next tile's same lines
+            // are fetched meanwhile (its panels come from L3 or memory on a first pass).
+            let mut nb = next_b;
+            macro_rules! step_fetching {
+                ($s:expr) => {{
+                    if $s == 0 {
+                        for l in 0..4 {
+                            _mm_prefetch::<_MM_HINT_T1>(nb.wrapping_add(l * NR).cast());
+                            if W == 2 {
+                                _mm_prefetch::<_MM_HINT_T1>(nb.wrapping_add(per + l * NR).cast());
+                            }
+                        }
+                        nb = nb.wrapping_add(4 * NR);
+                    }
+                    step!($s)
+                }};
+            }
+            over_k!(step_fetching, kc, ap, bp, IN_PLACE);
+        }
         store_rows512!(acc, R, W, c, ldc, nr, add);
     }
 }

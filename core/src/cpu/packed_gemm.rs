@@ -216,7 +216,8 @@ pub(crate) unsafe fn run(a: &PackedLhs, b: &PackedRhs, panels: Range<usize>, c: 
                 unsafe {
                     let ap = a.data.as_ptr().add(rows * p0 + it * isa.rows() * kc);
                     let (cp, per) = (c.add(i * ldc + c0), k * NR);
-                    let t = Tile { kc, a: ap, lda: 0, b: bp, per, c: cp, ldc, nr, add: p0 > 0 };
+                    let t =
+                        Tile { kc, a: ap, lda: 0, b: bp, per, c: cp, ldc, nr, add: p0 > 0, next_b: std::ptr::null() };
                     super::blocked_gemm::tile_rows::<false>(isa.wide(), tile_rows, t);
                 }
             }

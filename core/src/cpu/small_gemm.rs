@@ -62,6 +62,7 @@ pub(crate) unsafe fn run(p: &Product) -> Result<()> {
                         ldc: p.dst_rs as usize,
                         nr: NR.min(n - j),
                         add: false,
+                        next_b: std::ptr::null(),
                     };
                     if in_place { tile_rows::<true>(false, rows, t) } else { tile_rows::<false>(false, rows, t) }
                 }
