@@ -16,13 +16,14 @@
 //! with a whole tile's rows and columns run on this kernel's tiles without its blocking
 //! (`small_gemm`).
 //!
-//! Where the left matrix is read in place (512-bit tiles at full width), the first group of rows
+//! Where the left matrix is read in place by 512-bit tiles (at full width; on Zen 4, products of
+//! few rows: see [`isa_for`] and [`reads_left_in_place`]), the first group of rows
 //! passes over the whole right block, whose panels a model's weights in inference bring from L3
 //! or memory: each tile of that pass fetches the next tile's panels into L2 as it runs
 //! (`Tile::next_b`). Measured in one process, alternating (an Intel Xeon with AVX-512, 2 MiB of
 //! L2): MiniLM's six layers of dense products 1.025-1.03x faster on one thread (the same products
 //! over one layer's weights, which stay in cache, had run 1.07x faster than over six without
-//! the fetch), and its forward 1.02-1.03x on one thread, 1.035x on two.
+//! the fetch), and its forward with the fetch alone 1.02-1.03x on one thread, 1.035x on two.
 //!
 //! Each output element is the sum over `k` in chunks of at most `KC` (sizes a function of `k`
 //! alone), each chunk summed in order by one FMA chain and added to the last: so the bits do not
@@ -472,7 +473,7 @@ pub(crate) struct Tile {
     pub nr: usize,
     pub add: bool,
     /// The right panels of the tile that runs next, fetched into L2 while this one runs (null:
-    /// none); 512-bit tiles only.
+    /// none); 512-bit tiles only. Only prefetched, never read: any address will do.
     pub next_b: *const f32,
 }
 
@@ -743,11 +744,13 @@ unsafe fn tile512<const R: usize, const IN_PLACE: bool, const W: usize>(t: Tile)
             over_k!(step, kc, ap, bp, IN_PLACE);
         } else {
             // Four values of k read four lines of each right panel: the next tile's same lines
-            // are fetched meanwhile (its panels come from L3 or memory on a first pass).
+            // are fetched meanwhile (its panels come from L3 or memory on a first pass). (At the
+            // fourth step, so that the few steps past a multiple of four, which `over_k` runs as
+            // step 0, fetch nothing.)
             let mut nb = next_b;
             macro_rules! step_fetching {
                 ($s:expr) => {{
-                    if $s == 0 {
+                    if $s == 3 {
                         for l in 0..4 {
                             _mm_prefetch::<_MM_HINT_T1>(nb.wrapping_add(l * NR).cast());
                             if W == 2 {

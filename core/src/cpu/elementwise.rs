@@ -616,9 +616,9 @@ mod tests {
         }
     }
 
-    /// The AVX2 and AVX-512 loops (elementwise ops' and a dense layer's bias and activation's)
-    /// give the baseline loop's bits for every op with arithmetic of its own, over ordinary,
-    /// tiny, huge and non-finite values.
+    /// The AVX2 and AVX-512 loops (elementwise ops' and a dense layer's bias and activation's,
+    /// and the latter as a layer calls it, with the op's own loop) give the baseline loop's bits
+    /// for every op with arithmetic of its own, over ordinary, tiny, huge and non-finite values.
     #[test]
     fn wide_rows_equal_the_baseline() {
         if !avx2() {
@@ -650,11 +650,19 @@ mod tests {
             U::Affine { mul: 0.3, add: -1.5 },
             U::Elu(0.7),
             U::LeakyRelu(0.2),
+            U::Relu,
+            U::Identity,
         ];
+        // Rows of 37 with a bias, in place: every input (padded to whole rows with the first
+        // ones), the bias the last 37 inputs (the tiny, huge and non-finite ones among them).
+        let row_xs: Vec<f32> = xs.iter().chain(&xs).take(xs.len().next_multiple_of(37)).copied().collect();
+        let bias = &xs[xs.len() - 37..];
         for op in ops {
             let f = |[v]: [f32; 1]| op.apply(v);
             let mut a = vec![MaybeUninit::new(0.0f32); xs.len()];
-            let mut b = a.clone();
+            // (Each wide loop's output starts as a value no op gives for these inputs, so a
+            // skipped element shows.)
+            let mut b = vec![MaybeUninit::new(7.5e37f32); xs.len()];
             let starts = [0usize];
             let block = Block { len: xs.len(), data: [&xs[..]], starts: [&starts[..]], j0: 0 };
             mixed_block_rows::<1, 0>(&mut a, &block, &f);
@@ -662,7 +670,7 @@ mod tests {
             unsafe { mixed_block_avx2::<1, 0>(&mut b, &block, &f) };
             let mut wide = vec![("AVX2", b)];
             if avx512() {
-                let mut c = a.clone();
+                let mut c = vec![MaybeUninit::new(7.5e37f32); xs.len()];
                 // SAFETY: avx512() said the CPU has AVX-512 F.
                 unsafe { mixed_block_avx512::<1, 0>(&mut c, &block, &f) };
                 wide.push(("AVX-512", c));
@@ -674,24 +682,26 @@ mod tests {
                     assert_eq!(a.to_bits(), b.to_bits(), "{isa} {op:?} at {}: {a} vs {b}", xs[i]);
                 }
             }
-            // Rows of 37 with a bias (its values a rotation of the inputs'), in place.
-            let bias: Vec<f32> = (0..37).map(|j| xs[(j * 613) % xs.len()] * 0.5).collect();
-            let rows = xs.len() / 37 * 37;
             let g = |v: f32| op.apply(v);
-            let mut base = xs[..rows].to_vec();
-            each_row(&mut base, &bias, &g);
-            let mut got = vec![("AVX2", xs[..rows].to_vec())];
+            let mut base = row_xs.clone();
+            each_row(&mut base, bias, &g);
+            let mut got = vec![("AVX2", row_xs.clone())];
             // SAFETY: avx2() said the CPU has AVX2.
-            unsafe { each_row_avx2(&mut got[0].1, &bias, &g) };
+            unsafe { each_row_avx2(&mut got[0].1, bias, &g) };
             if avx512() {
-                let mut v = xs[..rows].to_vec();
+                let mut v = row_xs.clone();
                 // SAFETY: avx512() said the CPU has AVX-512 F.
-                unsafe { each_row_avx512(&mut v, &bias, &g) };
+                unsafe { each_row_avx512(&mut v, bias, &g) };
                 got.push(("AVX-512", v));
             }
+            // And as a dense layer calls it, the op's own loop on the widest the CPU has.
+            let mut v = row_xs.clone();
+            add_unary_rows_in_place(&mut v, bias, op);
+            got.push(("widest, per op", v));
             for (isa, v) in &got {
                 for (i, (a, b)) in base.iter().zip(v).enumerate() {
-                    assert_eq!(a.to_bits(), b.to_bits(), "{isa} rows {op:?} at {}: {a} vs {b}", xs[i]);
+                    let x = row_xs[i] + bias[i % 37];
+                    assert_eq!(a.to_bits(), b.to_bits(), "{isa} rows {op:?} of {x}: {a} vs {b}");
                 }
             }
         }
