@@ -10,7 +10,7 @@
 //! short row's passes are each a short chain of dependent vector ops waiting on the one before,
 //! while the rows of a group are independent and overlap.
 
-use super::reduce::pairwise_sum;
+use super::reduce::{pairwise_sum, pairwise_sums};
 use super::{CpuStorage, f32_storage, strided, try_take};
 use crate::{Layout, Result};
 use std::mem::MaybeUninit;
@@ -128,9 +128,7 @@ fn softmax_rows<const FUSED: bool>(o: &mut [MaybeUninit<f32>], r: &[f32], n: usi
     // SAFETY: the pass above wrote every element (`o` and `r` have one length).
     let o = unsafe { written(o) };
     let mut sums = [0f32; SIDE];
-    for (s, o) in sums.iter_mut().zip(o.chunks(n)) {
-        *s = pairwise_sum(o);
-    }
+    pairwise_sums(o, n, &mut sums[..o.len() / n]);
     for (((o, r), &max), &sum) in o.chunks_mut(n).zip(r.chunks(n)).zip(&maxes).zip(&sums) {
         if log {
             let ls = sum.ln();
@@ -238,9 +236,11 @@ pub fn layer_norm(
 fn layer_norm_rows(o: &mut [MaybeUninit<f32>], r: &[f32], g: &[f32], b: &[f32], eps: f32) {
     let n = g.len();
     let len = n as f32;
+    let rows = r.len() / n;
     let mut means = [0f32; SIDE];
-    for (m, r) in means.iter_mut().zip(r.chunks(n)) {
-        *m = pairwise_sum(r) / len;
+    pairwise_sums(r, n, &mut means[..rows]);
+    for m in &mut means[..rows] {
+        *m /= len;
     }
     // The squared deviations go to the output first, to be summed as a slice.
     for ((o, r), &mean) in o.chunks_mut(n).zip(r.chunks(n)).zip(&means) {
@@ -251,8 +251,9 @@ fn layer_norm_rows(o: &mut [MaybeUninit<f32>], r: &[f32], g: &[f32], b: &[f32], 
     // SAFETY: the pass above wrote every element (`o` and `r` have one length).
     let o = unsafe { written(o) };
     let mut rstds = [0f32; SIDE];
-    for (s, o) in rstds.iter_mut().zip(o.chunks(n)) {
-        let var = pairwise_sum(o) / len;
+    pairwise_sums(o, n, &mut rstds[..rows]);
+    for s in &mut rstds[..rows] {
+        let var = *s / len;
         *s = 1.0 / (var + eps).sqrt();
     }
     for (((o, r), &mean), &rstd) in o.chunks_mut(n).zip(r.chunks(n)).zip(&means).zip(&rstds) {

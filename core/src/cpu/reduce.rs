@@ -195,6 +195,46 @@ pub(crate) fn pairwise_sum(values: &[f32]) -> f32 {
     p.finish()
 }
 
+/// [`pairwise_sum`] of each row of `n` values of `rows` (as many as `out` holds), into `out`, with
+/// its bits. Rows of one block at most are summed four at a time, their lanes side by side: each
+/// row's eight lanes are one chain of dependent adds, as long as the row is in eighths, and four
+/// rows' chains overlap where one row's would wait (a layer norm's or softmax's rows of 64 to
+/// 128 values).
+#[inline(always)]
+pub(crate) fn pairwise_sums(rows: &[f32], n: usize, out: &mut [f32]) {
+    let count = out.len();
+    let mut done = 0;
+    if (1..=BLOCK).contains(&n) {
+        let whole = n / 8 * 8;
+        while done + 4 <= count {
+            let r: [&[f32]; 4] = std::array::from_fn(|q| &rows[(done + q) * n..(done + q + 1) * n]);
+            let mut l = [[0f32; 8]; 4];
+            let [l0, l1, l2, l3] = &mut l;
+            let chunks =
+                r[0].chunks_exact(8).zip(r[1].chunks_exact(8)).zip(r[2].chunks_exact(8)).zip(r[3].chunks_exact(8));
+            for (((a, b), c), d) in chunks {
+                for x in 0..8 {
+                    l0[x] += a[x];
+                    l1[x] += b[x];
+                    l2[x] += c[x];
+                    l3[x] += d[x];
+                }
+            }
+            for q in 0..4 {
+                for (x, &v) in l[q].iter_mut().zip(&r[q][whole..]) {
+                    *x += v;
+                }
+                let l = &l[q];
+                out[done + q] = 0.0 + (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
+            }
+            done += 4;
+        }
+    }
+    for (o, row) in out[done..].iter_mut().zip(rows[done * n..].chunks(n.max(1))) {
+        *o = pairwise_sum(row);
+    }
+}
+
 /// The sum of elements `lo..hi` of a run.
 fn sum_range(run: &Run, base: usize, lo: usize, hi: usize) -> f32 {
     let mut p = Pairwise::default();
@@ -447,6 +487,30 @@ mod tests {
                 0..=BLOCK + 1)) {
             let (got, want) = (pairwise_sum(&values), by_definition(&values));
             prop_assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{:?}: {} vs {}", values, got, want);
+        }
+
+        /// Rows summed side by side (`pairwise_sums`: short ones four at a time) have
+        /// `pairwise_sum`'s bits row by row, with negative zeros, infinities and NaN among the
+        /// values, whatever the count of rows (the last few one at a time) and their length.
+        #[test]
+        fn rows_side_by_side_give_pairwise_sums_bits(rows in 0usize..=16, n in 1usize..=2 * BLOCK + 3, seed in 0u64..1000,
+                                                     special in proptest::collection::vec((0usize..5000, 0usize..4), 0..4)) {
+            let mut values: Vec<f32> = (0..rows * n)
+                .map(|i| ((i as u64 * 2654435761 + seed * 97) % 1999) as f32 / 7.0 * if i % 5 == 0 { 1e3 } else { -1.0 })
+                .collect();
+            for (at, kind) in &special {
+                if !values.is_empty() {
+                    let len = values.len();
+                    values[at % len] = [-0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN][*kind];
+                }
+            }
+            let mut got = vec![7.5e37f32; rows];
+            pairwise_sums(&values, n, &mut got);
+            for (r, got) in got.iter().enumerate() {
+                let want = pairwise_sum(&values[r * n..(r + 1) * n]);
+                prop_assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                             "row {} of {}, n {}: {} vs {}", r, rows, n, got, want);
+            }
         }
 
         /// Rows summed over their last axis (short ones take `pairwise_sum`'s loop, long ones
