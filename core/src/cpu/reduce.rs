@@ -202,7 +202,13 @@ pub(crate) fn pairwise_sum(values: &[f32]) -> f32 {
 /// 128 values).
 #[inline(always)]
 pub(crate) fn pairwise_sums(rows: &[f32], n: usize, out: &mut [f32]) {
+    debug_assert_eq!(rows.len(), out.len() * n, "{} rows of {n} values", out.len());
     let count = out.len();
+    if n == 0 {
+        // (Empty rows sum to pairwise_sum's 0.)
+        out.fill(pairwise_sum(&[]));
+        return;
+    }
     let mut done = 0;
     if (1..=BLOCK).contains(&n) {
         let whole = n / 8 * 8;
@@ -510,6 +516,25 @@ mod tests {
                 let want = pairwise_sum(&values[r * n..(r + 1) * n]);
                 prop_assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
                              "row {} of {}, n {}: {} vs {}", r, rows, n, got, want);
+            }
+        }
+
+        /// Rows of one block and one more value, and of no value, side by side: `pairwise_sum`'s
+        /// bits (where the four-row path starts and stops).
+        #[test]
+        fn rows_at_the_blocks_edges_give_pairwise_sums_bits(seed in 0u64..1000) {
+            for n in [0, 1, 7, 8, 9, BLOCK - 1, BLOCK, BLOCK + 1] {
+                for rows in [4, 5, 8, 11] {
+                    let values: Vec<f32> = (0..rows * n)
+                        .map(|i| ((i as u64 * 2654435761 + seed * 97) % 1999) as f32 / 7.0 * if i % 3 == 0 { 1e3 } else { -1.0 })
+                        .collect();
+                    let mut got = vec![7.5e37f32; rows];
+                    pairwise_sums(&values, n, &mut got);
+                    for (r, got) in got.iter().enumerate() {
+                        let want = pairwise_sum(&values[r * n..(r + 1) * n]);
+                        prop_assert_eq!(got.to_bits(), want.to_bits(), "row {} of {}, n {}", r, rows, n);
+                    }
+                }
             }
         }
 
