@@ -187,12 +187,18 @@ pub(crate) fn pairwise_sum(values: &[f32]) -> f32 {
         for (x, &v) in l.iter_mut().zip(chunks.remainder()) {
             *x += v;
         }
-        // (`finish` adds the block's sum to 0.0: kept, so a -0.0 becomes 0.0 as there.)
-        return 0.0 + (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
+        return close_lanes(&l);
     }
     let mut p = Pairwise::default();
     p.add(values, 0, values.len(), 1);
     p.finish()
+}
+
+/// A short row's sum from its eight lanes, as `Pairwise` pairs them. (`finish` adds the block's
+/// sum to 0.0: kept, so a -0.0 becomes 0.0 as there.)
+#[inline(always)]
+fn close_lanes(l: &[f32; 8]) -> f32 {
+    0.0 + (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])))
 }
 
 /// [`pairwise_sum`] of each row of `n` values of `rows` (as many as `out` holds), into `out`, with
@@ -210,7 +216,7 @@ pub(crate) fn pairwise_sums(rows: &[f32], n: usize, out: &mut [f32]) {
         return;
     }
     let mut done = 0;
-    if (1..=BLOCK).contains(&n) {
+    if n <= BLOCK {
         let whole = n / 8 * 8;
         while done + 4 <= count {
             let r: [&[f32]; 4] = std::array::from_fn(|q| &rows[(done + q) * n..(done + q + 1) * n]);
@@ -230,13 +236,12 @@ pub(crate) fn pairwise_sums(rows: &[f32], n: usize, out: &mut [f32]) {
                 for (x, &v) in l[q].iter_mut().zip(&r[q][whole..]) {
                     *x += v;
                 }
-                let l = &l[q];
-                out[done + q] = 0.0 + (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
+                out[done + q] = close_lanes(&l[q]);
             }
             done += 4;
         }
     }
-    for (o, row) in out[done..].iter_mut().zip(rows[done * n..].chunks(n.max(1))) {
+    for (o, row) in out[done..].iter_mut().zip(rows[done * n..].chunks(n)) {
         *o = pairwise_sum(row);
     }
 }
