@@ -1081,12 +1081,12 @@ pub(crate) mod tests {
         if !has_kernel() {
             return;
         }
-        use super::super::packed_gemm::{PackedLhs, PackedRhs, run as small};
+        use super::super::packed_gemm::{Lhs, PackedRhs, run as small};
         let (m, n, k) = (33, 70, 700);
         let (big, _) = product(m, n, k, (0, 0), 9, 2);
         let a: Vec<f32> = (0..m * k).map(|i| val(i, 9)).collect();
         let b: Vec<f32> = (0..k * n).map(|i| val(i, 12)).collect();
-        let (lhs, rhs) = (PackedLhs::pack(&a, 32, k, k).unwrap(), PackedRhs::pack(&b, 0, n, 1, k, n).unwrap());
+        let (lhs, rhs) = (Lhs::new(&a, 32, k, k).unwrap(), PackedRhs::pack(&b, 0, n, 1, k, n).unwrap());
         let mut out = vec![f32::NAN; 32 * n];
         // SAFETY: the kernel exists; out holds 32 x n values.
         unsafe { small(&lhs, &rhs, 0..rhs.panels(), out.as_mut_ptr(), n) };

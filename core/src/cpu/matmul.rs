@@ -237,7 +237,7 @@ fn packed(
             None => unsafe { blocked_gemm::run(&p, Some(&rhs), threads) }?,
         }
     } else {
-        let lhs = packed_gemm::PackedLhs::pack(&x[aoff..], m, ars as usize, k)?;
+        let lhs = packed_gemm::Lhs::new(&x[aoff..], m, ars as usize, k)?;
         let panels = rhs.panels();
         // Columns split over the threads: each output element is summed in the same order either way.
         let parts = if threads > 1 && m * n * k >= super::gemm_engine::shared_from() { threads.min(panels) } else { 1 };

@@ -7,24 +7,22 @@
 //! on `blocked_gemm`.)
 //!
 //! Why not faer's kernels here: with few rows they cannot amortise their own packing. Measured in
-//! one process, best of 9 runs each (AMD EPYC Zen 3, AVX2), this kernel (reading its rows in
-//! place, before they were packed) against faer's: 1 x 384 x 1536 1.8x, 4 rows 1.6x, 8 rows
-//! 1.25–1.35x, 16 rows 1.25x, 32 rows 1.15x on one thread; 1.8x to 1.0x on two.
+//! one process, best of 9 runs each (AMD EPYC Zen 3, AVX2), this kernel against faer's: 1 x 384
+//! x 1536 1.8x, 4 rows 1.6x, 8 rows 1.25–1.35x, 16 rows 1.25x, 32 rows 1.15x on one thread; 1.8x
+//! to 1.0x on two.
 //!
 //! The loops: `k` in chunks of at most 256 (`blocked_gemm::k_chunk`; a 16-column panel chunk,
-//! 16 KiB, stays in L1 while every row passes over it), the rows packed once per call (at most
-//! 32 x k values, `PackedLhs`, in `Isa::row_tile`'s tiles: with 256-bit tiles 8 rows as 4 + 4,
-//! not 6 + 2), and `blocked_gemm`'s 6 x 16 micro-kernel. Each output element is summed in the
-//! same order as in `blocked_gemm`, whatever `m`, `n` and the thread count:
-//! splitting the columns over threads or devices changes no bit, nor does a 33rd row where the
-//! larger product runs on `blocked_gemm` (the engine is weft's, the shape `suits` it, the rows'
-//! values adjacent). faer's kernels, which take narrow and small products with gradients, may
-//! round differently.
+//! 16 KiB, stays in L1 while every row passes over it), the rows read in place ([`Lhs`], in
+//! `Isa::row_tile`'s tiles: with 256-bit tiles 8 rows as 4 + 4, not 6 + 2), and `blocked_gemm`'s
+//! micro-kernel. Each output element is summed in the same order as in `blocked_gemm`, whatever
+//! `m`, `n` and the thread count: splitting the columns over threads or devices changes no bit,
+//! nor does a 33rd row where the larger product runs on `blocked_gemm` (the engine is weft's, the
+//! shape `suits` it, the rows' values adjacent). faer's kernels, which take narrow and small
+//! products with gradients, may round differently.
 
 #[cfg(target_arch = "x86_64")]
-use super::blocked_gemm::Tile;
+use super::blocked_gemm::{Isa, Tile};
 pub(crate) use super::gemm_pack::NR;
-use super::gemm_pack::{MR, a_len};
 use super::gemm_pack::{Strided, b_len, pack_b};
 use crate::{Error, Result};
 #[cfg(target_arch = "x86_64")]
@@ -150,38 +148,34 @@ impl RhsCache {
     }
 }
 
-/// The `m` rows of a left matrix packed for [`run`], chunk by chunk of `k` as the kernel sums it.
+/// The `m` rows of a small product's left matrix, read in place by [`run`]'s tiles (rows `lda`
+/// apart, each row's values adjacent), as `blocked_gemm` reads a row-major left matrix with
+/// 512-bit tiles: the same sums in the same order as packed rows. They were packed before, a
+/// pass on the calling thread alone while the other threads waited for the columns to split.
+/// Measured in one process, alternating (Intel Xeon with AVX-512, 2 threads), in place against
+/// packed: a batch of 32 through a 784-256-10 MLP's inference 1.72x faster with 512-bit tiles and
+/// 1.53x with 256-bit ones, a batch of 8 1.10x and 1.38x; a 384-1536-384 MLP's batches of 4 to
+/// 32, whose weights' reads cost most, 1.06-1.12x and 1.01-1.07x.
 #[cfg(target_arch = "x86_64")]
-pub(crate) struct PackedLhs {
+pub(crate) struct Lhs<'a> {
+    a: &'a [f32],
     m: usize,
+    lda: usize,
     k: usize,
-    data: Vec<f32>,
 }
 
 #[cfg(target_arch = "x86_64")]
-impl PackedLhs {
-    /// Packs `a[i * lda + p]` for `i < m`, `p < k` (`k >= 1`); `Err` when a row does not lie in
-    /// `a` or memory runs out.
-    pub fn pack(a: &[f32], m: usize, lda: usize, k: usize) -> Result<PackedLhs> {
+impl<'a> Lhs<'a> {
+    /// The rows `a[i * lda + p]` for `i < m`, `p < k` (`k >= 1`); `Err` when a row does not lie
+    /// in `a`.
+    pub fn new(a: &'a [f32], m: usize, lda: usize, k: usize) -> Result<Lhs<'a>> {
         if m == 0 || k == 0 || (m - 1) * lda + k > a.len() {
             return Err(Error::invalid(
                 "matmul",
                 format!("{m} rows of {k} values (row stride {lda}) do not lie in {} values", a.len()),
             ));
         }
-        let len = a_len(m, k);
-        let mut data = super::try_take(len)?;
-        let src = Strided { ptr: a.as_ptr(), rs: lda as isize, cs: 1 };
-        let (isa, kc_len) = (super::blocked_gemm::isa(), super::blocked_gemm::k_chunk(k));
-        let rows = m.div_ceil(MR) * MR;
-        for p0 in (0..k).step_by(kc_len) {
-            // SAFETY: the rows lie in a (checked above); chunk p0's tiles (`Isa::row_tile`, as
-            // `run` reads them) go to rows * p0.., inside a_len(m, k).
-            unsafe { isa.pack_a(src.at(0, p0), m, kc_len.min(k - p0), data.as_mut_ptr().add(rows * p0)) };
-        }
-        // SAFETY: the chunks wrote every value up to rows * k = len.
-        unsafe { data.set_len(len) };
-        Ok(PackedLhs { m, k, data })
+        Ok(Lhs { a, m, lda, k })
     }
 }
 
@@ -192,12 +186,20 @@ impl PackedLhs {
 /// `(m - 1) * ldc + n - 1` inside a live allocation (m that of `a`, n that of `b`); no other
 /// thread reads or writes the columns of `panels` in `c` meanwhile.
 #[cfg(target_arch = "x86_64")]
-pub(crate) unsafe fn run(a: &PackedLhs, b: &PackedRhs, panels: Range<usize>, c: *mut f32, ldc: usize) {
-    let (m, k) = (a.m, b.k);
+pub(crate) unsafe fn run(a: &Lhs, b: &PackedRhs, panels: Range<usize>, c: *mut f32, ldc: usize) {
+    // SAFETY: the caller's contract; `isa` is a width this CPU runs.
+    unsafe { run_at(super::blocked_gemm::isa(), a, b, panels, c, ldc) }
+}
+
+/// [`run`] with the tiles at `isa`'s width (tests run both where the CPU has AVX-512).
+///
+/// # Safety
+/// As [`run`]; the CPU runs `isa`'s tiles.
+#[cfg(target_arch = "x86_64")]
+unsafe fn run_at(isa: Isa, a: &Lhs, b: &PackedRhs, panels: Range<usize>, c: *mut f32, ldc: usize) {
+    let (m, k, lda) = (a.m, b.k, a.lda);
     debug_assert_eq!(a.k, k);
-    let rows = m.div_ceil(MR) * MR;
     let kc_len = super::blocked_gemm::k_chunk(k);
-    let isa = super::blocked_gemm::isa();
     // Columns up to the end of the last panel of this range (and of the matrix).
     let end = (panels.end * NR).min(b.n);
     for p0 in (0..k).step_by(kc_len) {
@@ -210,15 +212,14 @@ pub(crate) unsafe fn run(a: &PackedLhs, b: &PackedRhs, panels: Range<usize>, c: 
             let bp = unsafe { b.panels_ptr().add(j * k * NR + p0 * NR) };
             for it in 0..m.div_ceil(isa.rows()) {
                 let (i, tile_rows) = isa.row_tile(m, it);
-                // SAFETY: row tile it's panels of chunk p0 lie inside a's packed data; rows i..,
-                // columns c0..c0 + nr of c inside the caller's bounds; the tile's second panel
-                // (when nr > NR) is panel j + 1 < panels.end.
+                // SAFETY: the tile's rows i.. (lda apart), values p0..p0 + kc lie inside a (the
+                // reach checked by `Lhs::new`); rows i.., columns c0..c0 + nr of c inside the
+                // caller's bounds; the tile's second panel (when nr > NR) is panel j + 1 <
+                // panels.end.
                 unsafe {
-                    let ap = a.data.as_ptr().add(rows * p0 + it * isa.rows() * kc);
-                    let (cp, per) = (c.add(i * ldc + c0), k * NR);
-                    let t =
-                        Tile { kc, a: ap, lda: 0, b: bp, per, c: cp, ldc, nr, add: p0 > 0, next_b: std::ptr::null() };
-                    super::blocked_gemm::tile_rows::<false>(isa.wide(), tile_rows, t);
+                    let (ap, cp, per) = (a.a.as_ptr().add(i * lda + p0), c.add(i * ldc + c0), k * NR);
+                    let t = Tile { kc, a: ap, lda, b: bp, per, c: cp, ldc, nr, add: p0 > 0, next_b: std::ptr::null() };
+                    super::blocked_gemm::tile_rows::<true>(isa.wide(), tile_rows, t);
                 }
             }
         }
@@ -251,14 +252,17 @@ mod tests {
             let packed = PackedRhs::pack(&b, off, rs, cs, k, n).unwrap();
             let mut whole = vec![f32::NAN; m * n];
             // SAFETY: a holds m rows of lda >= k values, whole m x n; the kernel exists.
-            let lhs = PackedLhs::pack(&a, m, lda, k).unwrap();
+            let lhs = Lhs::new(&a, m, lda, k).unwrap();
             unsafe { run(&lhs, &packed, 0..packed.panels(), whole.as_mut_ptr(), n) };
+            // Cut into parts, with the 256-bit tiles where the CPU also runs 512-bit ones (a
+            // tile of 1 to 6 rows, one panel; every width gives the same bits).
             let mut split = vec![f32::NAN; m * n];
             let per = packed.panels().div_ceil(parts);
             for p in 0..parts {
                 let cols = (p * per).min(packed.panels())..((p + 1) * per).min(packed.panels());
-                // SAFETY: as above, each part its own columns.
-                unsafe { run(&lhs, &packed, cols, split.as_mut_ptr(), n) };
+                // SAFETY: as above, each part its own columns; every CPU with the kernel runs
+                // 256-bit tiles.
+                unsafe { run_at(Isa::Avx2, &lhs, &packed, cols, split.as_mut_ptr(), n) };
             }
             for i in 0..m {
                 for j in 0..n {
