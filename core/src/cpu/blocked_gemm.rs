@@ -477,9 +477,9 @@ pub(crate) struct Tile {
     pub next_b: *const f32,
 }
 
-/// The micro-kernel for `rows` rows (1 to 6), of a packed left panel or (`IN_PLACE`) read in
-/// place: row `r`'s values at `a + r * lda`, adjacent; with `wide` (a CPU of [`Isa::Avx512`])
-/// up to two right panels (`nr` up to `2 * NR`), else one.
+/// The micro-kernel for `rows` rows (1 to 6, or to 12 with `wide`), of a packed left panel or
+/// (`IN_PLACE`) read in place: row `r`'s values at `a + r * lda`, adjacent; with `wide` (a CPU
+/// of [`Isa::Avx512`]) up to two right panels (`nr` up to `2 * NR`), else one.
 ///
 /// # Safety
 /// As [`tile`] (or, `wide`, [`tile512`]).

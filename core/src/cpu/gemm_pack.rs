@@ -1,6 +1,8 @@
-//! Packing for weft's own f32 products (`blocked_gemm`, `packed_gemm`): the micro-kernel reads
-//! both operands as panels laid out in the order it consumes them, so every load is sequential
-//! and each panel fits the cache it is meant to stay in.
+//! Packing for weft's own f32 products (`blocked_gemm`; `packed_gemm`, the small batches', packs
+//! only its right matrix and reads its rows in place): the micro-kernel reads both operands as
+//! panels laid out in the order it consumes them, so every load is sequential and each panel fits
+//! the cache it is meant to stay in (a left matrix may also be read in place, see
+//! `blocked_gemm::reads_left_in_place`).
 //!
 //! - The left matrix in panels of `MR` rows: for each `p`, the `MR` values `a[r, p]`.
 //! - The right matrix in panels of `NR` columns: for each `p`, the `NR` values `b[p, j]`.

@@ -148,9 +148,9 @@ impl RhsCache {
     }
 }
 
-/// The `m` rows of a small product's left matrix, read in place by [`run`]'s tiles (rows `lda`
-/// apart, each row's values adjacent), as `blocked_gemm` reads a row-major left matrix with
-/// 512-bit tiles: the same sums in the same order as packed rows. They were packed before, a
+/// The `m` rows of a small product's left matrix, read in place by [`run`]'s tiles at either
+/// width (rows `lda` apart, each row's values adjacent), as `blocked_gemm` reads a row-major left
+/// matrix where it does not pack it: the same sums in the same order as packed rows. They were packed before, a
 /// pass on the calling thread alone while the other threads waited for the columns to split.
 /// Measured in one process, alternating (Intel Xeon with AVX-512, 2 threads), in place against
 /// packed: a batch of 32 through a 784-256-10 MLP's inference 1.72x faster with 512-bit tiles and
@@ -166,10 +166,11 @@ pub(crate) struct Lhs<'a> {
 
 #[cfg(target_arch = "x86_64")]
 impl<'a> Lhs<'a> {
-    /// The rows `a[i * lda + p]` for `i < m`, `p < k` (`k >= 1`); `Err` when a row does not lie
-    /// in `a`.
+    /// The rows `a[i * lda + p]` for `i < m`, `p < k`; `Err` when there are none (`m` or `k` is
+    /// 0) or a row does not lie in `a` (the tiles read every value up to `(m - 1) * lda + k`).
     pub fn new(a: &'a [f32], m: usize, lda: usize, k: usize) -> Result<Lhs<'a>> {
-        if m == 0 || k == 0 || (m - 1) * lda + k > a.len() {
+        let reach = m.checked_sub(1).and_then(|r| r.checked_mul(lda)).and_then(|r| r.checked_add(k));
+        if k == 0 || reach.is_none_or(|r| r > a.len()) {
             return Err(Error::invalid(
                 "matmul",
                 format!("{m} rows of {k} values (row stride {lda}) do not lie in {} values", a.len()),
@@ -254,15 +255,18 @@ mod tests {
             // SAFETY: a holds m rows of lda >= k values, whole m x n; the kernel exists.
             let lhs = Lhs::new(&a, m, lda, k).unwrap();
             unsafe { run(&lhs, &packed, 0..packed.panels(), whole.as_mut_ptr(), n) };
-            // Cut into parts, with the 256-bit tiles where the CPU also runs 512-bit ones (a
-            // tile of 1 to 6 rows, one panel; every width gives the same bits).
+            // Cut into parts, every other part with the 256-bit tiles where the CPU also runs
+            // 512-bit ones (tiles of 1 to 6 rows, one panel; every width gives the same bits),
+            // the others at the CPU's width (a range that may start on an odd panel and end
+            // inside a wide tile's second one).
             let mut split = vec![f32::NAN; m * n];
             let per = packed.panels().div_ceil(parts);
             for p in 0..parts {
                 let cols = (p * per).min(packed.panels())..((p + 1) * per).min(packed.panels());
+                let isa = if (p + seed as usize) % 2 == 0 { Isa::Avx2 } else { super::super::blocked_gemm::isa() };
                 // SAFETY: as above, each part its own columns; every CPU with the kernel runs
-                // 256-bit tiles.
-                unsafe { run_at(Isa::Avx2, &lhs, &packed, cols, split.as_mut_ptr(), n) };
+                // 256-bit tiles, and `isa()` is a width it runs.
+                unsafe { run_at(isa, &lhs, &packed, cols, split.as_mut_ptr(), n) };
             }
             for i in 0..m {
                 for j in 0..n {
