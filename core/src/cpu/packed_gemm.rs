@@ -263,7 +263,7 @@ mod tests {
             let per = packed.panels().div_ceil(parts);
             for p in 0..parts {
                 let cols = (p * per).min(packed.panels())..((p + 1) * per).min(packed.panels());
-                let isa = if (p + seed as usize) % 2 == 0 { Isa::Avx2 } else { super::super::blocked_gemm::isa() };
+                let isa = if (p + seed as usize).is_multiple_of(2) { Isa::Avx2 } else { super::super::blocked_gemm::isa() };
                 // SAFETY: as above, each part its own columns; every CPU with the kernel runs
                 // 256-bit tiles, and `isa()` is a width it runs.
                 unsafe { run_at(isa, &lhs, &packed, cols, split.as_mut_ptr(), n) };

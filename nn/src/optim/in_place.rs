@@ -18,7 +18,7 @@
 //! undo the step (on a GPU) holds the buffers, which are then updated out of place as before.
 
 use super::rules::{Base, Grad};
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use weft_core::optim_ops::{AdamGrad, AdamStep};
 use weft_core::{DType, Device, Error, Result, Tensor, TensorId, Var};
 
@@ -52,7 +52,7 @@ impl Buffers {
     /// The buffers of `params`, for a step of `base`'s settings.
     pub(super) fn of(params: &[(String, Var)], base: &Base) -> Self {
         let open = base.ema.is_none() && base.accumulate.is_none();
-        let (mut ids, mut seen, mut twice) = (HashSet::new(), HashSet::new(), HashSet::new());
+        let (mut ids, mut seen, mut twice) = (HashSet::default(), HashSet::default(), HashSet::default());
         if open {
             for (_, v) in params {
                 ids.extend(v.buffer_ids().into_iter().filter(|&id| id != 0));

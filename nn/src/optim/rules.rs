@@ -3,7 +3,9 @@
 //! other rules are in `adaptive.rs`).
 
 use super::LearningRate;
-use std::collections::HashMap;
+// Keyed by variables' paths and slot names, which no one picks adversarially: Fx's hash, not
+// SipHash (looked up for every variable every step).
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use weft_core::ops::BinaryOp;
 use weft_core::optim_ops::AdamStep;
 use weft_core::{Error, GradStore, Result, Tensor, Var, flushing_subnormals, no_grad};
@@ -483,7 +485,8 @@ impl Base {
                 staged.deferred = Vec::new();
                 let buffers = super::in_place::Buffers::of(params, self);
                 let lr = self.lr();
-                let mut updated: HashMap<&str, Tensor> = HashMap::with_capacity(pairs.len());
+                let mut updated: HashMap<&str, Tensor> =
+                    HashMap::with_capacity_and_hasher(pairs.len(), Default::default());
                 let given = pairs.iter().map(|(p, v, g)| (*p, *v, Grad::Tensor(g)));
                 for (path, var, g) in given.chain(products.iter().map(|&(p, v, (l, r))| (p, v, Grad::Product(l, r)))) {
                     let mut w = var.as_tensor().clone();
@@ -537,7 +540,7 @@ impl Base {
             // once; the other variables are set before them (no deferred gradient reads them).
             *self = staged;
             // (A deferred variable's value is its own tensor: nothing to set.)
-            let own: std::collections::HashSet<_> = deferred.iter().map(|d| d.var().id()).collect();
+            let own: HashSet<_> = deferred.iter().map(|d| d.var().id()).collect();
             for (var, value) in sets {
                 if !own.contains(&var.id()) {
                     var.set(&value)?;
