@@ -28,13 +28,25 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
-/// Rows 1 to 32 (the kernel's range) and 33 (faer's), columns off the 16-wide panels, `k` across
-/// the kernel's 256-value chunks; the right matrix as stored, transposed, and narrowed inside a
-/// larger one; the left one narrowed too (rows with a stride longer than their length).
+/// Rows 1 to 128 (the small-batch kernel's range: up to 64 rows with 256-bit tiles, 128 with
+/// 512-bit ones) and 65 and 129 (past it, the blocked kernel's), columns off the 16-wide panels,
+/// `k` across the kernel's 256-value chunks; the right matrix as stored, transposed, and narrowed
+/// inside a larger one; the left one narrowed too (rows with a stride longer than their length).
 #[test]
 fn few_rows_without_gradients_match_f64_and_repeat_to_the_bit() {
     let dev = Device::Cpu;
-    for (m, k, n) in [(1, 384, 1536), (5, 600, 37), (8, 257, 16), (32, 100, 200), (33, 300, 50)] {
+    let shapes = [
+        (1, 384, 1536),
+        (5, 600, 37),
+        (8, 257, 16),
+        (32, 100, 200),
+        (33, 300, 50),
+        (64, 130, 40),
+        (65, 300, 50),
+        (128, 100, 70),
+        (129, 257, 33),
+    ];
+    for (m, k, n) in shapes {
         let a = Tensor::rand(-1.0, 1.0, &[m, k + 3], m as u64, &dev).unwrap().narrow(1, 2, k).unwrap();
         let stored = Tensor::rand(-1.0, 1.0, &[k, n], 7, &dev).unwrap();
         let transposed = Tensor::rand(-1.0, 1.0, &[n, k], 8, &dev).unwrap().t().unwrap();
