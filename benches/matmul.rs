@@ -52,7 +52,7 @@ fn main() -> Result<()> {
             common::report_share("matmul_of_fma_peak", &dev, &n.to_string(), g * 1e9, peak);
         }
         common::report("matmul", &dev, "16x256x256x256", gflops(&dev, 16, 256)?, "GFLOP/s");
-        for rows in [1, 8, 32] {
+        for rows in [1, 8, 32, 64, 128] {
             let x = Tensor::rand(-1.0, 1.0, &[rows, 384], 1, &dev)?;
             let w = Tensor::rand(-1.0, 1.0, &[384, 1536], 2, &dev)?;
             let secs = common::time_per_call(&dev, Duration::from_secs(1), 2, || no_grad(|| x.matmul(&w)).map(drop))?;

@@ -28,10 +28,11 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
-/// Rows 1 to 128 (the small-batch kernel's range: up to 64 rows with 256-bit tiles, 128 with
-/// 512-bit ones) and 65 and 129 (past it, the blocked kernel's), columns off the 16-wide panels,
-/// `k` across the kernel's 256-value chunks; the right matrix as stored, transposed, and narrowed
-/// inside a larger one; the left one narrowed too (rows with a stride longer than their length).
+/// Rows on either side of the small-batch kernel's limits (32 rows, and where weft's kernel
+/// suits the shape 64 with 256-bit tiles, 128 with 512-bit ones; past them the blocked kernel or
+/// faer's), columns off the 16-wide panels, `k` across the kernel's 256-value chunks; the right
+/// matrix as stored, transposed, and narrowed inside a larger one; the left one narrowed too
+/// (rows with a stride longer than their length).
 #[test]
 fn few_rows_without_gradients_match_f64_and_repeat_to_the_bit() {
     let dev = Device::Cpu;
@@ -66,7 +67,8 @@ fn few_rows_without_gradients_match_f64_and_repeat_to_the_bit() {
             for c in &calls[1..] {
                 assert_eq!(bits(c), bits(&calls[0]), "{what}: a later call changed the bits");
             }
-            // With gradients recorded the product is faer's: close, not necessarily equal bits.
+            // With gradients recorded the product is blocked or faer's: close, not necessarily equal
+            // bits.
             assert_close(&a.matmul(b).unwrap(), &want, &format!("{what}, with gradients"));
         }
     }

@@ -1074,23 +1074,54 @@ pub(crate) mod tests {
         }
     }
 
-    /// The small-batch kernel (`packed_gemm`, up to 32 rows) and this one give the same bits, so
-    /// a batch's rows do not change with its size.
+    /// The small-batch kernel (`packed_gemm`) and this one give the same bits, so a batch's rows
+    /// do not change with its size.
     #[test]
     fn the_small_batch_kernel_gives_the_same_bits() {
         if !has_kernel() {
             return;
         }
-        use super::super::packed_gemm::{Lhs, PackedRhs, run as small};
-        let (m, n, k) = (33, 70, 700);
+        use super::super::packed_gemm::{Lhs, MOST_ROWS, PackedRhs, run as small};
+        let (m, n, k) = (MOST_ROWS + 1, 70, 700);
         let (big, _) = product(m, n, k, (0, 0), 9, 2);
         let a: Vec<f32> = (0..m * k).map(|i| val(i, 9)).collect();
         let b: Vec<f32> = (0..k * n).map(|i| val(i, 12)).collect();
-        let (lhs, rhs) = (Lhs::new(&a, 32, k, k).unwrap(), PackedRhs::pack(&b, 0, n, 1, k, n).unwrap());
-        let mut out = vec![f32::NAN; 32 * n];
-        // SAFETY: the kernel exists; out holds 32 x n values.
+        let (lhs, rhs) = (Lhs::new(&a, m - 1, k, k).unwrap(), PackedRhs::pack(&b, 0, n, 1, k, n).unwrap());
+        let mut out = vec![f32::NAN; (m - 1) * n];
+        // SAFETY: the kernel exists; out holds m - 1 rows of n values.
         unsafe { small(&lhs, &rhs, 0..rhs.panels(), out.as_mut_ptr(), n) };
-        assert!(out.iter().zip(&big).all(|(x, y)| x.to_bits() == y.to_bits()), "32 rows differ from 33's first 32");
+        assert!(
+            out.iter().zip(&big).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{} rows differ from {m}'s first",
+            m - 1
+        );
+    }
+
+    /// In inference, a batch of as many rows as the small-batch kernel takes and one of a row
+    /// more (on this kernel) give their common rows the same bits, at both of its limits.
+    #[test]
+    fn a_batch_one_row_past_the_small_kernel_keeps_its_rows_bits() {
+        use super::super::gemm_engine::{Engine, engine};
+        use super::super::packed_gemm::{FEW_ROWS, max_rows};
+        use crate::{Device, Tensor};
+        if !has_kernel() || engine() != Engine::Weft {
+            eprintln!("blocked_gemm: the engine is {:?}; nothing to test", engine());
+            return;
+        }
+        let dev = Device::Cpu;
+        let w = Tensor::rand(-1.0, 1.0, &[300, 70], 2, &dev).unwrap();
+        let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for rows in [FEW_ROWS, max_rows()] {
+            let x = Tensor::rand(-1.0, 1.0, &[rows + 1, 300], rows as u64, &dev).unwrap();
+            let first = x.narrow(0, 0, rows).unwrap().contiguous().unwrap();
+            // The third call of each reads the weights' kept packed copy.
+            let (mut all, mut some) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                all = bits(&crate::no_grad(|| x.matmul(&w)).unwrap());
+                some = bits(&crate::no_grad(|| first.matmul(&w)).unwrap());
+            }
+            assert_eq!(all[..rows * 70], some[..], "{rows} rows against {}", rows + 1);
+        }
     }
 
     /// In inference a weight matrix is packed once and kept by its storage, and the product

@@ -17,9 +17,9 @@
 //! `Isa::row_tile`'s tiles: with 256-bit tiles 8 rows as 4 + 4, not 6 + 2), and `blocked_gemm`'s
 //! micro-kernel. Each output element is summed in the same order as in `blocked_gemm`, whatever
 //! `m`, `n` and the thread count: splitting the columns over threads or devices changes no bit,
-//! nor does a 33rd row where the larger product runs on `blocked_gemm` (the engine is weft's, the
-//! shape `suits` it, the rows' values adjacent). faer's kernels, which take narrow and small
-//! products with gradients, may round differently.
+//! nor does a row past [`max_rows`] where the larger product runs on `blocked_gemm` (the engine
+//! is weft's, the shape `suits` it, the rows' values adjacent). faer's kernels, which take narrow
+//! and small products with gradients, may round differently.
 
 #[cfg(target_arch = "x86_64")]
 use super::blocked_gemm::{Isa, Tile};
@@ -30,17 +30,30 @@ use crate::{Error, Result};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-/// Most rows of a product that runs here (more run on `blocked_gemm`, or faer's kernels; see the
-/// module doc): 128 where the tiles are 512 bits wide, 64 with 256-bit ones. Here the threads
-/// split the columns, so the kept weights are read once between them, where `blocked_gemm`'s
-/// parts split the rows and each reads all of them; and the rows, read in place, stay in the
-/// cache over every panel. Measured in one process, alternating (Intel Xeon with AVX-512), here
-/// against `blocked_gemm`, inference through 784-512-512-10 and 784-1024-1024-10 MLPs on 2
-/// threads: 48 rows 1.35x, 64 1.32x, 96 1.17x, 128 1.16x, 256 level (1.02, noisy); one thread,
-/// 64 rows 1.06x, a 384-1536-384 MLP's 128 rows 1.05x (1.09x on 2); with 256-bit tiles forced,
-/// 64 rows 1.09x, 128 rows 1.01-1.03x.
+/// Rows of a product that always runs here (with a right matrix of at least one panel).
+pub(crate) const FEW_ROWS: usize = 32;
+
+/// Most rows of a product that runs here where weft's kernel suits its shape
+/// (`gemm_engine::on_weft`) and every thread gets a panel (more run on `blocked_gemm`; see the
+/// module doc): 128 where the tiles are 512 bits wide, 64 with 256-bit ones, [`FEW_ROWS`] where
+/// AVX-512 is split into halves (Zen 4, where `blocked_gemm` runs these products on 512-bit
+/// tiles and this kernel would not: not measured there). Here the threads split the columns, so
+/// the kept weights are read once between them, where `blocked_gemm`'s parts split the rows and
+/// each reads all of them; and the rows, read in place, stay in the cache over every panel.
+/// Measured in one process, alternating (Intel Xeon with AVX-512), here against `blocked_gemm`,
+/// inference through 784-512-512-10 and 784-1024-1024-10 MLPs on 2 threads: 48 rows 1.35x, 64
+/// 1.32x, 96 1.17x, 128 1.16x, 256 level (1.02, noisy); one thread, 64 rows 1.06x, a
+/// 384-1536-384 MLP's 128 rows 1.05x (1.09x on 2); with 256-bit tiles forced, 64 rows 1.09x,
+/// 128 rows 1.01-1.03x.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn max_rows() -> usize {
-    if super::blocked_gemm::isa().wide() { MOST_ROWS } else { 64 }
+    if super::gemm_engine::split_avx512() {
+        FEW_ROWS
+    } else if super::blocked_gemm::isa().wide() {
+        MOST_ROWS
+    } else {
+        64
+    }
 }
 
 /// The most rows [`max_rows`] gives on any CPU.
