@@ -16,7 +16,9 @@
 //! training step on the Cpu does; see `weft_nn`'s step).
 
 use super::AdamStep;
-use crate::cpu::{self, CpuStorage, matmul_adam};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::matmul_adam;
+use crate::cpu::{self, CpuStorage};
 use crate::storage::Storage;
 use crate::{DType, Device, Result, Tensor, Var};
 
@@ -113,11 +115,14 @@ impl Var {
                     return Ok(None);
                 }
                 let (Storage::Cpu(ls), Storage::Cpu(rs)) = (l.storage(), r.storage()) else { return Ok(None) };
-                let (ll, rl) = (l.layout(), r.layout());
+                #[cfg(target_arch = "x86_64")]
                 let fused = written(w, m, v, |state| {
                     let state = matmul_adam::State::InPlace(state);
-                    Ok(matmul_adam::matmul_adam((&ls, ll), (&rs, rl), state, &p)?.map(|(_, c)| c))
+                    Ok(matmul_adam::matmul_adam((&ls, l.layout()), (&rs, r.layout()), state, &p)?.map(|(_, c)| c))
                 })?;
+                // Elsewhere no kernel finishes a product with Adam's update.
+                #[cfg(not(target_arch = "x86_64"))]
+                let fused: Option<Option<f32>> = Some(None);
                 match fused {
                     Some(Some(c)) => c,
                     // Not a product weft's kernel runs (nothing written): multiplied as the
