@@ -1097,21 +1097,24 @@ pub(crate) mod tests {
         );
     }
 
-    /// In inference, a batch of as many rows as the small-batch kernel takes and one of a row
-    /// more (on this kernel) give their common rows the same bits, at both of its limits.
+    /// In inference, a batch at the small-batch kernel's limit (`max_rows`, with a panel of
+    /// columns for every thread of the pool, so that it runs there) and one of a row more (on
+    /// this kernel) give their common rows the same bits; so do 32 and 33 rows (`FEW_ROWS`),
+    /// wherever the CPU and the pool's size send them.
     #[test]
     fn a_batch_one_row_past_the_small_kernel_keeps_its_rows_bits() {
         use super::super::gemm_engine::{Engine, engine};
-        use super::super::packed_gemm::{FEW_ROWS, max_rows};
+        use super::super::packed_gemm::{FEW_ROWS, NR, max_rows};
         use crate::{Device, Tensor};
         if !has_kernel() || engine() != Engine::Weft {
             eprintln!("blocked_gemm: the engine is {:?}; nothing to test", engine());
             return;
         }
         let dev = Device::Cpu;
-        let w = Tensor::rand(-1.0, 1.0, &[300, 70], 2, &dev).unwrap();
+        let n = NR * rayon::current_num_threads().max(2) + 6;
+        let w = Tensor::rand(-1.0, 1.0, &[300, n], 2, &dev).unwrap();
         let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        for rows in [FEW_ROWS, max_rows()] {
+        for rows in [max_rows(), FEW_ROWS] {
             let x = Tensor::rand(-1.0, 1.0, &[rows + 1, 300], rows as u64, &dev).unwrap();
             let first = x.narrow(0, 0, rows).unwrap().contiguous().unwrap();
             // The third call of each reads the weights' kept packed copy.
@@ -1120,7 +1123,7 @@ pub(crate) mod tests {
                 all = bits(&crate::no_grad(|| x.matmul(&w)).unwrap());
                 some = bits(&crate::no_grad(|| first.matmul(&w)).unwrap());
             }
-            assert_eq!(all[..rows * 70], some[..], "{rows} rows against {}", rows + 1);
+            assert_eq!(all[..rows * n], some[..], "{rows} rows against {}", rows + 1);
         }
     }
 

@@ -182,7 +182,8 @@ fn product(
 /// (`packed_gemm::available`) and there is one matrix of at least 16 columns: the right matrix is packed per storage
 /// and layout, and kept from its second use (a model's weights), as onnxruntime pre-packs its
 /// constant weights. Up to `FEW_ROWS` rows whose values are adjacent (unit column stride), or
-/// `max_rows` where weft's kernel suits the shape, run on `packed_gemm`; more on `blocked_gemm` (where it suits the shape), which applies `epilogue` to
+/// `max_rows` where weft's kernel suits the shape and every thread gets a panel of columns, run
+/// on `packed_gemm`; more on `blocked_gemm` (where it suits the shape), which applies `epilogue` to
 /// its blocks (then `true`). `None`: the engine's turn.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
@@ -200,9 +201,11 @@ fn packed(
     let CpuStorage::F32(buf) = b else { return Ok(None) };
     let inference = crate::backprop::inference();
     // Past FEW_ROWS only where blocked_gemm would take the product too (so a batch's rows keep
-    // their bits whatever its size) and every thread gets columns.
+    // their bits whatever its size) and every thread the product runs on gets columns (one,
+    // below the size either kernel shares out).
+    let on = if m * n * k >= super::gemm_engine::shared_from() { threads } else { 1 };
     let few = m <= packed_gemm::FEW_ROWS
-        || (m <= packed_gemm::max_rows() && on_weft(engine(), m, n, k) && n.div_ceil(packed_gemm::NR) >= threads);
+        || (m <= packed_gemm::max_rows() && on_weft(engine(), m, n, k) && n.div_ceil(packed_gemm::NR) >= on);
     let small = few && acs == 1;
     let big = !small && on_weft(engine(), m, n, k);
     if !inference || nb != 1 || !(small || big) || n < packed_gemm::NR || !packed_gemm::available() {

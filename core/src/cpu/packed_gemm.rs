@@ -1,6 +1,7 @@
 //! weft's own f32 product for AVX2+FMA CPUs, for products of few rows in inference (no gradient
-//! recorded, outside a backward pass): batches of up to 64 or 128 rows ([`max_rows`]: one
-//! request, a few sentences, a small batch of images), the threads splitting the columns. The right
+//! recorded, outside a backward pass): batches of up to 32 rows ([`FEW_ROWS`]), or 64 to 128 where
+//! weft's kernel suits the shape and every thread gets columns ([`max_rows`]): one request, a few
+//! sentences, a small batch of images, the threads splitting the columns. The right
 //! matrix (a layer's weights) is packed into 16-column panels; a storage keeps its packed copy
 //! from its second use in the same layout on, so a model's weights are packed on their first two
 //! calls and never again, as onnxruntime pre-packs its constant weights. This costs a second copy
@@ -17,9 +18,10 @@
 //! `Isa::row_tile`'s tiles: with 256-bit tiles 8 rows as 4 + 4, not 6 + 2), and `blocked_gemm`'s
 //! micro-kernel. Each output element is summed in the same order as in `blocked_gemm`, whatever
 //! `m`, `n` and the thread count: splitting the columns over threads or devices changes no bit,
-//! nor does a row past [`max_rows`] where the larger product runs on `blocked_gemm` (the engine
-//! is weft's, the shape `suits` it, the rows' values adjacent). faer's kernels, which take narrow
-//! and small products with gradients, may round differently.
+//! nor does a row more that sends the product to `blocked_gemm` (past [`max_rows`], or past
+//! [`FEW_ROWS`] where the threads outnumber the panels: the engine is weft's, the shape `suits`
+//! it, the rows' values adjacent). faer's kernels, which take narrow and small products with
+//! gradients, may round differently.
 
 #[cfg(target_arch = "x86_64")]
 use super::blocked_gemm::{Isa, Tile};

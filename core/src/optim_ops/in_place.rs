@@ -120,9 +120,10 @@ impl Var {
                     let state = matmul_adam::State::InPlace(state);
                     Ok(matmul_adam::matmul_adam((&ls, l.layout()), (&rs, r.layout()), state, &p)?.map(|(_, c)| c))
                 })?;
-                // Elsewhere no kernel finishes a product with Adam's update.
+                // Elsewhere no kernel finishes a product with Adam's update: the same refusals
+                // (the operands' buffers still held here), then the product worked out below.
                 #[cfg(not(target_arch = "x86_64"))]
-                let fused: Option<Option<f32>> = Some(None);
+                let fused = written(w, m, v, |_| Ok(None::<f32>))?;
                 match fused {
                     Some(Some(c)) => c,
                     // Not a product weft's kernel runs (nothing written): multiplied as the
