@@ -782,6 +782,21 @@ pub(crate) mod tests {
         yes
     }
 
+    /// Whether products run on weft's engine (else the Tensor-level tests have nothing to test).
+    fn on_weft_engine() -> bool {
+        use super::super::gemm_engine::{Engine, engine};
+        let yes = has_kernel() && engine() == Engine::Weft;
+        if !yes {
+            eprintln!("blocked_gemm: the engine is {:?}; nothing to test", engine());
+        }
+        yes
+    }
+
+    /// A tensor's values as bits.
+    fn bits(t: &crate::Tensor) -> Vec<u32> {
+        t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
     fn val(i: usize, s: u64) -> f32 {
         (((i as u64 * 2654435761 + s * 97) % 1999) as f32 / 999.5) - 1.0
     }
@@ -1103,17 +1118,14 @@ pub(crate) mod tests {
     /// wherever the CPU and the pool's size send them.
     #[test]
     fn a_batch_one_row_past_the_small_kernel_keeps_its_rows_bits() {
-        use super::super::gemm_engine::{Engine, engine};
         use super::super::packed_gemm::{FEW_ROWS, NR, max_rows};
         use crate::{Device, Tensor};
-        if !has_kernel() || engine() != Engine::Weft {
-            eprintln!("blocked_gemm: the engine is {:?}; nothing to test", engine());
+        if !on_weft_engine() {
             return;
         }
         let dev = Device::Cpu;
         let n = NR * rayon::current_num_threads().max(2) + 6;
         let w = Tensor::rand(-1.0, 1.0, &[300, n], 2, &dev).unwrap();
-        let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for rows in [max_rows(), FEW_ROWS] {
             let x = Tensor::rand(-1.0, 1.0, &[rows + 1, 300], rows as u64, &dev).unwrap();
             let first = x.narrow(0, 0, rows).unwrap().contiguous().unwrap();
@@ -1131,16 +1143,13 @@ pub(crate) mod tests {
     /// gives the bits it gives with gradients on (which packs it every time).
     #[test]
     fn inference_keeps_the_packed_weights_and_the_same_bits() {
-        use super::super::gemm_engine::{Engine, engine};
         use crate::{Device, Tensor};
-        if !has_kernel() || engine() != Engine::Weft {
-            eprintln!("blocked_gemm: the engine is {:?}; nothing to test", engine());
+        if !on_weft_engine() {
             return;
         }
         let dev = Device::Cpu;
         let x = Tensor::rand(-1.0, 1.0, &[70, 100], 1, &dev).unwrap();
         let w = Tensor::rand(-1.0, 1.0, &[100, 90], 2, &dev).unwrap();
-        let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         let with_grads = bits(&x.matmul(&w).unwrap());
         let crate::storage::Storage::Cpu(super::super::CpuStorage::F32(buf)) = w.storage() else {
             panic!("a Cpu f32 tensor")

@@ -200,14 +200,15 @@ fn packed(
     use super::{blocked_gemm, packed_gemm};
     let CpuStorage::F32(buf) = b else { return Ok(None) };
     let inference = crate::backprop::inference();
+    // The threads the product runs on: one below the size either kernel shares out.
+    let threads = if m * n * k >= super::gemm_engine::shared_from() { threads } else { 1 };
+    let suits = on_weft(engine(), m, n, k);
     // Past FEW_ROWS only where blocked_gemm would take the product too (so a batch's rows keep
-    // their bits whatever its size) and every thread the product runs on gets columns (one,
-    // below the size either kernel shares out).
-    let on = if m * n * k >= super::gemm_engine::shared_from() { threads } else { 1 };
-    let few = m <= packed_gemm::FEW_ROWS
-        || (m <= packed_gemm::max_rows() && on_weft(engine(), m, n, k) && n.div_ceil(packed_gemm::NR) >= on);
+    // their bits whatever its size) and every thread gets columns.
+    let few =
+        m <= packed_gemm::FEW_ROWS || (m <= packed_gemm::max_rows() && suits && n.div_ceil(packed_gemm::NR) >= threads);
     let small = few && acs == 1;
-    let big = !small && on_weft(engine(), m, n, k);
+    let big = !small && suits;
     if !inference || nb != 1 || !(small || big) || n < packed_gemm::NR || !packed_gemm::available() {
         return Ok(None);
     }
@@ -233,7 +234,6 @@ fn packed(
             rhs_rs: 0,
             rhs_cs: 0,
         };
-        let threads = if m * n * k >= super::gemm_engine::shared_from() { threads } else { 1 };
         // SAFETY: the engine is Weft (AVX2 and FMA); a's rows and columns lie inside x (the
         // reach check), out has room for m*n, rhs is k x n.
         match epilogue {
@@ -247,7 +247,7 @@ fn packed(
         let lhs = packed_gemm::Lhs::new(&x[aoff..], m, ars as usize, k)?;
         let panels = rhs.panels();
         // Columns split over the threads: each output element is summed in the same order either way.
-        let parts = if threads > 1 && m * n * k >= super::gemm_engine::shared_from() { threads.min(panels) } else { 1 };
+        let parts = threads.min(panels);
         let per = panels.div_ceil(parts);
         let dst = Dst(out.as_mut_ptr());
         let run = |part: usize| {

@@ -179,8 +179,9 @@ impl RhsCache {
 
 /// The `m` rows of a small product's left matrix, read in place by [`run`]'s tiles at either
 /// width (rows `lda` apart, each row's values adjacent), as `blocked_gemm` reads a row-major left
-/// matrix where it does not pack it: the same sums in the same order as packed rows. They were packed before, a
-/// pass on the calling thread alone while the other threads waited for the columns to split.
+/// matrix where it does not pack it: the same sums in the same order as packed rows. They were
+/// packed before, a pass on the calling thread alone while the other threads waited for the
+/// columns to split.
 /// Measured in one process, alternating (Intel Xeon with AVX-512, 2 threads), in place against
 /// packed: a batch of 32 through a 784-256-10 MLP's inference 1.72x faster with 512-bit tiles and
 /// 1.53x with 256-bit ones, a batch of 8 1.10x and 1.38x; a 384-1536-384 MLP's batches of 4 to
